@@ -1,20 +1,47 @@
-"""Prompt sets: the built-in synthetic arithmetic task (the default, no download) and its prompt template.
+"""Prompt sets: the built-in synthetic arithmetic task (the default, no download), the published math benchmarks, any
+JSONL/JSON/Parquet file of questions and answers, and the prompt templates.
 
-    python data.py            # prints a few built-in examples
+    python data.py                         # prints a few built-in examples
+    python data.py math500 minerva         # loads benchmarks by name and prints a count and one example each
 
 The built-in task: integer expressions of 2-3 operands in [0, 20) joined by + - *, evaluated with the usual
 precedence. Deterministic given a seed. Train and test are disjoint by construction: an expression belongs to the
 test split iff crc32(expression) % 10 == 0, whatever the seed, so no test expression can ever appear in training.
-
 The prompt is the expression followed by "=" and the gold answer is the integer value, e.g. "3+4*2=" -> "11".
+
+Benchmarks (`load_benchmark(name)`; files read in place from `data_dir`, default ../shared/data, in the layouts they
+are published in; a row without a gold answer is an error naming the file and line, never a silent skip):
+
+| name | file | question | gold answer |
+|---|---|---|---|
+| builtin | (generated) | expression | its value; the test split, BUILTIN_TEST_SIZE examples, seed 0 |
+| builtin_train | (generated) | expression | BUILTIN_TRAIN_SIZE train examples, seed 0 |
+| gsm8k, gsm8k_test / gsm8k_train | gsm8k_test.jsonl / gsm8k_train.jsonl | question | after "#### " in answer, commas removed |
+| math500 | math500.jsonl | problem | answer |
+| aime24, amc23 | aime24.jsonl, amc23.jsonl | problem | answer (AMC's floats 27.0 -> "27") |
+| minerva | minerva_math.jsonl | problem | the last \\boxed{...} of solution (nested braces) |
+| olympiadbench | olympiadbench.jsonl | question | final_answer: a list (or a list written as a string); items joined by ", ", "$" removed |
+
+Anything else is a path to a .jsonl / .json / .parquet file, read with `question_key` / `answer_key` (dotted keys reach
+into nested objects, e.g. "reward_model.ground_truth"; a question given as a list of chat messages uses the last user
+message). Without keys, the first of question/problem/prompt and of answer/final_answer/ground_truth present is used.
 """
+import ast
+import json
 import random
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 BUILTIN = "builtin"          # name of the built-in task wherever a prompt set is named
 OPERATORS = "+-*"
 MAX_OPERAND = 20             # operands are drawn from [0, MAX_OPERAND)
+BUILTIN_TEST_SIZE = 500      # `load_benchmark("builtin")`: the held-out split every accuracy in this repo is quoted on
+BUILTIN_TRAIN_SIZE = 5000
+DEFAULT_DATA_DIR = "../shared/data"
+# The base-model instruction of the RLVR papers (Qwen2.5-Math evaluation, SimpleRL-Zoo, Dr. GRPO).
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+TEMPLATES = ("plain", "chat", "builtin")
 
 
 @dataclass
@@ -53,6 +80,200 @@ def builtin_prompt(question: str) -> str:
     return f"{question}="
 
 
+# ---- prompt templates --------------------------------------------------------------------------------------------
+
+def apply_template(example_or_question, template: str, tokenizer=None) -> str:
+    """The prompt text for one question.
+
+    plain:   question + "\\n" + BOXED_INSTRUCTION (the base-model template of the RLVR papers)
+    chat:    the tokenizer's chat template over one user turn holding the plain text, with the generation prompt
+    builtin: builtin_prompt(question), "3+4*2="
+    """
+    q = example_or_question.question if isinstance(example_or_question, Example) else example_or_question
+    if template == "builtin":
+        return builtin_prompt(q)
+    plain = f"{q}\n{BOXED_INSTRUCTION}"
+    if template == "plain":
+        return plain
+    if template == "chat":
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("prompt template 'chat' needs a tokenizer with a chat template; this one has none "
+                             "(use --prompt-template plain)")
+        return tokenizer.apply_chat_template([{"role": "user", "content": plain}], tokenize=False,
+                                             add_generation_prompt=True)
+    raise ValueError(f"unknown prompt template {template!r}; choose one of {', '.join(TEMPLATES)}")
+
+
+# ---- gold answers as published -----------------------------------------------------------------------------------
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (or \\fbox{...}) in text, nested braces matched; None if there is none."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth, j = 1, i
+    while j < len(text):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+        j += 1
+    return None                                  # unbalanced: no answer rather than a truncated one
+
+
+def answer_text(value) -> str:
+    """A published answer value as a string: 27.0 -> "27", [a, b] -> "a, b", None -> ""."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, tuple)):
+        return ", ".join(answer_text(v) for v in value)
+    return str(value).strip()
+
+
+def gsm8k_answer(solution: str) -> str:
+    """GSM8K's worked solution ends in '#### N'; N with thousands separators removed ("1,080" -> "1080")."""
+    return solution.rsplit("####", 1)[1].strip().replace(",", "") if "####" in solution else ""
+
+
+def olympiad_answer(final_answer) -> str:
+    """OlympiadBench's final_answer is a list (sometimes written as a string of one); its items are LaTeX in $...$."""
+    if isinstance(final_answer, str) and final_answer.strip().startswith("["):
+        final_answer = ast.literal_eval(final_answer.strip())    # a literal only: literal_eval runs no code
+    return answer_text(final_answer).replace("$", "").strip()
+
+
+# name -> (file, question field, gold answer from the row)
+BENCHMARKS = {
+    "gsm8k": ("gsm8k_test.jsonl", "question", lambda r: gsm8k_answer(r["answer"])),
+    "gsm8k_test": ("gsm8k_test.jsonl", "question", lambda r: gsm8k_answer(r["answer"])),
+    "gsm8k_train": ("gsm8k_train.jsonl", "question", lambda r: gsm8k_answer(r["answer"])),
+    "math500": ("math500.jsonl", "problem", lambda r: answer_text(r["answer"])),
+    "aime24": ("aime24.jsonl", "problem", lambda r: answer_text(r["answer"])),
+    "amc23": ("amc23.jsonl", "problem", lambda r: answer_text(r["answer"])),
+    "minerva": ("minerva_math.jsonl", "problem", lambda r: last_boxed(r["solution"]) or ""),
+    "olympiadbench": ("olympiadbench.jsonl", "question", lambda r: olympiad_answer(r["final_answer"])),
+}
+BENCHMARK_NAMES = (BUILTIN, "builtin_train", *BENCHMARKS)
+
+
+# ---- reading files -----------------------------------------------------------------------------------------------
+
+def read_records(path: Path) -> list[tuple[int, dict]]:
+    """(line number, row) pairs of a .jsonl / .json / .parquet file. A malformed line raises naming file and line."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"reading {path} needs pyarrow, which is not installed: pip install pyarrow") from None
+        return list(enumerate(pq.read_table(path).to_pylist(), start=1))
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json":
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON list of objects, got {type(rows).__name__}")
+        return list(enumerate(rows, start=1))
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: malformed JSON line ({e.msg})") from None
+    return rows
+
+
+def _get(row: dict, key: str):
+    """row[key], where a dotted key walks nested objects."""
+    if key in row:
+        return row[key]
+    for part in key.split("."):
+        if not isinstance(row, dict) or part not in row:
+            raise KeyError(key)
+        row = row[part]
+    return row
+
+
+def _question_text(value) -> str:
+    """A question as text; a list of chat messages gives its last user message."""
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
+        users = [m["content"] for m in value if m.get("role") == "user"]
+        return (users or [value[-1]["content"]])[-1]
+    return answer_text(value)
+
+
+def _guess_key(row: dict, candidates: tuple[str, ...], what: str, path: Path) -> str:
+    for key in candidates:
+        if key in row:
+            return key
+    raise ValueError(f"{path}: no {what} field among {', '.join(candidates)} (fields: {', '.join(row)}); "
+                     f"name it with --{what}-key")
+
+
+def _examples(path: Path, rows, question_of, answer_of) -> list[Example]:
+    out = []
+    for lineno, row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        try:
+            q, a = question_of(row), answer_of(row)
+        except KeyError as e:
+            raise ValueError(f"{path}:{lineno}: missing field {e.args[0]!r}") from None
+        if not q or not a:
+            raise ValueError(f"{path}:{lineno}: empty {'question' if not q else 'gold answer'}")
+        out.append(Example(question=q, answer=a))
+    if not out:
+        raise ValueError(f"{path}: no examples")
+    return out
+
+
+def resolve_data_dir(data_dir: str) -> Path:
+    """A relative data_dir is taken from the working directory, else from the repo root (so the default works from
+    anywhere)."""
+    p = Path(data_dir)
+    if p.is_absolute() or p.is_dir():
+        return p
+    return Path(__file__).resolve().parent / p
+
+
+def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR, question_key: str | None = None,
+                   answer_key: str | None = None) -> list[Example]:
+    """Examples of a named benchmark (BENCHMARK_NAMES) or of a file. FileNotFoundError / ValueError / ImportError
+    with a message that names the file (and line) on bad input."""
+    if name_or_path == BUILTIN:
+        return arithmetic_examples("test", BUILTIN_TEST_SIZE, seed=0)
+    if name_or_path == "builtin_train":
+        return arithmetic_examples("train", BUILTIN_TRAIN_SIZE, seed=0)
+    if name_or_path in BENCHMARKS:
+        file, qkey, answer_of = BENCHMARKS[name_or_path]
+        path = resolve_data_dir(data_dir) / file
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmark {name_or_path!r}: {path} not found (set --data-dir)")
+        return _examples(path, read_records(path), lambda r: _question_text(r[qkey]), answer_of)
+    path = Path(name_or_path)
+    if path.suffix.lower() not in (".jsonl", ".json", ".parquet"):
+        raise ValueError(f"unknown benchmark {name_or_path!r}: use one of {', '.join(BENCHMARK_NAMES)} "
+                         f"or a .jsonl/.json/.parquet file")
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    rows = read_records(path)
+    first = next((r for _, r in rows if isinstance(r, dict)), {})
+    qkey = question_key or _guess_key(first, ("question", "problem", "prompt"), "question", path)
+    akey = answer_key or _guess_key(first, ("answer", "final_answer", "ground_truth"), "answer", path)
+    return _examples(path, rows, lambda r: _question_text(_get(r, qkey)), lambda r: answer_text(_get(r, akey)))
+
+
 if __name__ == "__main__":
-    for ex in arithmetic_examples("train", 5):
-        print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer}")
+    import sys
+    if len(sys.argv) == 1:
+        for ex in arithmetic_examples("train", 5):
+            print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer}")
+    for name in sys.argv[1:]:
+        exs = load_benchmark(name)
+        print(f"{name}: {len(exs)} examples; first gold {exs[0].answer!r}; question {exs[0].question[:80]!r}")
