@@ -1,0 +1,267 @@
+"""RolloutReplay (buffer.py): age eviction at exactly tau_max, fresh-anchoring, P(j) ∝ |A_j|^alpha within a binomial
+k-sigma bound, A = 0 never drawn, no duplicates, capacity order, exact resume, stats by hand, no mutation.
+
+    python -m pytest -q tests/test_buffer.py
+"""
+import copy
+import io
+import pickle
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from buffer import RolloutReplay, make_replay  # noqa: E402
+from rollout import Rollout  # noqa: E402
+
+Z = 5.0  # k-sigma bound: a correct sampler fails one category with prob ~6e-7
+
+
+def mk(adv: float, version: int, pid: int = 0) -> Rollout:
+    return Rollout(prompt_id=pid, prompt_ids=[1, 2], completion_ids=[3, 4, 5], logprobs=[-0.1, -0.2, -0.3],
+                   text=f"A={adv} v={version}", answer="7", reward=float(adv > 0), advantage=adv, version=version)
+
+
+def within_binomial_bound(counts: np.ndarray, probs: np.ndarray, n: int) -> bool:
+    """|count_j - n p_j| <= Z sqrt(n p_j (1 - p_j)) for every j (each count is Binomial(n, p_j))."""
+    return bool(np.all(np.abs(counts - n * probs) <= Z * np.sqrt(n * probs * (1 - probs)) + 1e-9))
+
+
+def single_draw_counts(replay: RolloutReplay, n: int, step: int) -> np.ndarray:
+    """How often each stored rollout (identified by prompt_id) is the one drawn in n calls of sample(k=1)."""
+    ids = [replay.sample(1, step)[0].prompt_id for _ in range(n)]
+    return np.bincount(ids, minlength=len(replay))
+
+
+# ---- age eviction and fresh-anchoring -------------------------------------------------------------------------------
+def test_eviction_at_exactly_tau_max():
+    replay = RolloutReplay(tau_max=3, alpha=0.0)
+    for v in range(6):
+        replay.add([mk(1.0, v), mk(-1.0, v)], step=v)
+    assert replay.evict(5) == 4                     # versions 0, 1: age 5, 4 > 3
+    assert sorted({r.version for r in replay.sample(100, step=5)}) == [2, 3, 4]  # age 3 == tau_max is kept
+    assert len(replay) == 8                         # versions 2..5 stored, 5 not replayable yet
+    assert replay.sample(100, step=6) and all(6 - r.version <= 3 for r in replay.sample(100, step=6))
+    assert replay.stats()["replay/evicted"] == 0    # the second sample at step 6 evicted nothing new
+    assert len(replay) == 6                         # version 2 (age 4) went at step 6
+
+
+def test_tau_max_zero_replays_nothing():
+    replay = RolloutReplay(tau_max=0, alpha=1.0)
+    replay.add([mk(1.0, 0)], step=0)
+    assert replay.sample(5, step=1) == [] and len(replay) == 0
+
+
+def test_fresh_anchored_excludes_current_step_whatever_the_order():
+    """add(fresh, step) before or after sample(k, step): same draw, nothing of version step, all versions < step."""
+    a, b = RolloutReplay(tau_max=4, alpha=1.0, seed=3), RolloutReplay(tau_max=4, alpha=1.0, seed=3)
+    for step in range(6):
+        fresh = [mk(float(g - 1.5), step, pid=10 * step + g) for g in range(4)]
+        a.add(fresh, step)                          # store first, then sample
+        got_a = a.sample(3, step)
+        got_b = b.sample(3, step)                   # sample first, then store
+        b.add(fresh, step)
+        assert [asdict(r) for r in got_a] == [asdict(r) for r in got_b]
+        assert all(r.version < step for r in got_a)
+        assert (len(got_a) == 3) == (step > 0)      # step 0 has nothing older to replay
+
+
+# ---- priority P(j) = |A_j|^alpha / sum_k |A_k|^alpha -----------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0])
+def test_single_draw_frequencies_match_priority(alpha):
+    abs_adv = np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
+    signs = np.array([1, -1, 1, -1, 1, -1])
+    replay = RolloutReplay(tau_max=10, alpha=alpha, seed=1)
+    replay.add([mk(float(s * a), 0, pid=j) for j, (s, a) in enumerate(zip(signs, abs_adv))], step=0)
+    n = 8000
+    counts = single_draw_counts(replay, n, step=1)
+    probs = abs_adv ** alpha / (abs_adv ** alpha).sum()
+    assert within_binomial_bound(counts, probs, n)
+    # The bound has power: the counts are far outside it under a neighbouring exponent.
+    wrong = abs_adv ** (alpha + 1) / (abs_adv ** (alpha + 1)).sum()
+    assert not within_binomial_bound(counts, wrong, n)
+
+
+def test_uniform_replay_draws_zero_advantage_too():
+    """alpha = 0 is naive replay: every stored rollout equally likely, including A = 0 (0^0 = 1)."""
+    replay = RolloutReplay(tau_max=10, alpha=0.0, seed=2)
+    replay.add([mk(a, 0, pid=j) for j, a in enumerate([0.0, 0.0, 5.0, -0.1])], step=0)
+    n = 8000
+    assert within_binomial_bound(single_draw_counts(replay, n, step=1), np.full(4, 0.25), n)
+
+
+def test_k2_inclusion_follows_successive_draws_without_replacement():
+    """For k = 2: P(j in S) = P(j) + sum_{i != j} P(i) P(j) / (1 - P(i)), P the normalised priorities; the first
+    returned rollout is distributed as one draw, P(j)."""
+    abs_adv = np.array([1.0, 2.0, 3.0, 4.0])
+    replay = RolloutReplay(tau_max=10, alpha=1.0, seed=4)
+    replay.add([mk(float(a), 0, pid=j) for j, a in enumerate(abs_adv)], step=0)
+    p = abs_adv / abs_adv.sum()
+    incl = p + np.array([sum(p[i] * p[j] / (1 - p[i]) for i in range(4) if i != j) for j in range(4)])
+    assert incl.sum() == pytest.approx(2.0)
+    n = 6000
+    counts, first = np.zeros(4), np.zeros(4)
+    for _ in range(n):
+        got = replay.sample(2, step=1)
+        first[got[0].prompt_id] += 1
+        for r in got:
+            counts[r.prompt_id] += 1
+    assert within_binomial_bound(counts, incl, n)
+    assert within_binomial_bound(first, p, n)           # returned in draw order: the first is a single draw
+    assert not within_binomial_bound(counts, 2 * p, n)  # not k * P(j) = [.2, .4, .6, .8]: incl = [.23, ..., .72]
+
+
+def naive_sample(stored: list[Rollout], rng: np.random.Generator, k: int, step: int, tau_max: int,
+                 alpha: float) -> list[Rollout]:
+    """Reference, one rollout at a time: keep age <= tau_max and version < step (and |A| > 0 if alpha > 0), give each
+    key E_j / |A_j|^alpha with E_j ~ Exp(1) in storage order, return the k smallest keys in increasing order."""
+    cand = [r for r in stored if step - r.version <= tau_max and r.version < step and (alpha == 0 or r.advantage)]
+    e = rng.standard_exponential(len(cand))
+    keyed = sorted(((e[i] / abs(r.advantage) ** alpha, i, r) for i, r in enumerate(cand)), key=lambda t: t[:2])
+    return [r for _, _, r in keyed[:k]]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.5])
+def test_vectorised_sample_equals_naive_loop(alpha):
+    """Same seed, same draws, same order, across steps with eviction: the numpy path is the naive loop."""
+    replay, rng, stored = RolloutReplay(tau_max=2, alpha=alpha, seed=11), np.random.default_rng(11), []
+    for step in range(6):
+        expected = naive_sample(stored, rng, 1000, step, 2, alpha)  # 1000 of up to 3000: a partial selection
+        assert [id(r) for r in replay.sample(1000, step)] == [id(r) for r in expected]
+        fresh = [mk(float((step * 7 + g) % 5 - 2), step, pid=g) for g in range(1500)]  # A in {-2..2}, some 0
+        replay.add(fresh, step)
+        stored += fresh
+
+
+def test_zero_advantage_never_drawn_when_alpha_positive():
+    replay = RolloutReplay(tau_max=10, alpha=0.5, seed=5)
+    replay.add([mk(0.0, 0, pid=j) for j in range(50)] + [mk(1e-6, 0, pid=50), mk(-2.0, 0, pid=51)], step=0)
+    for _ in range(2000):
+        assert all(r.advantage != 0.0 for r in replay.sample(1, step=1))
+    assert sorted(r.prompt_id for r in replay.sample(10, step=1)) == [50, 51]  # fewer eligible than k: all of them
+
+
+def test_no_duplicates_and_all_eligible_when_short():
+    replay = RolloutReplay(tau_max=10, alpha=1.0, seed=6)
+    replay.add([mk(float(j % 7 + 1), j % 3, pid=j) for j in range(100)], step=2)
+    for k in (1, 10, 50, 67):
+        got = [r.prompt_id for r in replay.sample(k, step=2)]   # version 2 (33 rollouts) not eligible
+        assert len(got) == k and len(set(got)) == k
+    got = replay.sample(1000, step=2)
+    assert len(got) == 67 and len({id(r) for r in got}) == 67
+    assert replay.sample(0, step=2) == []
+
+
+# ---- capacity, resume, stats, immutability, factory ---------------------------------------------------------------
+def test_capacity_drops_oldest_version_then_earliest_inserted():
+    replay = RolloutReplay(tau_max=100, alpha=0.0, capacity=4)
+    replay.add([mk(1.0, 3, pid=0), mk(1.0, 1, pid=1), mk(1.0, 2, pid=2)], step=3)
+    replay.add([mk(1.0, 1, pid=3), mk(1.0, 3, pid=4), mk(1.0, 2, pid=5)], step=3)
+    # versions in insertion order: 3 1 2 1 3 2 -> drop the two version-1 rollouts (pids 1 and 3)
+    assert replay.stats()["replay/capacity_dropped"] == 2
+    assert sorted(r.prompt_id for r in replay.sample(10, step=4)) == [0, 2, 4, 5]
+    replay.add([mk(1.0, 4, pid=6)], step=4)         # versions 3 2 3 2 4: the first-inserted version 2 (pid 2) goes
+    assert sorted(r.prompt_id for r in replay.sample(10, step=5)) == [0, 4, 5, 6]
+
+
+def _run(replay: RolloutReplay, steps: range) -> list[list[dict]]:
+    """A toy loop: sample, then store a fresh group of 4 with rewards and advantages depending on the step."""
+    out = []
+    for step in steps:
+        out.append([asdict(r) for r in replay.sample(5, step)])
+        adv = [(-1.0) ** g * ((step + g) % 3) for g in range(4)]
+        replay.add([mk(a, step, pid=100 * step + g) for g, a in enumerate(adv)], step)
+    return out
+
+
+def test_state_round_trip_resumes_identical_samples():
+    import torch
+    original = RolloutReplay(tau_max=3, alpha=1.0, capacity=20, seed=7)
+    _run(original, range(0, 6))
+    sd = original.state_dict()
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    via_torch = torch.load(buf, weights_only=True)            # plain data: the safe loader accepts it
+    via_pickle = pickle.loads(pickle.dumps(sd))
+    resumed_t = RolloutReplay(tau_max=3, alpha=1.0, capacity=20, seed=999)  # the seed comes from the state
+    resumed_t.load_state_dict(via_torch)
+    resumed_p = RolloutReplay(tau_max=3, alpha=1.0, capacity=20)
+    resumed_p.load_state_dict(via_pickle)
+    assert resumed_t.stats() == original.stats() and len(resumed_t) == len(original)
+    expected = _run(original, range(6, 12))
+    assert sum(len(s) for s in expected) > 20
+    assert _run(resumed_t, range(6, 12)) == expected
+    assert _run(resumed_p, range(6, 12)) == expected
+
+
+def test_load_state_dict_rejects_other_hyperparameters():
+    sd = RolloutReplay(tau_max=3, alpha=1.0).state_dict()
+    with pytest.raises(ValueError, match="tau_max"):
+        RolloutReplay(tau_max=4, alpha=1.0).load_state_dict(sd)
+    with pytest.raises(ValueError, match="alpha"):
+        RolloutReplay(tau_max=3, alpha=0.0).load_state_dict(sd)
+
+
+def test_stats_on_a_hand_built_case():
+    replay = RolloutReplay(tau_max=2, alpha=1.0)
+    replay.add([mk(1.0, 0), mk(-3.0, 0), mk(0.0, 0)], step=0)
+    replay.add([mk(2.0, 1), mk(-0.5, 1)], step=1)
+    replay.add([mk(4.0, 2)], step=2)
+    got = replay.sample(10, step=3)                 # evicts version 0 (age 3 > 2); eligible |A| = 2, 0.5, 4
+    assert sorted(abs(r.advantage) for r in got) == [0.5, 2.0, 4.0]
+    replay.add([mk(0.0, 3), mk(1.0, 3)], step=3)
+    assert replay.stats() == {
+        "replay/size": 5,                            # 3 left after eviction + 2 fresh
+        "replay/evicted": 3,
+        "replay/capacity_dropped": 0,
+        "replay/sampled": 3,
+        "replay/age_mean": pytest.approx((2 + 2 + 1) / 3),
+        "replay/age_max": 2,
+        "replay/abs_adv_sampled": pytest.approx((2 + 0.5 + 4) / 3),
+        "replay/abs_adv_stored": pytest.approx((2 + 0.5 + 4 + 0 + 1) / 5),
+    }
+    assert replay.sample(3, step=20) == [] and replay.stats()["replay/sampled"] == 0
+    assert replay.stats()["replay/age_mean"] == 0.0 and replay.stats()["replay/size"] == 0
+
+
+def test_records_are_stored_as_given_and_never_mutated():
+    rollouts = [mk(float(a), v, pid=j) for j, (a, v) in enumerate([(1, 0), (-2, 0), (0.5, 1), (3, 1), (-1, 2)])]
+    before = copy.deepcopy(rollouts)
+    replay = RolloutReplay(tau_max=1, alpha=1.0, capacity=4, seed=8)
+    replay.add(rollouts[:3], step=1)
+    replay.add(rollouts[3:], step=2)
+    got = replay.sample(10, step=2)
+    assert all(any(g is r for r in rollouts) for g in got)   # the very objects, not re-made copies
+    replay.evict(3)
+    replay.load_state_dict(replay.state_dict())
+    replay.sample(10, step=3)
+    assert rollouts == before
+
+
+def test_add_rejects_future_versions_and_non_finite_advantages():
+    replay = RolloutReplay(tau_max=2)
+    with pytest.raises(ValueError, match="version"):
+        replay.add([mk(1.0, 5)], step=4)
+    with pytest.raises(ValueError, match="finite"):
+        replay.add([mk(float("nan"), 0)], step=0)
+    assert len(replay) == 0
+    with pytest.raises(ValueError, match="k must be"):
+        replay.sample(-1, step=0)
+
+
+def test_make_replay_kinds_and_argument_errors():
+    assert make_replay("none", tau_max=2, alpha=1.0, capacity=None, seed=0) is None
+    uniform = make_replay("uniform", tau_max=2, alpha=1.0, capacity=None, seed=0)
+    prioritized = make_replay("prioritized", tau_max=2, alpha=0.7, capacity=10, seed=0)
+    assert (uniform.alpha, uniform.tau_max) == (0.0, 2)
+    assert (prioritized.alpha, prioritized.capacity) == (0.7, 10)
+    bad = [dict(kind="greedy"), dict(tau_max=-1), dict(kind="none", tau_max=-1), dict(alpha=-0.1),
+           dict(alpha=float("nan")), dict(capacity=0), dict(tau_max=1.5)]
+    for override in bad:
+        kw = dict(kind="prioritized", tau_max=2, alpha=1.0, capacity=None, seed=0) | override
+        with pytest.raises(ValueError, match="replay: "):
+            make_replay(**kw)
