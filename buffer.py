@@ -2,6 +2,12 @@
 
     python buffer.py          # fills a toy buffer, samples from it, prints the stats
 
+In the trainer, at each step (fresh = this step's scored rollouts, advantages set, version = step):
+
+    replay = make_replay("prioritized", tau_max=4, alpha=1.0, capacity=None, seed=0)   # once
+    batch = fresh + replay.sample(round(replay_ratio * len(fresh)), step)              # fresh-anchored batch
+    replay.add(fresh, step)
+
 Implements the replay buffer of "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"
 (Yoo et al., arXiv 2606.04560):
 
@@ -56,11 +62,13 @@ class RolloutReplay:
         _check_args(tau_max, alpha, capacity)
         self.tau_max, self.alpha, self.capacity, self.seed = int(tau_max), float(alpha), capacity, int(seed)
         self._rng = np.random.default_rng(seed)
+        self._clear()
+
+    def _clear(self) -> None:
         self._records = np.empty(0, dtype=object)      # [N] Rollout, insertion order
         self._version = np.empty(0, dtype=np.int64)    # [N] version of each record
         self._abs_adv = np.empty(0, dtype=np.float64)  # [N] |advantage| of each record
-        self._last = _empty_sample_stats()
-        self._last.update({"replay/evicted": 0, "replay/capacity_dropped": 0})
+        self._last = {"replay/evicted": 0, "replay/capacity_dropped": 0, **_empty_sample_stats()}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -156,12 +164,8 @@ class RolloutReplay:
         """Flat namespaced metrics. replay/size and replay/abs_adv_stored describe the buffer now; replay/evicted
         the last evict (age); replay/capacity_dropped the last add; the rest the last sample (0 when it drew
         nothing, so the JSON stays finite)."""
-        last = self._last
-        return {"replay/size": len(self), "replay/evicted": last["replay/evicted"],
-                "replay/capacity_dropped": last["replay/capacity_dropped"], "replay/sampled": last["replay/sampled"],
-                "replay/age_mean": last["replay/age_mean"], "replay/age_max": last["replay/age_max"],
-                "replay/abs_adv_sampled": last["replay/abs_adv_sampled"],
-                "replay/abs_adv_stored": float(self._abs_adv.mean()) if len(self) else 0.0}
+        stored = float(self._abs_adv.mean()) if len(self) else 0.0
+        return {"replay/size": len(self), **self._last, "replay/abs_adv_stored": stored}
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly, as plain Python data (dicts, lists, ints, floats, str), so that
@@ -176,7 +180,8 @@ class RolloutReplay:
         for name in ("tau_max", "alpha", "capacity"):
             if sd[name] != getattr(self, name):
                 raise ValueError(f"replay: checkpoint has {name}={sd[name]!r}, this run has {getattr(self, name)!r}")
-        self.__init__(self.tau_max, self.alpha, self.capacity, sd["seed"])
+        self.seed = sd["seed"]
+        self._clear()
         rollouts = [Rollout(**d) for d in sd["rollouts"]]
         if rollouts:
             self.add(rollouts, step=max(r.version for r in rollouts))
