@@ -132,7 +132,7 @@ def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, 
         records.append({"index": i, "question": ex.question, "gold": ex.answer,
                         "prompt": tokenizer.decode(prompts[i].ids), "responses": texts,
                         "extracted": [verify.extract_answer(t) for t in texts],
-                        "correct": [bool(verify.grade(t, ex.answer)) for t in texts],
+                        "correct": [bool(c) for c in verify.grade_batch(texts, [ex.answer] * k)],
                         "lengths": [len(r.completion_ids) for r in group],
                         "truncated": [bool(r.truncated) for r in group]})
     return summarize(records, k), records
