@@ -1,0 +1,343 @@
+"""grpo.py by hand (tier a) and against naive per-token loops (tier b). Golden numbers from verl: test_golden.py."""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grpo  # noqa: E402
+
+EPS = 1e-6
+
+
+def rand_batch(B=6, T=10, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=dtype) * 3
+    logp = old + 0.5 * torch.randn(B, T, generator=g, dtype=dtype)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[1] = 0                                                              # one empty row
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    adv = torch.randn(B, generator=g, dtype=dtype)
+    return logp, old, mask, adv
+
+
+# ---------------------------------------------------------------- advantages
+
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 2.0, 0.0, 1.0], dtype=torch.float64)
+GROUPS = torch.tensor([5, 5, 5, 5, 2, 2, 2, 2, 9, 4, 4, 4])                    # unsorted, non-contiguous ids
+
+
+def test_grpo_advantages_by_hand():
+    s5 = math.sqrt((4 * 0.25) / 3)                                              # Bessel std of [1, 0, 0, 1]
+    a = 0.5 / (s5 + EPS)
+    expected = [a, -a, -a, a, 0, 0, 0, 0, 0.5 / (1 + EPS), 1 / (1 + EPS), -1 / (1 + EPS), 0]
+    got = grpo.grpo_advantages(REWARDS, GROUPS)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    assert (got[4:8] == 0).all()                                                # zero variance: exactly 0
+
+
+def test_drgrpo_advantages_by_hand():
+    expected = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, 0.5, 1, -1, 0]                # group of one: mean 0, so A = r
+    torch.testing.assert_close(grpo.drgrpo_advantages(REWARDS, GROUPS), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_zero_variance_is_exact_even_when_the_mean_rounds():
+    r = torch.full((7,), 0.7, dtype=torch.float32)                              # mean of 0.7f x 7 need not be 0.7f
+    ids = torch.zeros(7, dtype=torch.long)
+    assert (grpo.grpo_advantages(r, ids) == 0).all() and (grpo.drgrpo_advantages(r, ids) == 0).all()
+
+
+def test_zero_std_fraction_and_dynamic_sampling():
+    assert grpo.zero_std_fraction(REWARDS, GROUPS) == 0.25                      # group 2 of {5, 2, 9, 4}
+    keep = grpo.dynamic_sampling_keep(REWARDS, GROUPS)
+    assert keep.tolist() == [True] * 4 + [False] * 4 + [True] * 4
+
+
+# ---------------------------------------------------------------- log-probs, entropy
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_and_entropy(temperature):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 5, 11, generator=g)
+    ids = torch.randint(0, 11, (3, 5), generator=g)
+    logp_all = (logits / temperature).log_softmax(-1)
+    torch.testing.assert_close(grpo.token_logprobs(logits, ids, temperature), logp_all.gather(-1, ids[..., None])[..., 0])
+    torch.testing.assert_close(grpo.entropy_from_logits(logits, temperature), -(logp_all.exp() * logp_all).sum(-1))
+    half = grpo.token_logprobs(logits.bfloat16(), ids, temperature)            # computed in float32
+    assert half.dtype == torch.float32
+
+
+def test_token_logprobs_gradient():
+    logits = torch.randn(2, 4, 7, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 7, (2, 4))
+    torch.autograd.gradcheck(lambda x: grpo.token_logprobs(x, ids, 0.8), (logits,))
+
+
+# ---------------------------------------------------------------- importance weights
+
+def test_gspo_value_and_tokenwise_gradient():
+    logp, old, mask, _ = rand_batch()
+    log_w = grpo.gspo_log_ratio(logp, old, mask)
+    for i in range(logp.shape[0]):
+        n = int(mask[i].sum())
+        log_s = sum(float(logp[i, t] - old[i, t]) for t in range(n)) / max(n, 1)
+        assert torch.allclose(log_w[i, :n], torch.full((n,), log_s, dtype=logp.dtype))
+        assert (log_w[i, n:] == 0).all()
+    jac = torch.autograd.functional.jacobian(lambda x: grpo.gspo_log_ratio(x, old, mask), logp)   # [B, T, B, T]
+    B, T = logp.shape
+    token_wise = torch.einsum("ij,ts->itjs", torch.eye(B), torch.eye(T)).to(logp.dtype)  # d log w_it / d logp_js
+    torch.testing.assert_close(jac, token_wise * mask[:, :, None, None])
+
+
+def test_pnpo_properties():
+    logp, old, mask, _ = rand_batch(seed=3)
+    mask[0, 3] = False                                                          # a hole: t counts valid tokens only
+    log_w = grpo.pnpo_log_ratio(logp, old, mask)
+    token, gspo = grpo.token_log_ratio(logp, old, mask), grpo.gspo_log_ratio(logp, old, mask)
+    for i in range(logp.shape[0]):
+        valid = mask[i].nonzero().flatten().tolist()
+        if not valid:
+            assert (log_w[i] == 0).all()
+            continue
+        assert torch.allclose(log_w[i, valid[0]], token[i, valid[0]])          # t = 1: the token ratio
+        assert torch.allclose(log_w[i, valid[-1]], gspo[i, valid[-1]])          # last valid: GSPO's s_i
+        for k, t in enumerate(valid):                                           # the definition, by loop
+            mean = sum(float(logp[i, s] - old[i, s]) for s in valid[: k + 1]) / (k + 1)
+            assert math.isclose(float(log_w[i, t]), mean, rel_tol=1e-12, abs_tol=1e-12)
+
+
+def test_pnpo_gradient_is_analytic():
+    """d w_it / d logp_is = w_it * (1/n_it) * [s <= t, s valid]: the chain rule through a model then gives
+    grad w_it = w_it (1/t) sum_{s<=t} grad log pi_s, checked with a tiny model's parameters too."""
+    logp, old, mask, _ = rand_batch(seed=4)
+    mask[2, 1] = False
+    w = lambda x: grpo.pnpo_log_ratio(x, old, mask).exp()                       # noqa: E731
+    jac = torch.autograd.functional.jacobian(w, logp)                           # [B, T, B, T]
+    B, T = logp.shape
+    n = mask.cumsum(-1).clamp(min=1)
+    analytic = torch.zeros(B, T, B, T, dtype=logp.dtype)
+    wv = w(logp)
+    for i in range(B):
+        for t in range(T):
+            if mask[i, t]:
+                for s in range(t + 1):
+                    if mask[i, s]:
+                        analytic[i, t, i, s] = wv[i, t] / n[i, t]
+    torch.testing.assert_close(jac, analytic)
+    # through parameters: theta -> logp = theta_row-wise, grad of sum_t c_t w_t
+    theta = torch.randn(T, dtype=torch.float64, requires_grad=True)
+    lp = old[0] + theta * torch.linspace(0.5, 1.5, T, dtype=torch.float64)     # grad log pi_s = e_s * k_s
+    c = torch.randn(T, dtype=torch.float64)
+    (grpo.pnpo_log_ratio(lp[None], old[:1], mask[:1]).exp()[0] * c).sum().backward()
+    wv0, k = grpo.pnpo_log_ratio(lp[None].detach(), old[:1], mask[:1]).exp()[0], torch.linspace(0.5, 1.5, T, dtype=torch.float64)
+    expected = torch.zeros(T, dtype=torch.float64)
+    for t in range(T):
+        if mask[0, t]:
+            for s in range(t + 1):
+                if mask[0, s]:
+                    expected[s] += c[t] * wv0[t] / n[0, t] * k[s]
+    torch.testing.assert_close(theta.grad, expected)
+
+
+def test_log_ratio_caps():
+    """exp() never sees |log w| > 20 (10 above for GSPO, as verl); a capped token has no gradient."""
+    logp = torch.tensor([[25.0, -30.0, 0.5]], requires_grad=True)
+    old, mask = torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool)
+    lw = grpo.token_log_ratio(logp, old, mask)
+    assert lw.tolist() == [[20.0, -20.0, 0.5]]
+    lw.sum().backward()
+    assert logp.grad.tolist() == [[0.0, 0.0, 1.0]]
+    assert grpo.gspo_log_ratio(torch.full((1, 3), 40.0), old, mask).tolist() == [[10.0] * 3]
+    pnpo = grpo.pnpo_log_ratio(torch.tensor([[50.0, -50.0, -50.0]]), old, mask)          # prefix means 50, 0, -16.7
+    torch.testing.assert_close(pnpo, torch.tensor([[20.0, 0.0, -50 / 3]]))
+
+
+# ---------------------------------------------------------------- the veto
+
+def test_veto_by_hand():
+    rho = torch.tensor([[1.0, 0.9, 1e-5, 1.2, 1e-6, 1.0],                      # A < 0, trigger at kappa = 2
+                        [1.0, 0.9, 1e-5, 1.2, 1e-6, 1.0],                      # A > 0: never vetoed
+                        [1.0, 0.5, 2e-4, 1.0, 1.0, 1.0],                       # A < 0, no ratio below 1e-4
+                        [1.0, 1.0, 1.0, 1.0, 1e-9, 1.0]], dtype=torch.float64)  # A < 0, trigger only in padding
+    old = torch.full_like(rho, -2.0)
+    logp = old + rho.log()
+    adv = torch.tensor([-1.0, 1.0, -0.5, -2.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]],
+                        dtype=torch.float32)
+    keep = {"suffix": [1, 1, 1, 0, 0, 0], "trigger": [1, 1, 0, 1, 0, 1], "response": [0, 0, 0, 0, 0, 0]}
+    for scope, row0 in keep.items():
+        out = grpo.veto_mask(logp, old, adv, mask, threshold=1e-4, scope=scope)
+        assert out.dtype == mask.dtype
+        assert out[0].tolist() == row0, scope
+        assert torch.equal(out[1:], mask[1:]), scope                            # A > 0, no trigger, padded trigger
+    token_adv = adv[:, None] * mask                                             # [B, T] advantages: same answer
+    assert grpo.veto_mask(logp, old, token_adv, mask)[0].tolist() == keep["suffix"]
+    with pytest.raises(ValueError):
+        grpo.veto_mask(logp, old, adv, mask, scope="prefix")
+
+
+# ---------------------------------------------------------------- the loss against a naive loop
+
+def naive_loss(logp, old, adv, mask, eps_low, eps_high, dual_clip, agg, max_len, weight=None):
+    """The equations, one token at a time, in plain Python over 0-dim tensors (so autograd gives the gradient)."""
+    B, T = logp.shape
+    rows, total, n_tok = [], 0.0, 0
+    clip = low = high = dual = 0
+    for i in range(B):
+        row, n = 0.0, 0
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+            r = torch.exp(torch.clamp(logp[i, t] - old[i, t], -20, 20))
+            a = float(adv[i])
+            l1, l2 = -a * r, -a * torch.clamp(r, 1 - eps_low, 1 + eps_high)
+            loss = l1 if l1 >= l2 else l2
+            if l2 > l1:
+                clip += 1
+                low, high = low + (a < 0), high + (a > 0)
+            if dual_clip is not None and a < 0 and loss > -a * dual_clip:
+                loss, dual = -a * dual_clip + 0 * loss, dual + 1
+            loss = loss * (1.0 if weight is None else float(weight[i, t]))
+            row, n = row + loss, n + 1
+        if n:
+            rows.append(row / n if agg == "seq-mean-token-mean" else row)
+            total, n_tok = total + row, n_tok + n
+    denom = {"token-mean": n_tok, "seq-mean-token-mean": len(rows), "seq-mean-token-sum": len(rows),
+             "seq-mean-token-sum-norm": len(rows) * max_len}[agg]
+    value = (total if agg != "seq-mean-token-mean" else sum(rows)) / denom
+    return value, {"loss/clip_frac": clip / n_tok, "loss/clip_frac_low": low / n_tok,
+                   "loss/clip_frac_high": high / n_tok, "loss/dual_clip_frac": dual / n_tok}
+
+
+@pytest.mark.parametrize("agg", grpo.AGG_MODES)
+@pytest.mark.parametrize("clip", [(0.2, 0.2, None), (0.2, 0.28, 3.0), (1.0, 4.0, None), (1.0, 4.0, 3.0)])
+def test_policy_loss_matches_naive_loop(agg, clip):
+    eps_low, eps_high, dual = clip
+    logp, old, mask, adv = rand_batch(B=7, T=9, seed=11)
+    logp = (old + 2.0 * (logp - old)).detach()                                  # wide ratios: every branch is hit
+    weight = torch.rand(logp.shape, dtype=logp.dtype, generator=torch.Generator().manual_seed(2)) + 0.5
+    a = logp.clone().requires_grad_()
+    ours, m = grpo.policy_loss(grpo.token_log_ratio(a, old, mask), adv, mask, eps_low=eps_low, eps_high=eps_high,
+                               dual_clip=dual, agg=agg, normaliser=grpo.loss_normaliser(mask, agg, 12),
+                               token_weight=weight)
+    ours.backward()
+    b = logp.clone().requires_grad_()
+    ref, ref_m = naive_loss(b, old, adv, mask, eps_low, eps_high, dual, agg, 12, weight)
+    ref.backward()
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(a.grad, b.grad)
+    for key, v in ref_m.items():
+        assert math.isclose(float(m[key]), v, abs_tol=1e-12), key
+    valid = mask.bool()
+    r = (logp - old).exp()[valid]
+    assert math.isclose(float(m["ratio/min"]), float(r.min())) and math.isclose(float(m["ratio/max"]), float(r.max()))
+    assert math.isclose(float(m["loss/ppo_kl"]), float((old - logp)[valid].mean()), rel_tol=1e-12)
+    assert float(m["loss/clip_frac"]) > 0 and (dual is None or float(m["loss/dual_clip_frac"]) > 0)
+
+
+def test_aggregate_and_normaliser_by_hand():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])                      # row 2 empty
+    cases = {"token-mean": (4.0, 10 / 4), "seq-mean-token-mean": (2.0, (2 + 4) / 2),
+             "seq-mean-token-sum": (2.0, 10 / 2), "seq-mean-token-sum-norm": (2.0 * 5, 10 / 10)}
+    for agg, (n, value) in cases.items():
+        assert grpo.loss_normaliser(mask, agg, max_len=5) == n
+        assert math.isclose(float(grpo.aggregate(loss, mask, agg, n)), value, rel_tol=1e-6)
+    assert grpo.loss_normaliser(mask, "seq-mean-token-sum-norm") == 2.0 * 3     # L_max defaults to T
+    assert grpo.loss_normaliser(torch.zeros(2, 3), "token-mean") == 1.0         # empty step: loss 0, not NaN
+    with pytest.raises(ValueError):
+        grpo.aggregate(loss, mask, "token-sum", 1.0)
+
+
+def tiny_policy(seed=0, V=13, D=8):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Embedding(V, D), torch.nn.Tanh(), torch.nn.Linear(D, V)).double()
+
+
+@pytest.mark.parametrize("agg", grpo.AGG_MODES)
+def test_gradient_invariant_to_micro_batching(agg):
+    """One step's gradient with 1, 2 and 4 micro-batches (normaliser from the whole step), the full recipe:
+    every ratio, dual-clip, veto, TIS and a KL term."""
+    B, T, V = 8, 7, 13
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    lengths = torch.tensor([7, 3, 0, 5, 1, 7, 6, 2])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    model = tiny_policy()
+    with torch.no_grad():
+        base = grpo.token_logprobs(model(ids), ids)
+        old = base + 0.4 * torch.randn(B, T, generator=g, dtype=base.dtype)
+        old[1, 1] = base[1, 1] + 12.0                                          # a veto trigger (rho ~ 6e-6, A < 0)
+        engine = old + 0.05 * torch.randn(B, T, generator=g, dtype=base.dtype)
+        ref = base + 0.3 * torch.randn(B, T, generator=g, dtype=base.dtype)
+    adv = grpo.grpo_advantages(torch.tensor([1.0, 0, 0, 1, 1, 0, 1, 1], dtype=base.dtype), torch.arange(B) // 4)
+    N = grpo.loss_normaliser(mask, agg, max_len=T)
+    assert grpo.veto_mask(base, old, adv, mask)[1].tolist() == [True, True] + [False] * 5   # the veto fires
+    for ratio_fn in grpo.RATIOS.values():
+        grads, metrics = [], []
+        for n_mb in (1, 2, 4):
+            model.zero_grad()
+            parts = []
+            for sl in torch.arange(B).chunk(n_mb):
+                logp = grpo.token_logprobs(model(ids[sl]), ids[sl], temperature=0.9)
+                lmask = grpo.veto_mask(logp, old[sl], adv[sl], mask[sl])
+                loss, m = grpo.policy_loss(ratio_fn(logp, old[sl], mask[sl]), adv[sl], lmask, eps_low=0.2,
+                                           eps_high=0.28, dual_clip=3.0, agg=agg, normaliser=N,
+                                           token_weight=grpo.tis_weight(old[sl], engine[sl], 2.0))
+                loss = loss + 0.1 * grpo.aggregate(grpo.kl_penalty(logp, ref[sl], "k3"), lmask, agg, N)
+                loss.backward()
+                parts.append(m)
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+            metrics.append(grpo.merge_metrics(parts))
+        assert grads[0].abs().max() > 1e-4
+        for k in (1, 2):
+            assert (grads[k] - grads[0]).abs().max() <= 1e-6
+            for key, v in metrics[0].items():
+                assert math.isclose(metrics[k][key], v, rel_tol=1e-9, abs_tol=1e-12), key
+
+
+# ---------------------------------------------------------------- KL, TIS, DAPO extras, contracts
+
+def test_kl_estimators_by_hand():
+    logp = torch.tensor([0.0, -1.0, -2.0, 30.0], dtype=torch.float64)
+    ref = torch.tensor([0.0, -2.0, -1.0, -20.0], dtype=torch.float64)           # d = [0, 1, -1, 50]
+    expected = {"k1": [0, 1, -1, 50], "abs": [0, 1, 1, 50], "k2": [0, 0.5, 0.5, 1250],
+                "k3": [0, math.exp(-1), math.e - 2, 10.0]}                      # k3 at 50: exp(-20)+19 -> cap 10
+    for name, values in expected.items():
+        torch.testing.assert_close(grpo.kl_penalty(logp, ref, name), torch.tensor(values, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        grpo.kl_penalty(logp, ref, "k4")
+
+
+def test_tis_weight():
+    old = torch.tensor([-1.0, -1.0, -3.0], requires_grad=True)
+    engine = torch.tensor([-2.0, -1.0, -1.0])
+    w = grpo.tis_weight(old, engine, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([2.0, 1.0, math.exp(-2.0)]))    # e^1 = 2.72 truncated at C = 2
+    assert not w.requires_grad
+
+
+def test_overlong_penalty_and_filter():
+    lengths = torch.tensor([10, 16, 17, 18, 20, 21])
+    got = grpo.overlong_penalty(lengths, max_len=20, cache_len=4)               # soft zone (16, 20]
+    torch.testing.assert_close(got, torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0]))
+    mask = torch.ones(3, 4)
+    out = grpo.overlong_filter(mask, torch.tensor([False, True, False]))
+    assert out.tolist() == [[1] * 4, [0] * 4, [1] * 4] and mask.sum() == 12     # caller's mask untouched
+    with pytest.raises(ValueError):
+        grpo.overlong_penalty(lengths, max_len=20, cache_len=0)
+
+
+def test_caller_tensors_are_not_mutated_and_bad_args_fail():
+    logp, old, mask, adv = rand_batch()
+    snapshot = [x.clone() for x in (logp, old, mask, adv)]
+    for fn in grpo.RATIOS.values():
+        lw = fn(logp, old, mask)
+        grpo.policy_loss(lw, adv, grpo.veto_mask(logp, old, adv, mask), eps_low=0.2, eps_high=0.2, dual_clip=3.0,
+                         normaliser=1.0)
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, (logp, old, mask, adv)))
+    with pytest.raises(ValueError):
+        grpo.policy_loss(grpo.token_log_ratio(logp, old, mask), adv, mask, eps_low=0.2, eps_high=0.2,
+                         dual_clip=1.0, normaliser=1.0)
