@@ -153,8 +153,8 @@ class Args:
     """sampling temperature; 0 is greedy"""
     top_p: float = 1.0
     """nucleus sampling mass"""
-    max_new_tokens: int = 16
-    """completion length limit in tokens; a sample that hits it counts as truncated"""
+    max_new_tokens: int = 8
+    """completion length limit in tokens; a sample that hits it counts as truncated (8 = train.py's default)"""
     seed: int = 0
     """sampling seed"""
     out: str = "runs/eval"
@@ -171,8 +171,9 @@ class Args:
     """summary.json of a baseline model's eval: adds AES per benchmark and for the macro row"""
     limit: int = 0
     """evaluate only the first N problems of each benchmark (0 = all)"""
-    batch_size: int = 256
-    """sequences per generation batch"""
+    batch_size: int = 512
+    """sequences per generation batch (512 = the TorchEngine default train.py evaluates with; the batch's padding
+    can move greedy ties, so keep it equal to train.py's for identical numbers)"""
     device: str = "cpu"
     """torch device for the model"""
 
