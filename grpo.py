@@ -23,15 +23,18 @@ One update step, as train.py wires it (flags in brackets):
     #   micro-batching; under torchrun all-reduce SUM it across ranks (every mode's N is additive)
     for each micro-batch:
         logp = token_logprobs(model(...).logits, ids, temperature)               # [b, T], with grad
-        loss_mask = veto_mask(logp, old_logp, adv, mask, --veto-threshold, --veto-scope) or mask
+        loss_mask = veto_mask(logp, old_logp, adv, mask, --veto-threshold, --veto-scope) if veto else mask
         log_w = RATIOS[--ratio](logp, old_logp, mask)                            # weight uses the un-vetoed mask
-        w_tis = tis_weight(old_logp, engine_logp, --tis-cap) or None             # only if old_logp was recomputed
+        w_tis = tis_weight(old_logp, engine_logp, --tis-cap) if tis else None    # old_logp recomputed by the trainer
         loss, m = policy_loss(log_w, adv, loss_mask, eps_low=--eps-low, eps_high=--eps-high,
                               dual_clip=--dual-clip, agg=--agg, normaliser=N, token_weight=w_tis)
         if --kl-coef > 0: loss = loss + kl_coef * aggregate(kl_penalty(logp, ref_logp, --kl-estimator),
                                                             loss_mask, --agg, N)
         loss.backward(); parts.append(m)        # summed gradients == the gradient of the whole step's loss
     metrics = merge_metrics(parts)              # 'loss/policy' is the plain sum of the micro-batch losses
+FSDP/DDP average gradients over ranks, so with N summed over ranks the caller multiplies each loss by world_size.
+Logged extras, all under torch.no_grad(): entropy masked_mean(entropy_from_logits(logits, temperature), mask);
+KL masked_mean(kl_penalty(...), mask); veto fraction 1 - loss_mask.sum() / mask.sum().
 Vetoed tokens stay counted in N: the veto depends on the current policy, so it is only known inside the
 micro-batch, and N must be fixed before the first one; the veto removes their gradient, it does not reweight others.
 """
@@ -83,7 +86,7 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Te
 
 
 def drgrpo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """Dr. GRPO advantage (arXiv 2503.20783, eq. 3): A_i = r_i - mean_g(r), no std division.
+    """Dr. GRPO advantage (arXiv 2503.20783, "GRPO Done Right"): A_i = r_i - mean_g(r), no std division.
 
     Same group conventions as grpo_advantages (a group of one: A = r; zero variance: exactly 0). Returns [B].
     """
@@ -104,13 +107,13 @@ def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
 
 
 def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """DAPO dynamic sampling (arXiv 2503.14476, eq. 11: keep groups with 0 < |{correct}| < G), as a bool [B]:
-    True for rollouts whose group has non-zero variance. Groups of one are kept (their advantage is not 0)."""
+    """DAPO dynamic sampling (arXiv 2503.14476, 'Dynamic Sampling': keep groups with 0 < |{correct}| < G) as a bool
+    [B]: True for rollouts whose group has non-zero variance. Groups of one are kept (their advantage is not 0)."""
     return ~_group_stats(rewards, group_ids)[2]
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO soft overlong punishment (arXiv 2503.14476, eq. 13), added to the reward of each response:
+    """DAPO soft overlong punishment (arXiv 2503.14476, 'Overlong Reward Shaping'), added to each response's reward:
 
         R(|y|) = 0                                   if |y| <= L_max - L_cache
                = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
@@ -125,7 +128,8 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
 
 
 def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:
-    """DAPO overlong filtering (arXiv 2503.14476, sec. 3.4): truncated responses [B] bool get an all-zero loss mask."""
+    """DAPO overlong filtering (arXiv 2503.14476, 'Overlong Reward Shaping'): each truncated response (bool [B])
+    gets an all-zero loss mask. Returns a new mask [B, T] of mask's dtype."""
     return torch.where(truncated.bool()[:, None], torch.zeros_like(mask), mask)
 
 
@@ -175,7 +179,7 @@ def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 def gspo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """GSPO sequence ratio with token-wise gradient (GSPO-token, arXiv 2507.18071, eqs. 7 and 13):
+    """GSPO sequence ratio with token-wise gradient (arXiv 2507.18071: s_i, and the GSPO-token variant):
 
         log s_i  = (1/|y_i|) sum_{valid t} (logp_it - old_logp_it)
         log w_it = logp_it - sg(logp_it) + sg(log s_i),  capped above at 10 (verl)
@@ -303,7 +307,7 @@ def aggregate(loss_mat: Tensor, mask: Tensor, agg: str, normaliser: float) -> Te
     """Reduce a per-token loss [B, T] to a scalar with N = loss_normaliser(whole step), so that the sum over
     micro-batches equals the whole step's value whatever the micro-batching or world size:
 
-        token-mean               L = (1/N) sum_i sum_t m_it l_it                      (DAPO, eq. 8)
+        token-mean               L = (1/N) sum_i sum_t m_it l_it                      (DAPO token-level loss)
         seq-mean-token-mean      L = (1/N) sum_i (1/|o_i|) sum_t m_it l_it             (GRPO, eq. 3)
         seq-mean-token-sum       L = (1/N) sum_i sum_t m_it l_it
         seq-mean-token-sum-norm  L = (1/N) sum_i sum_t m_it l_it, N = G * L_max        (Dr. GRPO: (1/G) sum_i
@@ -324,7 +328,7 @@ def aggregate(loss_mat: Tensor, mask: Tensor, agg: str, normaliser: float) -> Te
 def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float, eps_high: float,
                 dual_clip: float | None = None, agg: str = "token-mean", normaliser: float,
                 token_weight: Tensor | None = None) -> tuple[Tensor, dict]:
-    """Clipped surrogate (PPO; GRPO eq. 3; DAPO clip-higher eq. 10; dual-clip arXiv 1912.09729), to minimise:
+    """Clipped surrogate (PPO; GRPO eq. 3; DAPO clip-higher; dual-clip arXiv 1912.09729), to minimise:
 
         l_t  = max(-A w_t, -A clip(w_t, 1 - eps_low, 1 + eps_high))        w_t = exp(log_ratio_t)
         l_t  = min(l_t, -A c)                    for A < 0 when dual_clip = c (c > 1)

@@ -63,7 +63,8 @@ def test_token_logprobs_and_entropy(temperature):
     logits = torch.randn(3, 5, 11, generator=g)
     ids = torch.randint(0, 11, (3, 5), generator=g)
     logp_all = (logits / temperature).log_softmax(-1)
-    torch.testing.assert_close(grpo.token_logprobs(logits, ids, temperature), logp_all.gather(-1, ids[..., None])[..., 0])
+    expected = logp_all.gather(-1, ids[..., None])[..., 0]
+    torch.testing.assert_close(grpo.token_logprobs(logits, ids, temperature), expected)
     torch.testing.assert_close(grpo.entropy_from_logits(logits, temperature), -(logp_all.exp() * logp_all).sum(-1))
     half = grpo.token_logprobs(logits.bfloat16(), ids, temperature)            # computed in float32
     assert half.dtype == torch.float32
@@ -126,19 +127,19 @@ def test_pnpo_gradient_is_analytic():
                     if mask[i, s]:
                         analytic[i, t, i, s] = wv[i, t] / n[i, t]
     torch.testing.assert_close(jac, analytic)
-    # through parameters: theta -> logp = theta_row-wise, grad of sum_t c_t w_t
-    theta = torch.randn(T, dtype=torch.float64, requires_grad=True)
-    lp = old[0] + theta * torch.linspace(0.5, 1.5, T, dtype=torch.float64)     # grad log pi_s = e_s * k_s
-    c = torch.randn(T, dtype=torch.float64)
-    (grpo.pnpo_log_ratio(lp[None], old[:1], mask[:1]).exp()[0] * c).sum().backward()
-    wv0, k = grpo.pnpo_log_ratio(lp[None].detach(), old[:1], mask[:1]).exp()[0], torch.linspace(0.5, 1.5, T, dtype=torch.float64)
-    expected = torch.zeros(T, dtype=torch.float64)
+    # through a model's parameters: grad_theta w_t = w_t (1/n_t) sum_{s <= t, valid} grad_theta log pi_s
+    model, ids, m0 = tiny_policy(seed=7), torch.randint(0, 13, (1, T)), mask[2:3]
+    params = list(model.parameters())
+    flat_grad = lambda y: torch.cat([g.flatten() for g in torch.autograd.grad(y, params, retain_graph=True)])  # noqa
+    lp = grpo.token_logprobs(model(ids), ids)                                   # [1, T]
+    old0 = lp.detach() + 0.3 * torch.randn(1, T, dtype=lp.dtype)
+    w0 = grpo.pnpo_log_ratio(lp, old0, m0).exp()[0]                             # [T]
+    grad_logp = [flat_grad(lp[0, s]) for s in range(T)]
+    n0 = m0[0].cumsum(0)
     for t in range(T):
-        if mask[0, t]:
-            for s in range(t + 1):
-                if mask[0, s]:
-                    expected[s] += c[t] * wv0[t] / n[0, t] * k[s]
-    torch.testing.assert_close(theta.grad, expected)
+        if m0[0, t]:
+            expected = w0[t] / n0[t] * sum(grad_logp[s] for s in range(t + 1) if m0[0, s])
+            torch.testing.assert_close(flat_grad(w0[t]), expected.detach())
 
 
 def test_log_ratio_caps():
