@@ -222,8 +222,11 @@ def load_inputs(args: Args):
     if not benches:
         raise ValueError("--benchmarks is empty")
     baseline = load_baseline(args.baseline, benches) if args.baseline else None
+    model_dir = _repo_relative(args.model)
+    if not os.path.isdir(model_dir):   # before importing torch: a typo answers at once
+        raise FileNotFoundError(f"model directory not found: {args.model}")
     from rollout import load_model
-    model, tokenizer = load_model(_repo_relative(args.model), device=args.device)
+    model, tokenizer = load_model(model_dir, device=args.device)
     os.makedirs(args.out, exist_ok=True)
     return benches, baseline, model, tokenizer
 
