@@ -121,8 +121,8 @@ def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, 
              desc: str | None = None) -> tuple[dict, list[dict]]:
     """(summary, per_example) of k samples per example; summary keys as in `summarize`."""
     import verify
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    if k < 1 or not examples:
+        raise ValueError(f"evaluate needs k >= 1 and at least one example, got k={k}, {len(examples)} examples")
     prompts = make_prompts(examples, template, tokenizer)
     rollouts = sample(engine, prompts, k, sampling, desc)
     records = []
