@@ -1,0 +1,103 @@
+"""Make the built-in tiny model: a character-level tokenizer, a small Qwen2 config, and a short supervised warm start.
+
+    python assets/make_tiny_model.py                 # rewrites assets/tiny-arith (a few minutes on 2 CPU cores)
+
+The result is a standard Hugging Face directory (config.json, tokenizer.json, model.safetensors) that loads with
+`AutoModelForCausalLM.from_pretrained` like any real model, so the trainer has one code path for both.
+
+The warm start is deliberately short: supervised training on the built-in arithmetic task (loss on the answer tokens
+only) is stopped after a fixed number of steps, when greedy held-out accuracy is well above zero but far from solved,
+leaving room for RL to show. Seeded: the same command gives the same weights on the same machine.
+"""
+import argparse
+import os
+import random
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import data  # noqa: E402
+from rollout import Prompt, Sampling, TorchEngine  # noqa: E402
+
+EOS, PAD = "<|endoftext|>", "<|pad|>"
+
+
+def make_tokenizer():
+    """Character level: printable ASCII and newline, plus EOS and PAD. Enough for arithmetic and for LaTeX answers."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {c: i for i, c in enumerate(chars)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))   # no merges: one token per character
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([EOS, PAD])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, model_max_length=256)
+
+
+def make_model(vocab_size: int, seed: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, rope_theta=10000.0)
+    return Qwen2ForCausalLM(cfg)
+
+
+def sft_batch(tok, examples):
+    """Prompt + answer + EOS, right padded; labels only on the answer and EOS (-100 elsewhere)."""
+    seqs, labels = [], []
+    for ex in examples:
+        p = tok.encode(data.builtin_prompt(ex.question))
+        a = tok.encode(ex.answer) + [tok.eos_token_id]
+        seqs.append(p + a)
+        labels.append([-100] * len(p) + a)
+    L = max(map(len, seqs))
+    ids = torch.tensor([s + [tok.pad_token_id] * (L - len(s)) for s in seqs])
+    lab = torch.tensor([s + [-100] * (L - len(s)) for s in labels])
+    return ids, (ids != tok.pad_token_id).long(), lab
+
+
+def greedy_accuracy(model, tok, examples) -> float:
+    import verify
+    engine = TorchEngine(model, tok)
+    prompts = [Prompt(i, tok.encode(data.builtin_prompt(e.question)), e.answer) for i, e in enumerate(examples)]
+    rs = engine.generate(prompts, 1, Sampling(temperature=0, max_new_tokens=8))
+    return sum(verify.grade(r.text, r.answer) for r in rs) / len(rs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny-arith"))
+    ap.add_argument("--steps", type=int, default=1500, help="supervised steps (the early stop that leaves headroom)")
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=250)
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+    tok = make_tokenizer()
+    model = make_model(len(tok), args.seed)
+    train = data.arithmetic_examples("train", 50_000, seed=args.seed)
+    test = data.arithmetic_examples("test", 500)
+    rng = random.Random(args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
+    for step in range(1, args.steps + 1):
+        ids, mask, lab = sft_batch(tok, rng.sample(train, args.batch_size))
+        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % args.eval_every == 0 or step == args.steps:
+            print(f"step {step:5d}  loss {loss.item():.3f}  test greedy acc {greedy_accuracy(model, tok, test):.3f}",
+                  flush=True)
+    model.save_pretrained(args.out, safe_serialization=True)
+    tok.save_pretrained(args.out)
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()

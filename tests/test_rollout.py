@@ -1,0 +1,130 @@
+"""rollout.py: collate alignment, engine log-probs equal the trainer's, sampling and weight sync."""
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "assets"))
+
+import grpo  # noqa: E402
+from make_tiny_model import make_model, make_tokenizer  # noqa: E402
+from rollout import Prompt, Rollout, Sampling, TorchEngine, collate, load_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    tok = make_tokenizer()
+    return make_model(len(tok), seed=0).eval(), tok
+
+
+def _prompts(tok, texts):
+    return [Prompt(i, tok.encode(t), "0") for i, t in enumerate(texts)]
+
+
+def test_collate_aligns_completion_with_next_token_positions():
+    r1 = Rollout(0, [5, 6, 7], [8, 9], [-0.5, -0.25], advantage=1.5)
+    r2 = Rollout(1, [5], [4, 3, 2], [-1.0, -2.0, -3.0], advantage=-1.0)
+    b = collate([r1, r2], pad_id=99)
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 4, 3, 2, 99]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # position t predicts input_ids[t + 1]: r1's completion tokens sit at 3, 4 -> predicted from positions 2, 3
+    assert b["completion_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
+    assert b["old_logprobs"].tolist() == [[0, 0, -0.5, -0.25], [-1.0, -2.0, -3.0, 0]]
+    assert b["advantages"].tolist() == [1.5, -1.0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_equal_trainer_logprobs(tiny, temperature):
+    """Behaviour log-probs recorded during KV-cache sampling (left-padded prompts) equal the trainer's full forward
+    (right-padded) under the same weights and temperature: otherwise every ratio is biased from the first step."""
+    model, tok = tiny
+    engine = TorchEngine(model, tok)
+    prompts = _prompts(tok, ["1+2=", "13*17-4=", "7=", "19-3*2="])     # different lengths: padding matters
+    rs = engine.generate(prompts, 3, Sampling(temperature=temperature, max_new_tokens=10, seed=3))
+    assert len(rs) == 12 and [r.prompt_id for r in rs] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    b = collate(rs, tok.pad_token_id)
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
+    logp = grpo.token_logprobs(logits, b["input_ids"][:, 1:], temperature)
+    diff = ((logp - b["old_logprobs"]) * b["completion_mask"]).abs().max().item()
+    assert diff <= 1e-5
+    assert b["completion_mask"].sum() > 12            # real completions, not empty ones
+
+
+def test_greedy_is_argmax_and_deterministic_sampling(tiny):
+    model, tok = tiny
+    engine = TorchEngine(model, tok)
+    prompts = _prompts(tok, ["3+4=", "12-5*2="])
+    g = engine.generate(prompts, 1, Sampling(temperature=0, max_new_tokens=5))
+    ids = torch.tensor([prompts[0].ids])
+    with torch.no_grad():
+        first = model(input_ids=ids).logits[0, -1].argmax().item()
+    assert g[0].completion_ids[0] == first
+    s = Sampling(temperature=1.0, max_new_tokens=6, seed=11)
+    a, b = engine.generate(prompts, 4, s), engine.generate(prompts, 4, s)
+    assert [r.completion_ids for r in a] == [r.completion_ids for r in b]
+    c = engine.generate(prompts, 4, Sampling(temperature=1.0, max_new_tokens=6, seed=12))
+    assert [r.completion_ids for r in a] != [r.completion_ids for r in c]
+
+
+class _EosAtPosition(torch.nn.Module):
+    """A fake causal LM that emits token 5 until absolute position `stop`, then EOS: known completion lengths."""
+    def __init__(self, vocab, eos, stop):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.vocab, self.eos, self.stop = vocab, eos, stop
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache, logits_to_keep, cache):
+        logits = torch.full((*input_ids.shape, self.vocab), -30.0)
+        nxt = torch.where(position_ids + 1 >= self.stop, self.eos, 5)          # [B, t]
+        logits.scatter_(-1, nxt[..., None], 30.0)
+        return types.SimpleNamespace(logits=logits, cache=cache)
+
+
+def test_stop_at_eos_and_truncation(tiny):
+    _, tok = tiny
+    eos = tok.eos_token_id
+    engine = TorchEngine(_EosAtPosition(len(tok), eos, stop=5), tok)
+    prompts = [Prompt(0, [1, 2], "x"), Prompt(1, [1, 2, 3, 4], "y"), Prompt(2, [1, 2, 3, 4, 5, 6], "z")]
+    rs = engine.generate(prompts, 1, Sampling(temperature=1.0, max_new_tokens=4))
+    # a token at absolute position p is 5 if p < 5 else EOS; prompts of 2, 4, 6 tokens start at positions 2, 4, 6
+    assert [r.completion_ids for r in rs] == [[5, 5, 5, eos], [5, eos], [eos]]
+    assert [r.truncated for r in rs] == [False, False, False]
+    assert all(len(r.logprobs) == len(r.completion_ids) for r in rs)
+    rs = engine.generate(prompts[:1], 1, Sampling(temperature=1.0, max_new_tokens=2))
+    assert rs[0].completion_ids == [5, 5] and rs[0].truncated
+    assert rs[0].text == "%%" and rs[0].answer == "x"      # id 5 is chr(32 + 5)
+
+
+def test_top_p_keeps_only_the_nucleus(tiny):
+    from rollout import sample_token
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    gen = torch.Generator().manual_seed(0)
+    s = Sampling(temperature=1.0, top_p=0.7)
+    toks = {sample_token(logits, s, gen)[0].item() for _ in range(300)}
+    assert toks == {0, 1}                     # 0.5 + 0.3 reaches 0.7; 2 and 3 are outside the nucleus
+
+
+def test_load_weights_syncs_and_rejects_partial(tiny):
+    model, tok = tiny
+    engine = TorchEngine(model, tok)
+    new = {n: p.detach() + 0.01 for n, p in model.named_parameters()}
+    engine.load_weights(new.items())
+    for n, p in engine.model.named_parameters():
+        assert torch.equal(p, new[n])
+    assert not torch.equal(dict(model.named_parameters())["lm_head.weight"] if "lm_head.weight" in new
+                           else next(model.parameters()), next(engine.model.parameters()))
+    with pytest.raises(ValueError, match="not updated"):
+        engine.load_weights(list(new.items())[:2])
+
+
+def test_load_model_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_model(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="config.json"):
+        load_model(str(tmp_path))
