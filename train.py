@@ -3,6 +3,10 @@
     python train.py                                    # built-in tiny model + arithmetic task, CPU, a few minutes
     python train.py --model PATH --train-data gsm8k_train --max-new-tokens 512 --prompt-template plain
     python train.py --help                             # every flag, with its meaning and default
+    torchrun --nproc-per-node 8 train.py --model PATH ...                  # one node, 8 GPUs (or CPU processes)
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id run1 \
+        train.py --model PATH --out-dir /shared/run1 ...   # the same on every node; HOST = any one of them
+    python train.py --out-dir runs/x --resume auto     # after a crash: continue from the newest complete checkpoint
 
 Each step reads top to bottom as generate -> score -> store -> sample -> update, then weight sync, eval, logging:
 1. generate  `prompts_per_step` prompts x `group_size` completions from the rollout engine (behaviour log-probs kept);
@@ -16,6 +20,26 @@ Each step reads top to bottom as generate -> score -> store -> sample -> update,
              gradient does not depend on the micro-batch size.
 Then the engine gets the new weights (`load_weights`), so the next step samples from the current policy.
 
+Then eval (greedy, every `eval_every` steps), the log line (rank 0), and a checkpoint every `save_every` steps
+(checkpoint.py: a Hugging Face directory plus the optimizer, data position, replay buffers and RNG, written
+atomically; `--resume auto` continues from the newest complete one, identically to a run that never stopped).
+
+Distributed (the same file under `python`: world size 1, no process group, nothing sharded):
+- `setup_distributed()` reads torchrun's environment: gloo on CPU, nccl on CUDA (one GPU per process, cuda:LOCAL_RANK).
+  Multi-node uses torchrun's own rendezvous flags (above); out_dir must be on a filesystem every node sees.
+- `shard_model()` is FSDP2: `fully_shard` each decoder layer, then the root; bf16 parameters with fp32 gradient
+  reduction on CUDA, fp32 on CPU. Parameters, gradients and AdamW state are sharded over ranks.
+- Data parallel over prompts: `prompts_per_step` is global; rank r takes every world-th prompt of the shuffled order
+  (its own share), generates whole groups for it, keeps its own replay buffer and samples with its own seed.
+- The loss normaliser N is all-reduced (SUM) over ranks, so N counts the whole step's tokens; FSDP averages
+  gradients over ranks, so each rank's loss is multiplied by the world size: one step equals the one-rank step over
+  the same global batch (tests/test_distributed.py checks it to 1e-5).
+- Weight sync: every rank all-gathers full tensors parameter by parameter, layer by layer, in the same order, into
+  its own engine (a generator: one full tensor alive at a time). clip_grad_norm_ on the sharded (DTensor) gradients
+  computes the global norm.
+- A non-finite loss or gradient norm skips the optimizer step on every rank (counted in train/skipped_steps);
+  `max_bad_steps` in a row end the run with an error, before any checkpoint of that state is written.
+
 A "step" is one pass of this loop (it may hold several optimizer steps); a rollout's age is step - version.
 The ratio of a replayed rollout is pi_theta / pi_behaviour with pi_behaviour its logged generation-time log-probs:
 the stale policy, which is what makes replay off-policy and what clipping (eps_low, eps_high, dual-clip) guards.
@@ -25,6 +49,7 @@ proximal policy) and weights each token by min(pi_old / pi_behaviour, C): trunca
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import sys
@@ -32,8 +57,11 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import buffer
+import checkpoint
 import data
 import eval as eval_lib  # the module eval.py, not the builtin
 import grpo
@@ -52,7 +80,7 @@ class Args:
     prompt_template: str = "auto"
     """plain | chat | builtin; auto = builtin for the built-in task, plain otherwise"""
     out_dir: str = "runs/default"
-    """where metrics.jsonl, samples.jsonl and the final checkpoint go"""
+    """where metrics.jsonl, samples.jsonl and checkpoints/ go (final -> the last checkpoint)"""
     seed: int = 0
     """seed for data order, sampling and replay"""
     steps: int = 100
@@ -72,7 +100,11 @@ class Args:
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
-    """gradient-norm clip (0 = off)"""
+    """gradient-norm clip (0 = off); the norm is global over all shards"""
+    max_bad_steps: int = 3
+    """optimizer steps in a row with a non-finite loss or gradient norm (each one skipped) that end the run"""
+    grad_checkpointing: bool = False
+    """recompute each layer's activations in backward: less memory, about a third more compute"""
     adv: str = "grpo"
     """advantage: grpo ((r - mean) / (std + 1e-6)) | drgrpo (r - mean)"""
     ratio: str = "token"
@@ -124,7 +156,11 @@ class Args:
     eval_size: int = 500
     """held-out built-in prompts for greedy evaluation (eval/accuracy)"""
     log_samples: int = 4
-    """decoded rollouts written to samples.jsonl each step"""
+    """decoded rollouts written to samples.jsonl each step (rank 0's)"""
+    save_every: int = 50
+    """write a checkpoint every N steps and at the end (0 = only at the end)"""
+    resume: str = ""
+    """a checkpoint directory to continue from, or 'auto' = the newest complete one in out_dir/checkpoints"""
     threads: int = 0
     """torch CPU threads (0 = torch's default)"""
 
@@ -147,18 +183,21 @@ def parse_args(argv=None) -> Args:
     return Args(**vars(ap.parse_args(argv)))
 
 
-def check_args(a: Args) -> None:
+def check_args(a: Args, world: int = 1) -> None:
     """Reject bad input up front with one clear sentence (a ValueError that main prints)."""
+    if a.prompts_per_step % world:
+        raise ValueError(f"--prompts-per-step ({a.prompts_per_step}) must be divisible by the world size ({world}): "
+                         f"every rank generates whole groups for an equal share of the prompts")
     if a.group_size < 2:
         raise ValueError(f"--group-size must be at least 2 (a GRPO group needs a baseline), got {a.group_size}")
     if a.tau_max < 0:
         raise ValueError(f"--tau-max must be >= 0, got {a.tau_max}")
     for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "epochs",
-                 "mini_batches"):
+                 "mini_batches", "max_bad_steps"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     for name in ("replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap", "dual_clip",
-                 "overlong_buffer", "dynamic_sampling_rounds", "lr", "eval_every"):
+                 "overlong_buffer", "dynamic_sampling_rounds", "lr", "eval_every", "save_every"):
         if getattr(a, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
     if a.temperature <= 0:
@@ -178,13 +217,64 @@ def check_args(a: Args) -> None:
 # ---- set-up: process group, model wrapping, data ---------------------------------------------------------------
 
 def setup_distributed() -> tuple[int, int, str]:
-    """(rank, world_size, device). World size 1 under plain `python`."""
-    return 0, 1, "cpu"
+    """(rank, world_size, device). Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK in the environment): a process group,
+    nccl with one GPU per process (cuda:LOCAL_RANK) when CUDA is there, gloo on CPU otherwise. Under plain `python`:
+    (0, 1, cuda or cpu) and no process group; nothing else in this file needs one at world size 1."""
+    if "RANK" not in os.environ:
+        return 0, 1, "cuda" if torch.cuda.is_available() else "cpu"
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        return rank, world, f"cuda:{local}"
+    dist.init_process_group("gloo")
+    return rank, world, "cpu"
 
 
-def shard_model(model):
-    """Wrap the policy for training. Identity at world size 1."""
+def print0(*args, **kw) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, **kw)
+
+
+def shard_model(model, device: str):
+    """FSDP2 (torch.distributed.fsdp.fully_shard), by hand: each decoder layer is one group (its parameters are
+    all-gathered just before its forward and its gradients reduce-scattered right after its backward), then the root
+    takes what is left (embeddings, final norm, the tied head). On CUDA the gathered parameters are bf16 and gradients
+    are reduced in fp32; the sharded master copy, and so AdamW, stays fp32. On CPU everything is fp32.
+
+    Contract with the loss: FSDP *averages* gradients over ranks, while the objective sums over the whole step's
+    tokens divided by N = the global normaliser (all ranks); so update() all-reduces N and multiplies each rank's
+    loss by the world size. Without a process group (plain `python`) the model is returned as it is."""
+    if not dist.is_initialized():
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    kind = torch.device(device).type
+    mesh = init_device_mesh(kind, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if kind == "cuda" else \
+        MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def full_parameters(model):
+    """(name, full tensor) for every parameter, in named_parameters() order (the same on every rank, layer by
+    layer), one at a time: a sharded parameter is all-gathered (DTensor.full_tensor(), a collective every rank joins
+    in this order) only when the consumer asks for it, so at most one full tensor is alive beyond the model."""
+    for name, p in model.named_parameters():
+        with torch.no_grad():
+            t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        yield name, t
+
+
+def all_reduce(values: list[float], world: int, op=dist.ReduceOp.SUM) -> list[float]:
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=op)
+    return t.tolist()
 
 
 def load_prompts(a: Args, tokenizer) -> list[Prompt]:
@@ -197,13 +287,18 @@ def load_prompts(a: Args, tokenizer) -> list[Prompt]:
     return eval_lib.make_prompts(examples, template, tokenizer)
 
 
-def evaluate(engine: TorchEngine, tok, a: Args) -> float:
+def evaluate(engine: TorchEngine, tok, a: Args, rank: int = 0, world: int = 1) -> float:
     """Greedy accuracy (mean@1) on the first `eval_size` prompts of the built-in test split, through eval.py's
-    `evaluate`, so `python eval.py --model <checkpoint>` reproduces the number."""
+    `evaluate`, so `python eval.py --model <checkpoint>` reproduces the number. Rank r grades every world-th prompt
+    with its own engine (same weights everywhere); the correct counts are summed."""
     examples = data.arithmetic_examples("test", a.eval_size)
-    summary, _ = eval_lib.evaluate(engine, tok, examples, template="builtin", k=1,
-                                   sampling=Sampling(temperature=0, max_new_tokens=a.max_new_tokens))
-    return summary["mean@k"]
+    mine = examples[rank::world]
+    correct = 0.0
+    if mine:
+        summary, _ = eval_lib.evaluate(engine, tok, mine, template="builtin", k=1,
+                                       sampling=Sampling(temperature=0, max_new_tokens=a.max_new_tokens))
+        correct = summary["mean@k"] * len(mine)
+    return all_reduce([correct], world)[0] / len(examples)
 
 
 # ---- one step's pieces --------------------------------------------------------------------------------------------
@@ -253,22 +348,48 @@ def micro_batch_loss(model, ref_model, mb: dict, a: Args, normaliser: float) -> 
     return loss, m
 
 
-def collate_step(rollouts, a: Args, pad_id: int) -> dict:
+def collate_step(rollouts, a: Args, pad_id: int, device) -> dict:
     b = collate(rollouts, pad_id)
     b["engine_logprobs"] = b["old_logprobs"]
     if a.overlong_filter:
         truncated = torch.tensor([r.truncated for r in rollouts])
         b["completion_mask"] = grpo.overlong_filter(b["completion_mask"], truncated)
-    return b
+    return {k: v.to(device) for k, v in b.items()}
+
+
+def padding_pass(model, pad_id: int, device, backward: bool) -> None:
+    """A forward (and backward) that changes nothing, for a rank with fewer micro-batches than another: FSDP
+    all-gathers parameters inside every forward and reduce-scatters gradients inside every backward, collectives that
+    every rank must join equally often. Its loss is 0 * logits, so its gradient is exactly 0."""
+    logits = model(input_ids=torch.full((1, 1), pad_id, device=device)).logits
+    if backward:
+        (logits.float().sum() * 0.0).backward()
+
+
+def lockstep(n_local: int, world: int) -> int:
+    """The number of forward passes every rank runs: the largest over ranks (see padding_pass)."""
+    return int(all_reduce([float(n_local)], world, op=dist.ReduceOp.MAX)[0])
+
+
+def global_normaliser(mask: torch.Tensor, a: Args, world: int) -> float:
+    """N of the whole optimizer step over all ranks: every mode's N is a count, so the global N is the sum of the
+    ranks' counts (grpo.loss_normaliser's floor of 1 is applied once, to the sum, not per rank)."""
+    n = grpo.loss_normaliser(mask, a.agg, max_len=a.max_new_tokens) if mask.bool().any() else 0.0   # mask [b, T]
+    return max(all_reduce([n], world)[0], 1.0)
 
 
 @torch.no_grad()
-def recompute_old_logprobs(model, batch, a: Args, pad_id: int) -> list[list[float]]:
+def recompute_old_logprobs(model, batch, a: Args, pad_id: int, world: int = 1) -> list[list[float]]:
     """Log-probs of each rollout's completion under the weights at the start of this step (for --tis-cap)."""
+    device = next(model.parameters()).device
     out = []
-    for i in range(0, len(batch), a.micro_batch_size):
+    for i in range(0, lockstep(-(-len(batch) // a.micro_batch_size), world) * a.micro_batch_size,
+                   a.micro_batch_size):
         rs = batch[i:i + a.micro_batch_size]
-        mb = collate(rs, pad_id)
+        if not rs:
+            padding_pass(model, pad_id, device, backward=False)
+            continue
+        mb = collate_step(rs, a, pad_id, device)
         logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, :-1]
         logp = grpo.token_logprobs(logits, mb["input_ids"][:, 1:], a.temperature)                   # [b, T]
         for b, r in enumerate(rs):
@@ -277,34 +398,114 @@ def recompute_old_logprobs(model, batch, a: Args, pad_id: int) -> list[list[floa
     return out
 
 
-def update(model, ref_model, opt, batch, a: Args, step: int, pad_id: int) -> dict:
-    """`epochs` x `mini_batches` optimizer steps on `batch` (fresh + replayed), micro-batched; returns metrics."""
-    old = recompute_old_logprobs(model, batch, a, pad_id) if a.tis_cap else None
+class NonFiniteError(RuntimeError):
+    pass
+
+
+class StepGuard:
+    """A non-finite loss or gradient norm never reaches the weights: that optimizer step is skipped on every rank
+    (gradients dropped), logged and counted; `max_bad` skips in a row raise NonFiniteError, which ends the run
+    before anything of that state is saved, so the last good checkpoint stays the newest."""
+
+    def __init__(self, max_bad: int):
+        self.max_bad, self.skipped, self.in_row = max_bad, 0, 0
+
+    def allow(self, loss: float, grad_norm: float, world: int, step: int) -> bool:
+        bad = all_reduce([float(not (math.isfinite(loss) and math.isfinite(grad_norm)))], world,
+                         op=dist.ReduceOp.MAX)[0]        # one rank's inf loss is everyone's skipped step
+        if not bad:
+            self.in_row = 0
+            return True
+        self.skipped += 1
+        self.in_row += 1
+        print0(f"step {step + 1}: non-finite loss {loss} or gradient norm {grad_norm}: optimizer step skipped "
+               f"({self.in_row} in a row, {self.skipped} in all)", flush=True)
+        if self.in_row >= self.max_bad:
+            raise NonFiniteError(f"{self.in_row} optimizer steps in a row had a non-finite loss or gradient norm "
+                                 f"(step {step + 1}); stopping. The newest checkpoint predates them.")
+        return False
+
+
+def clip_gradients(model, max_norm: float) -> float:
+    """Clip to max_norm (0 = no clip) by the global norm: on FSDP2's DTensor gradients clip_grad_norm_ reduces the
+    per-shard norms over ranks, and returns the norm as a replicated DTensor."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or float("inf"))
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+def update(model, ref_model, opt, batch, a: Args, step: int, pad_id: int, world: int = 1,
+           guard: StepGuard | None = None) -> dict:
+    """`epochs` x `mini_batches` optimizer steps on `batch` (this rank's fresh + replayed), micro-batched; returns
+    this rank's metrics (reduce_metrics combines ranks). Every rank makes the same optimizer steps and the same number
+    of forward/backward passes (lockstep); a mini-batch empty on every rank is no optimizer step."""
+    guard = guard or StepGuard(a.max_bad_steps)
+    device = next(model.parameters()).device
+    old = recompute_old_logprobs(model, batch, a, pad_id, world) if a.tis_cap else None
     order = list(range(len(batch)))
     parts, total, norms = [], 0.0, []
     for epoch in range(a.epochs):
         if epoch > 0:
             random.Random(a.seed * 1_000_003 + step * 101 + epoch).shuffle(order)
-        size = -(-len(order) // a.mini_batches)
-        for start in range(0, len(order), size):
+        size = max(1, -(-len(order) // a.mini_batches))
+        for start in range(0, a.mini_batches * size, size):
             idx = order[start:start + size]
-            mini = [batch[i] for i in idx]
-            normaliser = grpo.loss_normaliser(collate_step(mini, a, pad_id)["completion_mask"], a.agg,
-                                              max_len=a.max_new_tokens)
+            n_micro = lockstep(-(-len(idx) // a.micro_batch_size), world)
+            if n_micro == 0:
+                continue
+            mask = collate_step([batch[i] for i in idx], a, pad_id, device)["completion_mask"] if idx else \
+                torch.zeros(0, 1)
+            normaliser = global_normaliser(mask, a, world)
             opt.zero_grad(set_to_none=True)
-            for j in range(0, len(mini), a.micro_batch_size):
-                mb = collate_step(mini[j:j + a.micro_batch_size], a, pad_id)
+            loss_sum = 0.0
+            for j in range(0, n_micro * a.micro_batch_size, a.micro_batch_size):
+                chunk = idx[j:j + a.micro_batch_size]
+                if not chunk:
+                    padding_pass(model, pad_id, device, backward=True)
+                    continue
+                mb = collate_step([batch[i] for i in chunk], a, pad_id, device)
                 if old is not None:  # proximal policy = trainer at step start; engine log-probs feed the TIS weight
-                    mb["old_logprobs"] = collate([dataclasses.replace(batch[i], logprobs=old[i])
-                                                  for i in idx[j:j + a.micro_batch_size]], pad_id)["old_logprobs"]
+                    mb["old_logprobs"] = collate([dataclasses.replace(batch[i], logprobs=old[i]) for i in chunk],
+                                                 pad_id)["old_logprobs"].to(device)
                 loss, m = micro_batch_loss(model, ref_model, mb, a, normaliser)
-                loss.backward()
+                (loss * world).backward()     # FSDP averages over ranks; N is global: the sum is the step's gradient
                 parts.append(m)
-                total += loss.item()
-            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm or float("inf")).item())
-            opt.step()
-    n_opt = a.epochs * len(range(0, len(order), size))
-    return {**grpo.merge_metrics(parts), "loss/policy": total / n_opt, "loss/grad_norm": sum(norms) / len(norms)}
+                loss_sum += loss.item()
+            norm = clip_gradients(model, a.max_grad_norm)
+            if guard.allow(loss_sum, norm, world, step):
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            total += loss_sum
+            norms.append(norm)
+    n_opt = max(len(norms), 1)
+    return {**grpo.merge_metrics(parts), "loss/policy": total / n_opt,
+            "loss/grad_norm": sum(norms) / n_opt, "train/skipped_steps": guard.skipped}
+
+
+SUMMED = ("loss/policy", "loss/tokens", "batch/fresh", "replay/size", "replay/sampled", "replay/evicted",
+          "replay/capacity_dropped")
+
+
+def reduce_metrics(m: dict, world: int) -> dict:
+    """One dict for the whole step from every rank's: counts and loss/policy (each rank's share of the global loss)
+    are summed, time/* and maxima maxed, ratio/min minned, the rest averaged over ranks, which is exact for the
+    rollout metrics when ranks generate equal counts (every rank has prompts_per_step / world prompts) and a
+    rank-mean of token-weighted means for the loss metrics."""
+    if world == 1:
+        return m
+    parts = [None] * world
+    dist.all_gather_object(parts, m)
+    out = {}
+    for k in dict.fromkeys(k for p in parts for k in p):          # union, in first-seen order
+        v = [p[k] for p in parts if k in p]
+        if k in SUMMED:
+            out[k] = sum(v)
+        elif k.startswith("time/") or k.endswith("_max") or k == "ratio/max":
+            out[k] = max(v)
+        elif k == "ratio/min":
+            out[k] = min(v)
+        else:
+            out[k] = v[0] if all(x == v[0] for x in v) else sum(v) / len(v)
+    return out
 
 
 def rollout_metrics(fresh, generated) -> dict:
@@ -327,73 +528,128 @@ def log_line(m: dict) -> str:
 
 # ---- the loop --------------------------------------------------------------------------------------------------
 
-def train(a: Args, model, tok, prompts: list[Prompt], device: str) -> dict:
+def open_log(path: str, start: int):
+    """A fresh run truncates; a resumed run keeps the lines of steps <= start and appends, so the file reads as one
+    run (a run killed after its last checkpoint may have logged steps that the resumed run now redoes)."""
+    if start == 0:
+        return open(path, "w")
+    keep = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    if json.loads(line)["step"] <= start:
+                        keep.append(line)
+                except json.JSONDecodeError:  # a line cut off by the kill: it belongs to a step being redone
+                    pass
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+    return open(path, "a")
+
+
+def point_final(out_dir: str, ckpt: str) -> str:
+    """out_dir/final -> the last checkpoint (a relative symlink, replaced atomically)."""
+    link, tmp = os.path.join(out_dir, "final"), os.path.join(out_dir, ".final.tmp")
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(os.path.relpath(ckpt, out_dir), tmp)
+    os.replace(tmp, link)
+    return link
+
+
+def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int = 1, device: str = "cpu",
+          resume: str | None = None) -> dict:
     torch.manual_seed(a.seed)
     ref_model = load_model(a.model, device)[0].eval().requires_grad_(False) if a.kl_coef > 0 else None
-    engine = TorchEngine(model, tok)
-    model = shard_model(model)
+    engine = TorchEngine(model, tok)               # a private full copy, made before sharding
+    if a.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = shard_model(model, device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-    replay = buffer.make_replay(a.replay, a.tau_max, a.priority_alpha, a.replay_capacity or None, a.seed)
+    replay = buffer.make_replay(a.replay, a.tau_max, a.priority_alpha, a.replay_capacity or None,
+                                a.seed + 7_919 * rank)
     order = list(range(len(prompts)))
     random.Random(a.seed).shuffle(order)
-    pos = 0                                        # prompts consumed so far, in `order`
-    os.makedirs(a.out_dir, exist_ok=True)
-    metrics_f = open(os.path.join(a.out_dir, "metrics.jsonl"), "w")
-    samples_f = open(os.path.join(a.out_dir, "samples.jsonl"), "w")
-    print(json.dumps(dataclasses.asdict(a)))
-    acc0 = evaluate(engine, tok, a)
-    print(f"step    0 | eval acc {acc0:.3f}")
-    metrics_f.write(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
+    mine = order[rank::world]                      # this rank's share of the prompts, in order
+    pos, start, guard = 0, 0, StepGuard(a.max_bad_steps)   # pos: prompts of `mine` consumed so far
+    ckpt_root = os.path.join(a.out_dir, "checkpoints")
+    if resume:
+        state, mine_state = checkpoint.load(resume, model, opt, rank, world)
+        start, pos, guard.skipped, guard.in_row = state["step"], mine_state["pos"], state["skipped"], state["in_row"]
+        if replay is not None:
+            replay.load_state_dict(mine_state["replay"])
+        checkpoint.set_rng_state(mine_state["rng"])
+        print0(f"resumed from {resume} at step {start}")
+    metrics_f = samples_f = None
+    if rank == 0:
+        os.makedirs(a.out_dir, exist_ok=True)
+        metrics_f = open_log(os.path.join(a.out_dir, "metrics.jsonl"), start)
+        samples_f = open_log(os.path.join(a.out_dir, "samples.jsonl"), start)
+    print0(json.dumps(dataclasses.asdict(a)))
+    print0(f"world size {world} | {a.prompts_per_step // world} prompts x {a.group_size} completions per rank "
+           f"per step | device {device}")
+    if start == 0:
+        acc0 = evaluate(engine, tok, a, rank, world)
+        print0(f"step    0 | eval acc {acc0:.3f}")
+        if metrics_f:
+            metrics_f.write(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
 
-    for step in range(a.steps):
+    m, ckpt = {}, resume
+    for step in range(start, a.steps):
         t0 = time.perf_counter()
         fresh, generated = [], []
         for round_ in range(1 + (a.dynamic_sampling_rounds if a.dynamic_sampling else 0)):
-            need = a.prompts_per_step - len({r.prompt_id for r in fresh})
-            batch_prompts = [prompts[order[(pos + i) % len(order)]] for i in range(need)]
+            need = a.prompts_per_step // world - len({r.prompt_id for r in fresh})
+            batch_prompts = [prompts[mine[(pos + i) % len(mine)]] for i in range(need)]
             pos += need
-            sampling = Sampling(a.temperature, a.top_p, a.max_new_tokens,
-                                seed=a.seed * 1_000_003 + step * 1_009 + round_)
+            sampling = Sampling(a.temperature, a.top_p, a.max_new_tokens,   # own stream per (rank, step, round)
+                                seed=a.seed * 1_000_003 + step * 1_009 + round_ + rank * 1_000_000_007)
             new = engine.generate(batch_prompts, a.group_size, sampling, version=step)          # 1. generate
             score(new, a)                                                                       # 2. score
             generated += new
             fresh += keep_informative(new) if a.dynamic_sampling else new
-            if len({r.prompt_id for r in fresh}) >= a.prompts_per_step:
+            if len({r.prompt_id for r in fresh}) >= a.prompts_per_step // world:
                 break
         t1 = time.perf_counter()
         replayed = []
         if replay is not None:
             replay.add(fresh, step)                                                             # 3. store
             replayed = replay.sample(round(a.replay_ratio * len(fresh)), step)                  # 4. sample
-        m = {}
-        if fresh or replayed:
-            m = update(model, ref_model, opt, fresh + replayed, a, step, tok.pad_token_id)     # 5. update
-            engine.load_weights(model.named_parameters())                                       # weight sync
+        m = update(model, ref_model, opt, fresh + replayed, a, step, tok.pad_token_id, world, guard)  # 5. update
+        engine.load_weights(full_parameters(model))                                             # weight sync
         t2 = time.perf_counter()
 
-        m.setdefault("loss/policy", 0.0)
         m.update(rollout_metrics(fresh, generated))
         m.update(replay.stats() if replay is not None else
                  {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0})
-        m.update({"step": step + 1, "time/generate": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
+        m.update({"time/generate": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
+        m = {"step": step + 1, **reduce_metrics(m, world)}
         if (a.eval_every and (step + 1) % a.eval_every == 0) or step + 1 == a.steps:
-            m["eval/accuracy"] = evaluate(engine, tok, a)
-        print(log_line(m), flush=True)
-        metrics_f.write(json.dumps(m) + "\n")
-        metrics_f.flush()
-        for r in generated[:a.log_samples]:
-            samples_f.write(json.dumps({"step": step + 1, "prompt": tok.decode(r.prompt_ids), "completion": r.text,
-                                        "answer": r.answer, "reward": r.reward, "advantage": r.advantage}) + "\n")
+            m["eval/accuracy"] = evaluate(engine, tok, a, rank, world)
+        print0(log_line(m), flush=True)
+        if metrics_f:
+            metrics_f.write(json.dumps(m) + "\n")
+            metrics_f.flush()
+            for r in generated[:a.log_samples]:
+                samples_f.write(json.dumps({"step": step + 1, "prompt": tok.decode(r.prompt_ids),
+                                            "completion": r.text, "answer": r.answer, "reward": r.reward,
+                                            "advantage": r.advantage}) + "\n")
+            samples_f.flush()
+        if (a.save_every and (step + 1) % a.save_every == 0) or step + 1 == a.steps:
+            ckpt = checkpoint.save(ckpt_root, step + 1, model, opt, tok, dataclasses.asdict(a),
+                                   {"step": step + 1, "skipped": guard.skipped, "in_row": guard.in_row},
+                                   {"pos": pos, "replay": replay.state_dict() if replay is not None else None,
+                                    "rng": checkpoint.rng_state()}, rank, world)
+            print0(f"saved {ckpt}", flush=True)
 
-    final = os.path.join(a.out_dir, "final")
-    model.save_pretrained(final, safe_serialization=True)
-    tok.save_pretrained(final)
-    with open(os.path.join(final, "args.json"), "w") as f:
-        json.dump(dataclasses.asdict(a), f, indent=1)
-    metrics_f.close()
-    samples_f.close()
-    print(f"saved {final} | eval acc {acc0:.3f} -> {m['eval/accuracy']:.3f}")
+    if metrics_f:
+        metrics_f.close()
+        samples_f.close()
+        if ckpt:
+            print(f"final -> {point_final(a.out_dir, ckpt)}" +
+                  (f" | eval acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""))
     return m
 
 
@@ -402,15 +658,27 @@ def main(argv=None) -> int:
     rank, world, device = setup_distributed()
     if a.threads:
         torch.set_num_threads(a.threads)
-    try:  # bad input ends in one line and exit status 2; a bug past this point still shows its traceback
-        check_args(a)
-        model, tok = load_model(a.model, device)
-        prompts = load_prompts(a, tok)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    train(a, model, tok, prompts, device)
-    return 0
+    try:
+        try:  # bad input ends in one line and exit status 2; a bug past this point still shows its traceback
+            check_args(a, world)
+            resume = checkpoint.resolve(a.resume, a.out_dir)
+            model, tok = load_model(resume or a.model, device)   # resuming: the checkpoint's weights
+            prompts = load_prompts(a, tok)
+        except (ValueError, OSError) as e:
+            print0(f"error: {e}", file=sys.stderr)
+            return 2
+        if a.resume and not resume:
+            print0(f"--resume auto: no complete checkpoint in {os.path.join(a.out_dir, 'checkpoints')}; "
+                   f"starting from step 0")
+        try:
+            train(a, model, tok, prompts, rank, world, device, resume)
+        except NonFiniteError as e:
+            print0(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

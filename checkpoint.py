@@ -1,0 +1,158 @@
+"""Checkpoints that a crash cannot corrupt and that resume a run exactly: save, find, load.
+
+    python train.py --save-every 10                        # out_dir/checkpoints/step_000010/, ..., and at the end
+    python train.py --resume auto                          # the newest complete checkpoint in out_dir/checkpoints
+    python train.py --resume runs/x/checkpoints/step_000040
+    python eval.py --model runs/x/checkpoints/step_000040  # a checkpoint is a plain Hugging Face model directory
+
+One checkpoint, `out_dir/checkpoints/step_000040/`:
+
+    config.json, generation_config.json, model.safetensors, tokenizer files   the policy, full (unsharded) weights,
+                                                                              gathered to rank 0: loads with
+                                                                              AutoModelForCausalLM.from_pretrained
+    args.json                     the run's Args
+    trainer/state.json            step, skipped-step counters, world size (the same on every rank)
+    trainer/optimizer/            AdamW state through torch.distributed.checkpoint: each rank writes its own shard
+    trainer/rank_00000.pt, ...    per rank: its data position, its replay buffer (contents, RNG, last stats) and the
+                                  python / torch RNG states
+    COMPLETE                      the marker, written last
+
+Atomic: everything is written into `checkpoints/.tmp-step_000040`, every file is fsynced, the marker is written, and
+only then is the directory renamed to `step_000040` (os.rename within one directory is atomic on POSIX). A run killed
+mid-write leaves a `.tmp-*` directory, which `latest()` never matches; a `step_*` directory without the marker (a
+partial copy, a non-POSIX filesystem) is ignored too. Multi-node runs need `out_dir` on a filesystem every node sees.
+
+What exact resume needs, and where it comes from: weights (model.safetensors, fp32 as trained), optimizer moments
+and step counts (DCP), the data position and the replay buffer with its numpy Generator (rank files), python's and
+torch's global RNGs (rank files; numpy's global RNG is used nowhere: buffer.py owns a Generator), and the engine's
+sampling seed, which train.py derives from (seed, rank, step), so it needs no state. A checkpoint written by W ranks
+resumes with W ranks: each rank's replay buffer belongs to that rank's share of the prompts.
+"""
+import json
+import os
+import random
+import re
+import shutil
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+
+MARKER = "COMPLETE"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"step_{step:06d}")
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync(path: str) -> None:
+    """Flush a file's (or a directory's entries') data to disk: a rename is atomic, but only durable once the data
+    it points at is."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(s: dict) -> None:
+    random.setstate(s["python"])
+    torch.set_rng_state(s["torch"])
+    if s["cuda"]:
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def save(root: str, step: int, model, opt, tokenizer, args: dict, trainer_state: dict, rank_state: dict,
+         rank: int, world: int) -> str:
+    """Write checkpoint `step` under `root` atomically; every rank calls it (the gathers are collective).
+    Returns the checkpoint's directory."""
+    final, tmp = step_dir(root, step), os.path.join(root, f".tmp-step_{step:06d}")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)          # left by an earlier attempt that was cut off
+        os.makedirs(os.path.join(tmp, "trainer"))
+    _barrier()
+    # Full state dict: all-gathered tensor by tensor, kept on rank 0's CPU only (cpu_offload), so no GPU ever holds
+    # the whole model twice. An un-sharded model (plain `python`) is its own full state dict.
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) \
+        if dist.is_initialized() else model.state_dict()
+    if rank == 0:
+        model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _write_json(os.path.join(tmp, "args.json"), args)
+        _write_json(os.path.join(tmp, "trainer", "state.json"), {**trainer_state, "world_size": world})
+    del full
+    dcp.save({"optimizer": get_optimizer_state_dict(model, opt)},
+             checkpoint_id=os.path.join(tmp, "trainer", "optimizer"), no_dist=not dist.is_initialized())
+    torch.save(rank_state, os.path.join(tmp, "trainer", f"rank_{rank:05d}.pt"))
+    _barrier()
+    if rank == 0:
+        for d, _, files in os.walk(tmp):
+            for name in files:
+                _fsync(os.path.join(d, name))
+        with open(os.path.join(tmp, MARKER), "w") as f:
+            f.write(f"step {step}\n")
+        _fsync(os.path.join(tmp, MARKER))
+        old = final + ".replaced"                       # a fresh run writing over an earlier run's checkpoint
+        if os.path.exists(final):
+            os.rename(final, old)
+        os.rename(tmp, final)                           # the commit point
+        _fsync(root)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def latest(root: str) -> str | None:
+    """The newest complete checkpoint under `root`: a `step_N` directory holding the marker. Temporaries and
+    directories without the marker are never chosen."""
+    if not os.path.isdir(root):
+        return None
+    found = [(int(m.group(1)), name) for name in os.listdir(root) if (m := STEP_DIR.match(name))
+             and os.path.isfile(os.path.join(root, name, MARKER))]
+    return os.path.join(root, max(found)[1]) if found else None
+
+
+def resolve(resume: str, out_dir: str) -> str | None:
+    """`--resume`: '' -> None (fresh start); 'auto' -> latest() in out_dir/checkpoints (None when there is none, so
+    the same command starts and restarts a job); a path -> itself, if it is a complete checkpoint."""
+    if not resume:
+        return None
+    if resume == "auto":
+        return latest(os.path.join(out_dir, "checkpoints"))
+    if not os.path.isfile(os.path.join(resume, MARKER)):
+        raise ValueError(f"--resume: {resume} is not a complete checkpoint (no {MARKER} marker)")
+    return resume
+
+
+def load(path: str, model, opt, rank: int, world: int) -> tuple[dict, dict]:
+    """Restore the optimizer into `opt` (sharded like `model`) and return (trainer_state, this rank's state).
+    The weights themselves were loaded from `path` as a Hugging Face directory, before sharding."""
+    with open(os.path.join(path, "trainer", "state.json")) as f:
+        state = json.load(f)
+    if state["world_size"] != world:
+        raise ValueError(f"--resume: {path} was written by {state['world_size']} ranks, this run has {world}: "
+                         f"each rank's replay buffer belongs to its share of the prompts")
+    osd = get_optimizer_state_dict(model, opt)          # the target layout (DCP loads in place)
+    dcp.load({"optimizer": osd}, checkpoint_id=os.path.join(path, "trainer", "optimizer"),
+             no_dist=not dist.is_initialized())
+    set_optimizer_state_dict(model, opt, osd)
+    rank_state = torch.load(os.path.join(path, "trainer", f"rank_{rank:05d}.pt"), weights_only=True)
+    return state, rank_state

@@ -1,0 +1,54 @@
+"""A tiny task for the trainer's distributed and checkpoint tests, independent of the shipped assets/tiny-arith.
+
+`make_digit_task(dir)` writes a random-initialised tiny model (assets/make_tiny_model.py's architecture), briefly
+trained to answer "d=" with one digit and EOS, and a JSONL prompt set of such copy questions. A purely random model
+almost never earns a reward, so every group would have zero variance, every advantage would be 0 and a training step
+would not move the weights: tests of resume and of sharded updates would then pass vacuously. After 60 supervised
+steps the model answers with *some* digit, right about a third of the time, so groups of 4 have reward variance.
+"""
+import json
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "assets"))
+
+from make_tiny_model import make_model, make_tokenizer  # noqa: E402
+
+DIGITS = [str(d) for d in range(10)]
+
+
+def make_digit_task(out: str, steps: int = 60, seed: int = 0) -> tuple[str, str]:
+    """(model directory, data path) under `out`."""
+    torch.manual_seed(seed)
+    tok = make_tokenizer()
+    model = make_model(len(tok), seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        q = torch.randint(0, 10, (64,), generator=g).tolist()
+        # "d=" -> "e<eos>" with e = d half the time: learns the format fast, the copy only partly
+        a = [d if torch.rand(1, generator=g) < 0.5 else int(torch.randint(0, 10, (1,), generator=g)) for d in q]
+        ids = torch.tensor([tok.encode(f"{d}={e}") + [tok.eos_token_id] for d, e in zip(q, a)])   # [64, 4]
+        labels = ids.clone()
+        labels[:, :2] = -100                                              # loss on the answer and EOS only
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model_dir, data_path = os.path.join(out, "digit-model"), os.path.join(out, "digits.jsonl")
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tok.save_pretrained(model_dir)
+    with open(data_path, "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"question": str(i % 10), "answer": str(i % 10)}) + "\n")
+    return model_dir, data_path
+
+
+# The smallest run of train.py on that task (2 ranks split 4 prompts into 2 + 2).
+SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "4", "--eval-size", "8",
+         "--eval-every", "0", "--threads", "1", "--prompt-template", "builtin", "--lr", "3e-3", "--replay-ratio", "1",
+         "--tau-max", "2"]
