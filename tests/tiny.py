@@ -23,6 +23,8 @@ DIGITS = [str(d) for d in range(10)]
 
 def make_digit_task(out: str, steps: int = 60, seed: int = 0) -> tuple[str, str]:
     """(model directory, data path) under `out`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)              # small matmuls: more threads only contend for the shared cores
     torch.manual_seed(seed)
     tok = make_tokenizer()
     model = make_model(len(tok), seed)
@@ -39,6 +41,7 @@ def make_digit_task(out: str, steps: int = 60, seed: int = 0) -> tuple[str, str]
         opt.zero_grad()
         loss.backward()
         opt.step()
+    torch.set_num_threads(threads)
     model_dir, data_path = os.path.join(out, "digit-model"), os.path.join(out, "digits.jsonl")
     model.save_pretrained(model_dir, safe_serialization=True)
     tok.save_pretrained(model_dir)

@@ -1,0 +1,105 @@
+"""Run under `torchrun --nproc-per-node 2 tests/dist_update.py OUT.json` (tests/test_distributed.py does).
+
+One call of train.update() on 2 ranks (FSDP2, gloo), each rank holding its own share of a fixed list of 8 rollouts
+(3 on rank 0, 5 on rank 1: unequal token counts and micro-batch counts), against the same call on 1 rank (an
+unsharded copy, world=1, in the same process) over all 8. Rank 0 writes, per configuration, the largest parameter
+difference between the two, the largest change from the initial weights (so "equal" cannot mean "nothing moved"),
+both gradient norms and losses, and the largest difference between an engine synced from the sharded model and the
+1-rank parameters.
+"""
+import copy
+import dataclasses
+import json
+import os
+import random
+import sys
+
+import torch
+import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "assets"))
+
+import train  # noqa: E402
+from make_tiny_model import make_model, make_tokenizer  # noqa: E402
+from rollout import Rollout, TorchEngine  # noqa: E402
+
+# SGD makes a parameter difference a gradient difference (times lr). AdamW divides each gradient entry by its own
+# magnitude, so an entry that is ~0 up to rounding moves by up to lr either way; its one-step result is checked too,
+# and holds to ~5e-6; after that, rounding-level differences of near-zero entries are amplified by lr / eps.
+CONFIGS = {
+    # the global norm clips hard (max 0.05), micro-batches of 2: rank 0 runs 2, rank 1 runs 3 (one padding pass)
+    "token-mean-clipped": dict(agg="token-mean", max_grad_norm=0.05, micro_batch_size=2),
+    "token-mean-clipped-adamw": dict(agg="token-mean", max_grad_norm=0.05, micro_batch_size=2, lr=1e-2),
+    # per-sequence means, TIS (old log-probs recomputed in lockstep), two epochs, one rollout per micro-batch
+    "seq-mean-tis-2-epochs": dict(agg="seq-mean-token-mean", tis_cap=2.0, epochs=2, micro_batch_size=1,
+                                  max_grad_norm=0.0),
+    # Dr. GRPO's constant normaliser and the KL term to a reference
+    "sum-norm-kl": dict(agg="seq-mean-token-sum-norm", kl_coef=0.1, epochs=2, max_grad_norm=1.0),
+}
+
+
+def rollouts(vocab: int) -> list[Rollout]:
+    rng = random.Random(0)
+    out = []
+    for i in range(8):
+        P, T = rng.randint(2, 6), rng.randint(1, 7)
+        out.append(Rollout(prompt_id=i // 4, prompt_ids=[rng.randrange(vocab - 2) for _ in range(P)],
+                           completion_ids=[rng.randrange(vocab - 2) for _ in range(T)],
+                           logprobs=[-rng.uniform(3.0, 6.0) for _ in range(T)],
+                           advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5)))
+    return out
+
+
+def max_diff(named_a, named_b) -> float:
+    b = dict(named_b)
+    return max((t - b[n]).abs().max().item() for n, t in named_a)
+
+
+def main(out_path: str) -> None:
+    torch.set_num_threads(1)
+    rank, world, device = train.setup_distributed()
+    assert world == 2, "run with torchrun --nproc-per-node 2"
+    tok = make_tokenizer()
+    base = make_model(len(tok), seed=0)
+    batch = rollouts(len(tok))
+    local = batch[:3] if rank == 0 else batch[3:]
+    results = {}
+    for name, overrides in CONFIGS.items():
+        a = dataclasses.replace(train.Args(), **{"lr": 0.5, **overrides})
+        make_opt = torch.optim.AdamW if name.endswith("adamw") else torch.optim.SGD
+        init = {n: p.detach().clone() for n, p in base.named_parameters()}
+        ref_model = copy.deepcopy(base).eval().requires_grad_(False) if a.kl_coef else None
+        one = copy.deepcopy(base).train()
+        m1 = train.update(one, ref_model, make_opt(one.parameters(), lr=a.lr), batch, a, 0,
+                          tok.pad_token_id, world=1)
+        two = train.shard_model(copy.deepcopy(base), device).train()
+        m2 = train.update(two, ref_model, make_opt(two.parameters(), lr=a.lr), local, a, 0,
+                          tok.pad_token_id, world=world)
+        m2 = train.reduce_metrics(m2, world)
+        engine = TorchEngine(base, tok)
+        engine.load_weights(train.full_parameters(two))              # weight sync, gathered layer by layer
+        full_two = list(train.full_parameters(two))
+        results[name] = {"param_diff": max_diff(full_two, one.named_parameters()),
+                         "moved": max_diff(one.named_parameters(), init.items()),
+                         "engine_diff": max_diff(engine.model.named_parameters(), one.named_parameters()),
+                         "grad_norm_1": m1["loss/grad_norm"], "grad_norm_2": m2["loss/grad_norm"],
+                         "loss_1": m1["loss/policy"], "loss_2": m2["loss/policy"],
+                         "tokens_1": m1["loss/tokens"], "tokens_2": m2["loss/tokens"]}
+    # A NaN advantage on rank 1 only: the skip is decided for both ranks, so no rank's weights move.
+    a = train.Args(lr=1e-2, max_bad_steps=5)
+    two = train.shard_model(copy.deepcopy(base), device).train()
+    bad = local if rank == 0 else [dataclasses.replace(local[0], advantage=float("nan"))] + local[1:]
+    guard = train.StepGuard(a.max_bad_steps)
+    train.update(two, None, torch.optim.AdamW(two.parameters(), lr=a.lr), bad, a, 0, tok.pad_token_id, world, guard)
+    results["nan-on-rank-1"] = {"moved": max_diff(list(train.full_parameters(two)), base.named_parameters()),
+                                "skipped": train.all_reduce([float(guard.skipped)], world)[0]}
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,202 @@
+"""Checkpoints: kill -9 and resume equals a run that never stopped; a half-written checkpoint is never resumed; a
+checkpoint is a plain Hugging Face model that generates what the trainer's engine generates; non-finite steps are
+skipped, counted, and end the run with the last good checkpoint intact. train.py runs under torchrun with 2 ranks
+(gloo) for the kill test, in-process at world size 1 for the rest."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import checkpoint  # noqa: E402
+import train  # noqa: E402
+from rollout import Prompt, Sampling  # noqa: E402
+from tiny import SMALL, make_digit_task  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return make_digit_task(str(tmp_path_factory.mktemp("task")))
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def args_of(task, out, *extra):
+    model, data_path = task
+    return ["--model", model, "--train-data", data_path, "--out-dir", str(out), *SMALL, *extra]
+
+
+def torchrun(task, out, *extra):
+    return TORCHRUN + [os.path.join(ROOT, "train.py"), *args_of(task, out, *extra)]
+
+
+def metrics(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def no_time(m: dict) -> dict:
+    return {k: v for k, v in m.items() if not k.startswith("time/")}
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def rank_states(ckpt) -> list[dict]:
+    return [torch.load(str(ckpt / "trainer" / f"rank_0000{r}.pt"), weights_only=True) for r in (0, 1)]
+
+
+def test_kill_and_resume_on_two_ranks_equals_straight_run(task, tmp_path):
+    """N = 8 steps on 2 ranks straight vs the same command killed (SIGKILL to every worker, then torchrun) once a
+    checkpoint exists, then `--resume auto`: the same final weights, every rank's buffer and data position, and the
+    same metrics, bit for bit (time/* aside)."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    args = ["--steps", "8", "--save-every", "2"]
+    proc = subprocess.run(torchrun(task, straight, *args), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world size 2 | 2 prompts x 4 completions per rank" in proc.stdout
+
+    agent = subprocess.Popen(torchrun(task, killed, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    first = killed / "checkpoints" / "step_000002" / checkpoint.MARKER
+    deadline = time.time() + 250
+    while not first.exists() and agent.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    workers = children(agent.pid)                  # torchrun starts each worker in its own session
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    agent.kill()
+    agent.wait()
+    assert len(workers) == 2 and not (killed / "checkpoints" / "step_000008").exists(), "finished before the kill"
+    resumed_from = checkpoint.latest(str(killed / "checkpoints"))
+    k = int(resumed_from[-6:])
+    assert 2 <= k < 8
+    # Debris of a save cut off mid-write, newer than the real checkpoint: resume must pick neither.
+    junk = killed / "checkpoints" / f"step_{k + 1:06d}"                   # renamed but without the marker
+    (junk / "trainer").mkdir(parents=True)
+    (junk / "config.json").write_text("{")
+    tmp = killed / "checkpoints" / f".tmp-step_{k + 2:06d}"               # never renamed
+    tmp.mkdir()
+    (tmp / checkpoint.MARKER).write_text("")
+
+    proc = subprocess.run(torchrun(task, killed, *args, "--resume", "auto"), cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {resumed_from} at step {k}" in proc.stdout
+
+    a, b = straight / "checkpoints" / "step_000008", killed / "checkpoints" / "step_000008"
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[n], wb[n]) for n in wa)
+    start = load_file(os.path.join(task[0], "model.safetensors"))
+    assert all(not torch.equal(start[n], wa[n]) for n in start)          # training moved every tensor
+    for ra, rb in zip(rank_states(a), rank_states(b)):
+        assert ra["replay"] == rb["replay"] and ra["pos"] == rb["pos"]    # contents, RNG, last stats
+        assert len(ra["replay"]["rollouts"]) > 0
+    ids = [{d["prompt_id"] for d in r["replay"]["rollouts"]} for r in rank_states(a)]
+    assert not ids[0] & ids[1]                                            # each rank stores its own prompts
+    ma, mb = metrics(straight), metrics(killed)
+    assert [m["step"] for m in mb] == list(range(9))                     # continued: no step lost or repeated
+    assert [no_time(m) for m in ma] == [no_time(m) for m in mb]
+    assert all(m["batch/fresh"] == 16 for m in ma[1:])                   # both ranks' rollouts counted
+    assert sum(m["replay/sampled"] for m in ma[k + 1:]) > 0              # the resumed steps replayed old rollouts
+
+
+def test_resume_at_world_size_one(task, tmp_path):
+    """Plain `python` (no process group): 4 steps straight vs step 2's checkpoint alone, resumed to 4."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert train.main(args_of(task, a, "--steps", "4", "--save-every", "2")) == 0
+    (b / "checkpoints").mkdir(parents=True)
+    shutil.copytree(a / "checkpoints" / "step_000002", b / "checkpoints" / "step_000002")
+    assert train.main(args_of(task, b, "--steps", "4", "--save-every", "2", "--resume",
+                              str(b / "checkpoints" / "step_000002"))) == 0
+    wa, wb = (load_file(str(d / "checkpoints" / "step_000004" / "model.safetensors")) for d in (a, b))
+    assert all(torch.equal(wa[n], wb[n]) for n in wa)
+    sa, sb = (torch.load(str(d / "checkpoints" / "step_000004" / "trainer" / "rank_00000.pt"), weights_only=True)
+              for d in (a, b))
+    assert sa["replay"] == sb["replay"] and sa["pos"] == sb["pos"]
+    assert [no_time(m) for m in metrics(a)[3:]] == [no_time(m) for m in metrics(b)]   # b logged steps 3, 4 only
+
+
+def test_latest_ignores_partial_checkpoints(tmp_path):
+    root = tmp_path / "checkpoints"
+    for name, marker in [("step_000003", True), ("step_000010", True), ("step_000012", False),
+                         (".tmp-step_000014", True), ("step_000011.replaced", True)]:
+        (root / name).mkdir(parents=True)
+        if marker:
+            (root / name / checkpoint.MARKER).write_text("")
+    assert checkpoint.latest(str(root)) == str(root / "step_000010")
+    assert checkpoint.resolve("auto", str(tmp_path)) == str(root / "step_000010")
+    assert checkpoint.resolve("", str(tmp_path)) is None
+    assert checkpoint.resolve("auto", str(tmp_path / "elsewhere")) is None     # nothing yet: start fresh
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        checkpoint.resolve(str(root / "step_000012"), str(tmp_path))
+
+
+def test_checkpoint_is_a_transformers_model_that_generates_like_the_engine(task, tmp_path, monkeypatch):
+    engines = []
+
+    class Recorded(train.TorchEngine):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            engines.append(self)
+
+    monkeypatch.setattr(train, "TorchEngine", Recorded)
+    out = tmp_path / "run"
+    assert train.main(args_of(task, out, "--steps", "2", "--lr", "1e-2")) == 0
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    ckpt = out / "checkpoints" / "step_000002"
+    assert os.path.realpath(out / "final") == str(ckpt)
+    hf = AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    engine = engines[0]
+    ours = dict(engine.model.named_parameters())
+    assert all(torch.equal(p, ours[n]) for n, p in hf.named_parameters())
+    start = AutoModelForCausalLM.from_pretrained(task[0])
+    assert not all(torch.equal(p, ours[n]) for n, p in start.named_parameters())    # the engine was synced
+    texts = ["3=", "7=", "12+5=", "9*9="]
+    rs = engine.generate([Prompt(i, tok.encode(t)) for i, t in enumerate(texts)], 1,
+                         Sampling(temperature=0, max_new_tokens=6))
+    for t, r in zip(texts, rs):
+        ids = torch.tensor([tok.encode(t)])
+        with torch.no_grad():
+            g = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        assert g[0, ids.shape[1]:].tolist()[:len(r.completion_ids)] == r.completion_ids, t
+
+
+def test_non_finite_steps_are_skipped_then_end_the_run(task, tmp_path, monkeypatch, capsys):
+    """From the third update on the loss is NaN: step 3 is skipped (weights unchanged, counted, still saved, since
+    its weights are the good ones), step 4 is the second in a row and ends the run; no later checkpoint exists."""
+    calls = []
+    real = train.micro_batch_loss
+
+    def poisoned(*args, **kw):
+        loss, m = real(*args, **kw)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) >= 3 else loss), m
+
+    monkeypatch.setattr(train, "micro_batch_loss", poisoned)
+    out = tmp_path / "run"
+    rc = train.main(args_of(task, out, "--steps", "6", "--save-every", "1", "--max-bad-steps", "2"))
+    err = capsys.readouterr().err
+    assert rc == 1 and "error: 2 optimizer steps in a row had a non-finite loss" in err
+    assert checkpoint.latest(str(out / "checkpoints")).endswith("step_000003")
+    assert not (out / "checkpoints" / "step_000004").exists()
+    w2, w3 = (load_file(str(out / "checkpoints" / f"step_00000{s}" / "model.safetensors")) for s in (2, 3))
+    assert all(torch.equal(w2[n], w3[n]) and torch.isfinite(w3[n]).all() for n in w2)
+    m = metrics(out)
+    assert [x["step"] for x in m] == [0, 1, 2, 3]
+    assert [x["train/skipped_steps"] for x in m[1:]] == [0, 0, 1]
