@@ -209,12 +209,13 @@ def _candidates(text: str) -> list[tuple[int, str]]:
 def _math_of(text: str, first: bool = False, keep_text: bool = False) -> str | None:
     """The answer a phrase or text holds: itself if it reads as maths, else its rightmost (first) candidate, looked
     into again when that is a prose span. Without any candidate: a word or two is a text answer ("Evelyn", "white"),
-    a sentence is no answer (None), unless keep_text (a gold is an answer by definition: "(D) Alina")."""
+    a sentence is no answer (None), unless keep_text: a gold is an answer by definition, whole unless it reads as a
+    solution ("(D) Alina", "125 miles", "np.arcsin(10/13)")."""
     text = text.strip()
     if not text:
         return None
     prose = _prose_count(text)
-    if prose == 0:
+    if prose == 0 or (keep_text and prose == 1):
         return text
     found = _candidates(text)
     if not found:
@@ -293,7 +294,7 @@ _REPLACE = [(re.compile(p), lambda m, r=r: r) for p, r in [      # (pattern, lit
     (r"(?<!\\)\\(?:q?quad|[,;: ])", " "), (r"~", " "), (r" ?\{ ?, ?\}", ","),
     (r"\\[dtc]frac", "\\frac"), (r"\\[dt]binom", "\\binom"),
     (r"\\(?:textnormal|textbf|textit|textrm|mbox|mathrm|mathbf|mathit|boldsymbol|operatorname) ?\{", "\\text{"),
-    (r"\^ ?\{ ?\\circ ?\}|\^ ?\\circ|\\circ|°|\\degree", ""),
+    (r"\^ ?\{ ?\\circ ?\}|\^ ?\\circ|\\circ|°|\\degree", ""), (r"\^ ?\{ ?\\prime ?\}|\^ ?\\prime|\\prime", "'"),
     (r"\\%|\\text\{ ?(?:percent|percentage|pct) ?\}|(?<![A-Za-z])(?:percentage|percent|pct)(?![A-Za-z])", "%"),
     (r",? ?\\text\{ ?(?:and|or) ?\}", " ; "), (r"(?<![A-Za-z\\])(?:, ?)?(?:and|or)(?![a-z])", " ; "),
     (r"(?:\\in(?![A-Za-z])|∈) ?", " \\in "),
@@ -1249,6 +1250,9 @@ def _worker_main() -> None:
     except (ImportError, ValueError, OSError):
         pass
     backend = _sympy_backend()
+    for p, g in (("(x+1)^2", "x^2+2x+1"), ("\\sqrt{2}", "1.41"), ("x > 1", "1 < x"), ("\\sin(y)^2", "1-\\cos(y)^2")):
+        _compare_readings([p], [g], backend)                  # sympy's lazy imports happen now, not in a timed call
+    sys.modules["sympy"].simplify(sys.modules["sympy"].Symbol("x") ** 2 - 1)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     for line in sys.stdin:

@@ -196,6 +196,7 @@ def test_worker_timeout_kills_and_replaces(monkeypatch, warm_worker):
     assert not verify.grade("(y+2)^2", "y^2+4y+4")
     assert time.monotonic() - start < 1.0 and verify.stats()["timeout"] == 1
     assert not _alive(stuck)
+    assert verify._POOL.spare.wait_ready(60)                   # the pre-started spare (booting since the warm-up)
     monkeypatch.setattr(verify, "SYMBOLIC_TIMEOUT_S", 1.0)
     assert verify.is_equivalent("(z+3)^2", "z^2+6z+9")        # the spare took over
     assert verify._POOL.active.proc.pid != stuck
