@@ -190,8 +190,14 @@ def _math_spans(text: str) -> list[tuple[int, int, str]]:
 
 
 def _prose_count(text: str) -> int:
+    """Words of prose in the text, counted up to 2 (callers only tell none, one and a sentence apart)."""
     text = _CONNECTIVE.sub(" ", _TEXT_CMD.sub(" ", text))
-    return sum(w.lower() not in _MATH_WORDS for w in _PROSE_WORD.findall(text))
+    count = 0
+    for m in _PROSE_WORD.finditer(text):
+        count += m.group().lower() not in _MATH_WORDS
+        if count == 2:
+            break
+    return count
 
 
 def _candidates(text: str) -> list[tuple[int, str]]:
@@ -1423,13 +1429,18 @@ def _choice(response: str) -> str | None:
     return last.group(1) if last else None
 
 
+@functools.lru_cache(maxsize=4096)                        # a group's rollouts share their gold
+def _gold_answer(gold: str) -> str | None:
+    return _extract(gold, final_value=False)
+
+
 def _grade(response, gold) -> tuple[bool, str | None]:
     gold = str(gold) if isinstance(gold, (int, Fraction)) else gold
     if not isinstance(response, str) or not isinstance(gold, str):
         return False, "unparseable"
     if response.strip() and response.strip() == gold.strip():
         return True, None
-    gold_answer = _extract(gold, final_value=False)
+    gold_answer = _gold_answer(gold)
     if gold_answer is None:
         return False, "unparseable"
     if re.search(r"[A-E]", gold_answer):                      # a multiple-choice gold: "C", "(D) Alina", "\\text{E}"
