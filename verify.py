@@ -15,9 +15,9 @@ thousands separators, "x \\in", doubled backslashes of JSON-escaped text.
 Equivalence, cheapest first: the same string; plain numbers as exact fractions; then the module's own tokenizer and
 recursive-descent parser builds an AST (tuples) that is evaluated exactly with fractions when it is rational, probed
 at two points with floats (which may only reject), and otherwise rebuilt as sympy objects in a worker process.
-Numbers are equal when exact, within REL_TOL (relative), or when a prediction with d >= 2 decimals is the correct
-rounding of a gold that has no d-digit decimal form (0.33 for 1/3, 2.6667 for 8/3). Expressions: random-point
-evaluation, then sympy.simplify. Structures: tuples and ratios ordered; sets and bare lists order-insensitive (repeats
+Numbers are equal when exact (always so for two integers), within REL_TOL = 1e-9 (relative), or when a prediction
+with d >= 2 decimals is the correct rounding of a gold that has no d-digit decimal form (0.33 for 1/3, 2.6667 for 8/3,
+3.1416 for pi). Expressions: three random points, then sympy.simplify. Structures: tuples and ratios ordered; sets and bare lists order-insensitive (repeats
 dropped); intervals (a 2-tuple is an open interval), unions, matrices, "a <= x < b" as an interval; `\\pm` as the set
 of both signs; equations equal up to a non-zero factor, inequalities up to a positive one; text case-insensitively;
 the letter A-E when the gold is a choice letter.
@@ -26,7 +26,8 @@ Bounds: a response over MAX_RESPONSE_CHARS is read from its tail; an extracted a
 over MAX_DEPTH, tokens over MAX_TOKENS, a number or integer power over MAX_DIGITS digits, an exponent over
 MAX_SYMBOLIC_EXPONENT on an unknown: all grade False (counted `unparseable`) before sympy sees them. Each symbolic
 comparison runs in a worker process, started on first need, which the caller kills after SYMBOLIC_TIMEOUT_S (counted
-`timeout`); a pre-started spare takes over. No signal.alarm, so it works from any thread. Nothing raises.
+`timeout`); a pre-started spare takes over. No signal.alarm, so it works from any thread. Nothing raises: an internal
+error on odd input grades False and is counted (`error`), for the trainer to log and the fuzz test to keep at 0.
 
 Departures from the public checkers (Math-Verify, lighteval, hendrycks/math, NeMo-Skills, dart-math, TRL, verl), why:
 - No eval/exec/sympify/parse_expr/latex2sympy on model text (each of them parses with one of those), so our parser
@@ -35,11 +36,16 @@ Departures from the public checkers (Math-Verify, lighteval, hendrycks/math, NeM
 - Always falls back to the rightmost number (Math-Verify's latex-only configs do not); no </think> is required (TRL's
   reasoning reward gives 0 without one): the reward must not depend on a format the task did not ask for.
 - A trailing % is dropped (hendrycks, NeMo: "10%" == "10"); no x100 rescaling (dart-math: 0.0304 == 3.04).
+- Tolerance 1e-9 relative, integers exact (Math-Verify rounds to 6 digits: 1234567 == 1234568 would pass); rounding
+  is accepted only from the prediction's own stated decimals, as above.
 - Bare lists compare as sets (hendrycks compares strings: "4, 10" != "10, 4"); tuples stay ordered (dart-math
   treats (2,1) and (1,2) as equal, wrong for points).
 - A prediction's chain "a = b = c" reduces to its last side; a gold equation stays an equation ("0" is not
   "a + 3z = 0"); "name = value" reduces on either side ("k = 1/3" == "1/3").
 - Runs of 3+ letters are words, not products of symbols ("dog" != "god"; "AZYUK2A" is not 2).
+- Units are dropped, not converted ("15 cm^2" == "15"), as Math-Verify does.
+This file is longer than the project's ~400-line guide: extraction, the parser, three evaluators and the worker are
+one module because the issue's interface is one module (verify.py); the sections below split cleanly if needed.
 The cases where we disagree with the checkers' own test tables are listed, each with its reason, in
 verify_known_failures.py.
 """
