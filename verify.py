@@ -36,8 +36,8 @@ Departures from the public checkers (Math-Verify, lighteval, hendrycks/math, NeM
 - Always falls back to the rightmost number (Math-Verify's latex-only configs do not); no </think> is required (TRL's
   reasoning reward gives 0 without one): the reward must not depend on a format the task did not ask for.
 - A trailing % is dropped (hendrycks, NeMo: "10%" == "10"); no x100 rescaling (dart-math: 0.0304 == 3.04).
-- Tolerance 1e-9 relative, integers exact (Math-Verify rounds to 6 digits: 1234567 == 1234568 would pass); rounding
-  is accepted only from the prediction's own stated decimals, as above.
+- Tolerance 1e-9 relative and integers exact (a tolerance like 1e-6 would make 11111111101 equal 11111111100);
+  rounding is accepted only to the prediction's own stated decimals, as above.
 - Bare lists compare as sets (hendrycks compares strings: "4, 10" != "10, 4"); tuples stay ordered (dart-math
   treats (2,1) and (1,2) as equal, wrong for points).
 - A prediction's chain "a = b = c" reduces to its last side; a gold equation stays an equation ("0" is not
