@@ -27,12 +27,17 @@ and step counts (DCP), the data position and the replay buffer with its numpy Ge
 torch's global RNGs (rank files; numpy's global RNG is used nowhere: buffer.py owns a Generator), and the engine's
 sampling seed, which train.py derives from (seed, rank, step), so it needs no state. A checkpoint written by W ranks
 resumes with W ranks: each rank's replay buffer belongs to that rank's share of the prompts.
+
+Around them: `resolve` reads `--resume DIR|auto`; `open_log` continues metrics.jsonl / samples.jsonl on resume
+(appending after the resumed step, dropping lines of steps that are being redone); `point_final` keeps
+`out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed.
 """
 import json
 import os
 import random
 import re
 import shutil
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -99,8 +104,10 @@ def save(root: str, step: int, model, opt, tokenizer, args: dict, trainer_state:
         _write_json(os.path.join(tmp, "args.json"), args)
         _write_json(os.path.join(tmp, "trainer", "state.json"), {**trainer_state, "world_size": world})
     del full
-    dcp.save({"optimizer": get_optimizer_state_dict(model, opt)},
-             checkpoint_id=os.path.join(tmp, "trainer", "optimizer"), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():      # plain `python`: a single-process DCP save is what we mean, say nothing
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.save({"optimizer": get_optimizer_state_dict(model, opt)},
+                 checkpoint_id=os.path.join(tmp, "trainer", "optimizer"), no_dist=not dist.is_initialized())
     torch.save(rank_state, os.path.join(tmp, "trainer", f"rank_{rank:05d}.pt"))
     _barrier()
     if rank == 0:
@@ -142,6 +149,15 @@ def resolve(resume: str, out_dir: str) -> str | None:
     return resume
 
 
+def changed_args(path: str, args: dict, free=("resume", "out_dir", "steps", "save_every", "eval_every",
+                                             "log_samples", "threads")) -> list[str]:
+    """'name: saved -> now' for each flag this run sets differently from the checkpoint's run (flags in `free` may
+    change on resume without changing what the steps compute)."""
+    with open(os.path.join(path, "args.json")) as f:
+        saved = json.load(f)
+    return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in args.items() if k not in free and saved.get(k) != v]
+
+
 def load(path: str, model, opt, rank: int, world: int) -> tuple[dict, dict]:
     """Restore the optimizer into `opt` (sharded like `model`) and return (trainer_state, this rank's state).
     The weights themselves were loaded from `path` as a Hugging Face directory, before sharding."""
@@ -151,8 +167,42 @@ def load(path: str, model, opt, rank: int, world: int) -> tuple[dict, dict]:
         raise ValueError(f"--resume: {path} was written by {state['world_size']} ranks, this run has {world}: "
                          f"each rank's replay buffer belongs to its share of the prompts")
     osd = get_optimizer_state_dict(model, opt)          # the target layout (DCP loads in place)
-    dcp.load({"optimizer": osd}, checkpoint_id=os.path.join(path, "trainer", "optimizer"),
-             no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load({"optimizer": osd}, checkpoint_id=os.path.join(path, "trainer", "optimizer"),
+                 no_dist=not dist.is_initialized())
     set_optimizer_state_dict(model, opt, osd)
     rank_state = torch.load(os.path.join(path, "trainer", f"rank_{rank:05d}.pt"), weights_only=True)
     return state, rank_state
+
+
+def open_log(path: str, start: int):
+    """A fresh run truncates; a resumed run keeps the lines of steps <= start and appends, so the file reads as one
+    run (a run killed after its last checkpoint may have logged steps that the resumed run now redoes)."""
+    if start == 0:
+        return open(path, "w")
+    keep = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    if json.loads(line)["step"] <= start:
+                        keep.append(line)
+                except json.JSONDecodeError:  # a line cut off by the kill: it belongs to a step being redone
+                    pass
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+    return open(path, "a")
+
+
+def point_final(out_dir: str, ckpt: str) -> str:
+    """out_dir/final -> the last checkpoint (a relative symlink, replaced atomically)."""
+    link, tmp = os.path.join(out_dir, "final"), os.path.join(out_dir, ".final.tmp")
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    if os.path.isdir(link) and not os.path.islink(link):   # a real directory left by an older version of train.py
+        shutil.rmtree(link)
+    os.symlink(os.path.relpath(ckpt, out_dir), tmp)
+    os.replace(tmp, link)
+    return link

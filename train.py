@@ -21,24 +21,20 @@ Each step reads top to bottom as generate -> score -> store -> sample -> update,
 Then the engine gets the new weights (`load_weights`), so the next step samples from the current policy.
 
 Then eval (greedy, every `eval_every` steps), the log line (rank 0), and a checkpoint every `save_every` steps
-(checkpoint.py: a Hugging Face directory plus the optimizer, data position, replay buffers and RNG, written
-atomically; `--resume auto` continues from the newest complete one, identically to a run that never stopped).
+(checkpoint.py: a Hugging Face directory plus optimizer, data position, replay buffers and RNG, written atomically;
+`--resume auto` continues from the newest complete one exactly as if the run had never stopped).
 
-Distributed (the same file under `python`: world size 1, no process group, nothing sharded):
-- `setup_distributed()` reads torchrun's environment: gloo on CPU, nccl on CUDA (one GPU per process, cuda:LOCAL_RANK).
-  Multi-node uses torchrun's own rendezvous flags (above); out_dir must be on a filesystem every node sees.
-- `shard_model()` is FSDP2: `fully_shard` each decoder layer, then the root; bf16 parameters with fp32 gradient
-  reduction on CUDA, fp32 on CPU. Parameters, gradients and AdamW state are sharded over ranks.
-- Data parallel over prompts: `prompts_per_step` is global; rank r takes every world-th prompt of the shuffled order
-  (its own share), generates whole groups for it, keeps its own replay buffer and samples with its own seed.
-- The loss normaliser N is all-reduced (SUM) over ranks, so N counts the whole step's tokens; FSDP averages
-  gradients over ranks, so each rank's loss is multiplied by the world size: one step equals the one-rank step over
-  the same global batch (tests/test_distributed.py checks it to 1e-5).
-- Weight sync: every rank all-gathers full tensors parameter by parameter, layer by layer, in the same order, into
-  its own engine (a generator: one full tensor alive at a time). clip_grad_norm_ on the sharded (DTensor) gradients
-  computes the global norm.
-- A non-finite loss or gradient norm skips the optimizer step on every rank (counted in train/skipped_steps);
-  `max_bad_steps` in a row end the run with an error, before any checkpoint of that state is written.
+Distributed (under plain `python`: world size 1, no process group, nothing sharded, same code path otherwise):
+- `setup_distributed()`: torchrun's environment -> gloo on CPU, nccl on CUDA (cuda:LOCAL_RANK). Multi-node: torchrun's
+  rendezvous flags (above), out_dir on a filesystem every node sees. `shard_model()`: FSDP2 (see its docstring).
+- Data parallel over prompts: `prompts_per_step` is global; rank r takes every world-th prompt of the shuffled order,
+  generates whole groups for it, keeps its own replay buffer and samples with its own seed.
+- The loss normaliser N is all-reduced (SUM) and each rank's loss multiplied by the world size (FSDP averages
+  gradients): a step equals the 1-rank step over the same global batch (tests/test_distributed.py: to 1e-5).
+- Weight sync: full tensors all-gathered parameter by parameter in the same order on every rank, streamed into each
+  rank's engine. Gradient clipping uses the global norm over all shards.
+- A non-finite loss or gradient norm skips that optimizer step on every rank (train/skipped_steps); `max_bad_steps`
+  in a row end the run with an error before anything of that state is checkpointed.
 
 A "step" is one pass of this loop (it may hold several optimizer steps); a rollout's age is step - version.
 The ratio of a replayed rollout is pi_theta / pi_behaviour with pi_behaviour its logged generation-time log-probs:
@@ -315,6 +311,25 @@ def score(rollouts, a: Args) -> None:
         r.reward, r.advantage = rew, A
 
 
+def generate_and_score(engine, prompts, mine: list[int], pos: int, a: Args, step: int, rank: int, world: int):
+    """1. generate and 2. score this rank's `prompts_per_step / world` prompts (`mine[pos:]`, wrapping around), with
+    DAPO's extra rounds when dynamic sampling drops groups. Returns (fresh, every generated rollout, new pos)."""
+    fresh, generated = [], []
+    for round_ in range(1 + (a.dynamic_sampling_rounds if a.dynamic_sampling else 0)):
+        need = a.prompts_per_step // world - len({r.prompt_id for r in fresh})
+        batch_prompts = [prompts[mine[(pos + i) % len(mine)]] for i in range(need)]
+        pos += need
+        sampling = Sampling(a.temperature, a.top_p, a.max_new_tokens,   # own stream per (rank, step, round)
+                            seed=a.seed * 1_000_003 + step * 1_009 + round_ + rank * 1_000_000_007)
+        new = engine.generate(batch_prompts, a.group_size, sampling, version=step)
+        score(new, a)
+        generated += new
+        fresh += keep_informative(new) if a.dynamic_sampling else new
+        if len({r.prompt_id for r in fresh}) >= a.prompts_per_step // world:
+            break
+    return fresh, generated, pos
+
+
 def keep_informative(rollouts) -> list:
     """DAPO dynamic sampling: only rollouts whose group has non-zero reward variance."""
     rewards = torch.tensor([r.reward for r in rollouts])
@@ -528,36 +543,6 @@ def log_line(m: dict) -> str:
 
 # ---- the loop --------------------------------------------------------------------------------------------------
 
-def open_log(path: str, start: int):
-    """A fresh run truncates; a resumed run keeps the lines of steps <= start and appends, so the file reads as one
-    run (a run killed after its last checkpoint may have logged steps that the resumed run now redoes)."""
-    if start == 0:
-        return open(path, "w")
-    keep = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    if json.loads(line)["step"] <= start:
-                        keep.append(line)
-                except json.JSONDecodeError:  # a line cut off by the kill: it belongs to a step being redone
-                    pass
-    with open(path + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
-    return open(path, "a")
-
-
-def point_final(out_dir: str, ckpt: str) -> str:
-    """out_dir/final -> the last checkpoint (a relative symlink, replaced atomically)."""
-    link, tmp = os.path.join(out_dir, "final"), os.path.join(out_dir, ".final.tmp")
-    if os.path.lexists(tmp):
-        os.remove(tmp)
-    os.symlink(os.path.relpath(ckpt, out_dir), tmp)
-    os.replace(tmp, link)
-    return link
-
-
 def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int = 1, device: str = "cpu",
           resume: str | None = None) -> dict:
     torch.manual_seed(a.seed)
@@ -582,11 +567,13 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
             replay.load_state_dict(mine_state["replay"])
         checkpoint.set_rng_state(mine_state["rng"])
         print0(f"resumed from {resume} at step {start}")
+        for change in checkpoint.changed_args(resume, dataclasses.asdict(a)):
+            print0(f"warning: resumed with a changed flag, {change}")
     metrics_f = samples_f = None
     if rank == 0:
         os.makedirs(a.out_dir, exist_ok=True)
-        metrics_f = open_log(os.path.join(a.out_dir, "metrics.jsonl"), start)
-        samples_f = open_log(os.path.join(a.out_dir, "samples.jsonl"), start)
+        metrics_f = checkpoint.open_log(os.path.join(a.out_dir, "metrics.jsonl"), start)
+        samples_f = checkpoint.open_log(os.path.join(a.out_dir, "samples.jsonl"), start)
     print0(json.dumps(dataclasses.asdict(a)))
     print0(f"world size {world} | {a.prompts_per_step // world} prompts x {a.group_size} completions per rank "
            f"per step | device {device}")
@@ -599,19 +586,7 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
     m, ckpt = {}, resume
     for step in range(start, a.steps):
         t0 = time.perf_counter()
-        fresh, generated = [], []
-        for round_ in range(1 + (a.dynamic_sampling_rounds if a.dynamic_sampling else 0)):
-            need = a.prompts_per_step // world - len({r.prompt_id for r in fresh})
-            batch_prompts = [prompts[mine[(pos + i) % len(mine)]] for i in range(need)]
-            pos += need
-            sampling = Sampling(a.temperature, a.top_p, a.max_new_tokens,   # own stream per (rank, step, round)
-                                seed=a.seed * 1_000_003 + step * 1_009 + round_ + rank * 1_000_000_007)
-            new = engine.generate(batch_prompts, a.group_size, sampling, version=step)          # 1. generate
-            score(new, a)                                                                       # 2. score
-            generated += new
-            fresh += keep_informative(new) if a.dynamic_sampling else new
-            if len({r.prompt_id for r in fresh}) >= a.prompts_per_step // world:
-                break
+        fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, a, step, rank, world)  # 1., 2.
         t1 = time.perf_counter()
         replayed = []
         if replay is not None:
@@ -648,7 +623,7 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
         metrics_f.close()
         samples_f.close()
         if ckpt:
-            print(f"final -> {point_final(a.out_dir, ckpt)}" +
+            print(f"final -> {checkpoint.point_final(a.out_dir, ckpt)}" +
                   (f" | eval acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""))
     return m
 

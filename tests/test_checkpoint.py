@@ -51,8 +51,16 @@ def no_time(m: dict) -> dict:
 
 
 def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(c) for c in f.read().split()]
+    """Processes whose parent is `pid` (from /proc/*/stat: "pid (comm) state ppid ...")."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry))
+        except OSError:          # not a process, or gone meanwhile
+            pass
+    return out
 
 
 def rank_states(ckpt) -> list[dict]:
@@ -75,12 +83,13 @@ def test_kill_and_resume_on_two_ranks_equals_straight_run(task, tmp_path):
     deadline = time.time() + 250
     while not first.exists() and agent.poll() is None and time.time() < deadline:
         time.sleep(0.01)
+    assert agent.poll() is None, "the run finished (or failed) before it could be killed"
     workers = children(agent.pid)                  # torchrun starts each worker in its own session
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
     agent.kill()
     agent.wait()
-    assert len(workers) == 2 and not (killed / "checkpoints" / "step_000008").exists(), "finished before the kill"
+    assert len(workers) == 2 and not (killed / "checkpoints" / "step_000008").exists()
     resumed_from = checkpoint.latest(str(killed / "checkpoints"))
     k = int(resumed_from[-6:])
     assert 2 <= k < 8
@@ -89,7 +98,7 @@ def test_kill_and_resume_on_two_ranks_equals_straight_run(task, tmp_path):
     (junk / "trainer").mkdir(parents=True)
     (junk / "config.json").write_text("{")
     tmp = killed / "checkpoints" / f".tmp-step_{k + 2:06d}"               # never renamed
-    tmp.mkdir()
+    tmp.mkdir(exist_ok=True)                                             # the kill may have left one already
     (tmp / checkpoint.MARKER).write_text("")
 
     proc = subprocess.run(torchrun(task, killed, *args, "--resume", "auto"), cwd=ROOT, capture_output=True,
