@@ -137,16 +137,23 @@ def latest(root: str) -> str | None:
     return os.path.join(root, max(found)[1]) if found else None
 
 
-def resolve(resume: str, out_dir: str) -> str | None:
+def resolve(resume: str, out_dir: str, world: int = 1) -> str | None:
     """`--resume`: '' -> None (fresh start); 'auto' -> latest() in out_dir/checkpoints (None when there is none, so
-    the same command starts and restarts a job); a path -> itself, if it is a complete checkpoint."""
+    the same command starts and restarts a job); a path -> itself, if it is a complete checkpoint. ValueError for
+    an incomplete one, or one written by another number of ranks."""
     if not resume:
         return None
-    if resume == "auto":
-        return latest(os.path.join(out_dir, "checkpoints"))
-    if not os.path.isfile(os.path.join(resume, MARKER)):
-        raise ValueError(f"--resume: {resume} is not a complete checkpoint (no {MARKER} marker)")
-    return resume
+    path = latest(os.path.join(out_dir, "checkpoints")) if resume == "auto" else resume
+    if path is None:
+        return None
+    if not os.path.isfile(os.path.join(path, MARKER)):
+        raise ValueError(f"--resume: {path} is not a complete checkpoint (no {MARKER} marker)")
+    with open(os.path.join(path, "trainer", "state.json")) as f:
+        written_by = json.load(f)["world_size"]
+    if written_by != world:
+        raise ValueError(f"--resume: {path} was written by {written_by} ranks, this run has {world}: "
+                         f"each rank's replay buffer belongs to its share of the prompts")
+    return path
 
 
 def changed_args(path: str, args: dict, free=("resume", "out_dir", "steps", "save_every", "eval_every",
@@ -158,14 +165,12 @@ def changed_args(path: str, args: dict, free=("resume", "out_dir", "steps", "sav
     return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in args.items() if k not in free and saved.get(k) != v]
 
 
-def load(path: str, model, opt, rank: int, world: int) -> tuple[dict, dict]:
+def load(path: str, model, opt, rank: int) -> tuple[dict, dict]:
     """Restore the optimizer into `opt` (sharded like `model`) and return (trainer_state, this rank's state).
-    The weights themselves were loaded from `path` as a Hugging Face directory, before sharding."""
+    The weights themselves were loaded from `path` as a Hugging Face directory, before sharding; `resolve` has
+    checked the world size."""
     with open(os.path.join(path, "trainer", "state.json")) as f:
         state = json.load(f)
-    if state["world_size"] != world:
-        raise ValueError(f"--resume: {path} was written by {state['world_size']} ranks, this run has {world}: "
-                         f"each rank's replay buffer belongs to its share of the prompts")
     osd = get_optimizer_state_dict(model, opt)          # the target layout (DCP loads in place)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")

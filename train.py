@@ -275,7 +275,7 @@ def all_reduce(values: list[float], world: int, op=dist.ReduceOp.SUM) -> list[fl
 
 def load_prompts(a: Args, tokenizer) -> list[Prompt]:
     if a.train_data == data.BUILTIN:
-        examples = data.arithmetic_examples("train", 50_000, seed=0)
+        examples = data.arithmetic_examples("train")
     else:
         examples = data.load_benchmark(a.train_data)
     template = a.prompt_template if a.prompt_template != "auto" else \
@@ -561,7 +561,7 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
     pos, start, guard = 0, 0, StepGuard(a.max_bad_steps)   # pos: prompts of `mine` consumed so far
     ckpt_root = os.path.join(a.out_dir, "checkpoints")
     if resume:
-        state, mine_state = checkpoint.load(resume, model, opt, rank, world)
+        state, mine_state = checkpoint.load(resume, model, opt, rank)
         start, pos, guard.skipped, guard.in_row = state["step"], mine_state["pos"], state["skipped"], state["in_row"]
         if replay is not None:
             replay.load_state_dict(mine_state["replay"])
@@ -636,7 +636,7 @@ def main(argv=None) -> int:
     try:
         try:  # bad input ends in one line and exit status 2; a bug past this point still shows its traceback
             check_args(a, world)
-            resume = checkpoint.resolve(a.resume, a.out_dir)
+            resume = checkpoint.resolve(a.resume, a.out_dir, world)
             model, tok = load_model(resume or a.model, device)   # resuming: the checkpoint's weights
             prompts = load_prompts(a, tok)
         except (ValueError, OSError) as e:

@@ -143,7 +143,8 @@ def test_latest_ignores_partial_checkpoints(tmp_path):
     root = tmp_path / "checkpoints"
     for name, marker in [("step_000003", True), ("step_000010", True), ("step_000012", False),
                          (".tmp-step_000014", True), ("step_000011.replaced", True)]:
-        (root / name).mkdir(parents=True)
+        (root / name / "trainer").mkdir(parents=True)
+        (root / name / "trainer" / "state.json").write_text('{"world_size": 1}')
         if marker:
             (root / name / checkpoint.MARKER).write_text("")
     assert checkpoint.latest(str(root)) == str(root / "step_000010")
@@ -152,6 +153,8 @@ def test_latest_ignores_partial_checkpoints(tmp_path):
     assert checkpoint.resolve("auto", str(tmp_path / "elsewhere")) is None     # nothing yet: start fresh
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         checkpoint.resolve(str(root / "step_000012"), str(tmp_path))
+    with pytest.raises(ValueError, match="written by 1 ranks, this run has 2"):
+        checkpoint.resolve("auto", str(tmp_path), world=2)
 
 
 def test_checkpoint_is_a_transformers_model_that_generates_like_the_engine(task, tmp_path, monkeypatch):
