@@ -18,9 +18,8 @@ Each step reads top to bottom as generate -> score -> store -> sample -> update,
 5. update    `epochs` passes over fresh + replayed in `mini_batches` optimizer steps each, micro-batched, with the loss
              normaliser of each optimizer step computed before its first micro-batch (grpo.loss_normaliser), so the
              gradient does not depend on the micro-batch size.
-Then the engine gets the new weights (`load_weights`), so the next step samples from the current policy.
-
-Then eval (greedy, every `eval_every` steps), the log line (rank 0), and a checkpoint every `save_every` steps
+Then sync: the engine gets the new weights (`load_weights`), so the next step samples from the current policy;
+eval (greedy, every `eval_every` steps); the log line (rank 0); and a checkpoint every `save_every` steps
 (checkpoint.py: a Hugging Face directory plus optimizer, data position, replay buffers and RNG, written atomically;
 `--resume auto` continues from the newest complete one exactly as if the run had never stopped).
 
