@@ -4,8 +4,8 @@ JSONL/JSON/Parquet file of questions and answers, and the prompt templates.
     python data.py                         # prints a few built-in examples
     python data.py math500 minerva         # loads benchmarks by name and prints a count and one example each
 
-The built-in task: integer expressions of 2-3 operands in [0, 20) joined by + - *, evaluated with the usual
-precedence. Deterministic given a seed. Train and test are disjoint by construction: an expression belongs to the
+The built-in task: integer expressions of 2-3 single-digit operands joined by + - *, evaluated with the usual
+precedence (9,300 expressions in all). Deterministic given a seed. Train and test are disjoint by construction: an expression belongs to the
 test split iff crc32(expression) % 10 == 0, whatever the seed, so no test expression can ever appear in training.
 The prompt is the expression followed by "=" and the gold answer is the integer value, e.g. "3+4*2=" -> "11".
 
@@ -35,9 +35,9 @@ from pathlib import Path
 
 BUILTIN = "builtin"          # name of the built-in task wherever a prompt set is named
 OPERATORS = "+-*"
-MAX_OPERAND = 20             # operands are drawn from [0, MAX_OPERAND)
+MAX_OPERAND = 10             # operands are the digits 0..9
 BUILTIN_TEST_SIZE = 500      # `load_benchmark("builtin")`: the held-out split every accuracy in this repo is quoted on
-BUILTIN_TRAIN_SIZE = 5000
+BUILTIN_TRAIN_SIZE = 8362         # the whole train split
 DEFAULT_DATA_DIR = "../shared/data"
 # The base-model instruction of the RLVR papers (Qwen2.5-Math evaluation, SimpleRL-Zoo, Dr. GRPO).
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -54,25 +54,23 @@ def _is_test(expr: str) -> bool:
     return zlib.crc32(expr.encode()) % 10 == 0
 
 
-def arithmetic_examples(split: str, n: int, seed: int = 0) -> list[Example]:
-    """n distinct examples of the given split ("train" or "test"), the same list for the same (split, n, seed)."""
+def _all_expressions() -> list[str]:
+    """Every expression of the task, in a fixed order: 2 operands (300) and 3 operands (9000)."""
+    digits = [str(d) for d in range(MAX_OPERAND)]
+    two = [a + o + b for a in digits for o in OPERATORS for b in digits]
+    return two + [e + o + c for e in two for o in OPERATORS for c in digits]
+
+
+def arithmetic_examples(split: str, n: int | None = None, seed: int = 0) -> list[Example]:
+    """The first n examples (all if n is None) of the split ("train" or "test") in an order shuffled by seed."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    rng = random.Random(f"{split}-{seed}")
-    seen, out = set(), []
-    for _ in range(200 * n + 1000):             # bounded: the test split holds ~10% of ~70k expressions
-        k = rng.choice((2, 3))
-        terms = [str(rng.randrange(MAX_OPERAND)) for _ in range(k)]
-        ops = [rng.choice(OPERATORS) for _ in range(k - 1)]
-        expr = terms[0] + "".join(o + t for o, t in zip(ops, terms[1:]))
-        if expr in seen or _is_test(expr) != (split == "test"):
-            continue
-        seen.add(expr)
-        # Only digits and + - * reach eval here: strings this module built itself, never model output.
-        out.append(Example(question=expr, answer=str(eval(expr))))
-        if len(out) == n:
-            return out
-    raise ValueError(f"could not draw {n} distinct {split} examples")
+    exprs = [e for e in _all_expressions() if _is_test(e) == (split == "test")]
+    random.Random(f"{split}-{seed}").shuffle(exprs)
+    if n is not None and n > len(exprs):
+        raise ValueError(f"the built-in {split} split has {len(exprs)} examples, {n} were asked for")
+    # Only digits and + - * reach eval here: strings this module built itself, never model output.
+    return [Example(question=e, answer=str(eval(e))) for e in exprs[:n]]
 
 
 def builtin_prompt(question: str) -> str:

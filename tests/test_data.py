@@ -83,7 +83,9 @@ def test_builtin_names():
     assert len(train) == data.BUILTIN_TRAIN_SIZE
     assert not {e.question for e in train} & {e.question for e in data.load_benchmark("builtin")}
     # The tiny model was trained on exactly these: the built-in task must never change.
-    assert data.arithmetic_examples("train", 2) == [data.Example("7-19*9", "-164"), data.Example("19+19+2", "40")]
+    assert data.arithmetic_examples("train", 3) == [data.Example("7-6+0", "1"), data.Example("6+6-6", "6"),
+                                                    data.Example("7*6*9", "378")]
+    assert len(data.arithmetic_examples("train")) + len(data.arithmetic_examples("test")) == 9300
     assert data.builtin_prompt("3+4*2") == "3+4*2="
 
 
