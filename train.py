@@ -80,7 +80,7 @@ class Args:
     """seed for data order, sampling and replay"""
     steps: int = 100
     """loop steps (generate -> update cycles)"""
-    prompts_per_step: int = 32
+    prompts_per_step: int = 64
     """distinct prompts generated per step"""
     group_size: int = 8
     """completions per prompt (the GRPO group); at least 2"""
@@ -90,7 +90,7 @@ class Args:
     """sampling temperature; the trainer's log-probs use the same"""
     top_p: float = 1.0
     """nucleus sampling mass"""
-    lr: float = 1e-4
+    lr: float = 3e-4
     """AdamW learning rate"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
