@@ -150,6 +150,14 @@ class Args:
     """evaluate every N steps and at the end (0 = only at the end)"""
     eval_size: int = 500
     """held-out built-in prompts for greedy evaluation (eval/accuracy)"""
+    eval_benchmarks: str = ""
+    """comma-separated benchmarks (names from data.py or files) also evaluated at each eval: eval/<bench>/mean@<k>"""
+    eval_k: int = 1
+    """samples per problem for --eval-benchmarks"""
+    eval_temperature: float = 0.0
+    """sampling temperature for --eval-benchmarks (0 = greedy)"""
+    data_dir: str = data.DEFAULT_DATA_DIR
+    """where named benchmarks (--train-data, --eval-benchmarks) are read from"""
     log_samples: int = 4
     """decoded rollouts written to samples.jsonl each step (rank 0's)"""
     save_every: int = 50
@@ -195,6 +203,8 @@ def check_args(a: Args, world: int = 1) -> None:
                  "overlong_buffer", "dynamic_sampling_rounds", "lr", "eval_every", "save_every"):
         if getattr(a, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
+    if a.eval_k < 1 or a.eval_temperature < 0:
+        raise ValueError(f"need --eval-k >= 1 and --eval-temperature >= 0, got {a.eval_k}, {a.eval_temperature}")
     if a.temperature <= 0:
         raise ValueError("--temperature must be > 0: greedy decoding gives a group of identical completions")
     if not 0 < a.top_p <= 1:
@@ -276,24 +286,39 @@ def load_prompts(a: Args, tokenizer) -> list[Prompt]:
     if a.train_data == data.BUILTIN:
         examples = data.arithmetic_examples("train")
     else:
-        examples = data.load_benchmark(a.train_data)
-    template = a.prompt_template if a.prompt_template != "auto" else \
-        ("builtin" if a.train_data == data.BUILTIN else "plain")
-    return eval_lib.make_prompts(examples, template, tokenizer)
+        examples = data.load_benchmark(a.train_data, a.data_dir)
+    return eval_lib.make_prompts(examples, template_for(a.train_data, a), tokenizer)
 
 
-def evaluate(engine: TorchEngine, tok, a: Args, rank: int = 0, world: int = 1) -> float:
-    """Greedy accuracy (mean@1) on the first `eval_size` prompts of the built-in test split, through eval.py's
-    `evaluate`, so `python eval.py --model <checkpoint>` reproduces the number. Rank r grades every world-th prompt
-    with its own engine (same weights everywhere); the correct counts are summed."""
-    examples = data.arithmetic_examples("test", a.eval_size)
-    mine = examples[rank::world]
-    correct = 0.0
-    if mine:
-        summary, _ = eval_lib.evaluate(engine, tok, mine, template="builtin", k=1,
-                                       sampling=Sampling(temperature=0, max_new_tokens=a.max_new_tokens))
-        correct = summary["mean@k"] * len(mine)
-    return all_reduce([correct], world)[0] / len(examples)
+def template_for(name: str, a: Args) -> str:
+    if a.prompt_template != "auto":
+        return a.prompt_template
+    return "builtin" if name == data.BUILTIN else "plain"
+
+
+def load_eval_sets(a: Args) -> dict:
+    """{name: (examples, template)}: the built-in test split (eval/accuracy) and each of --eval-benchmarks."""
+    sets = {"accuracy": (data.arithmetic_examples("test", a.eval_size), "builtin")}
+    for name in filter(None, (n.strip() for n in a.eval_benchmarks.split(","))):
+        sets[f"{eval_lib.bench_label(name)}/mean@{a.eval_k}"] = (data.load_benchmark(name, a.data_dir),
+                                                                  template_for(name, a))
+    return sets
+
+
+def evaluate(engine: TorchEngine, tok, a: Args, eval_sets: dict, rank: int = 0, world: int = 1) -> dict:
+    """{"eval/accuracy": greedy mean@1 on the built-in test split, "eval/<bench>/mean@k": ...} through eval.py's
+    `evaluate`, so `python eval.py --model <checkpoint>` with the same settings reproduces each number. Rank r grades
+    every world-th problem with its own engine (same weights everywhere); the correct counts are summed."""
+    out = {}
+    for key, (examples, template) in eval_sets.items():
+        k, temp = (1, 0.0) if key == "accuracy" else (a.eval_k, a.eval_temperature)
+        mine, correct = examples[rank::world], 0.0
+        if mine:
+            summary, _ = eval_lib.evaluate(engine, tok, mine, template=template, k=k,
+                                           sampling=Sampling(temp, a.top_p, a.max_new_tokens, seed=a.seed))
+            correct = summary["mean@k"] * len(mine)
+        out[f"eval/{key}"] = all_reduce([correct], world)[0] / len(examples)
+    return out
 
 
 # ---- one step's pieces --------------------------------------------------------------------------------------------
@@ -537,14 +562,15 @@ def log_line(m: dict) -> str:
          f"| loss {m['loss/policy']:+.4f} | clip {m.get('loss/clip_frac', 0):.3f} | replay {m['replay/sampled']:3d}/"
          f"{m['replay/size']:<5d} age {m['replay/age_mean']:.2f} | len {m['response/len_mean']:.1f} "
          f"| {m['time/step']:.2f}s")
-    return s + (f" | eval acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else "")
+    return s + "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/"))
 
 
 # ---- the loop --------------------------------------------------------------------------------------------------
 
 def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int = 1, device: str = "cpu",
-          resume: str | None = None) -> dict:
+          resume: str | None = None, eval_sets: dict | None = None) -> dict:
     torch.manual_seed(a.seed)
+    eval_sets = eval_sets or load_eval_sets(a)
     ref_model = load_model(a.model, device)[0].eval().requires_grad_(False) if a.kl_coef > 0 else None
     engine = TorchEngine(model, tok)               # a private full copy, made before sharding
     if a.grad_checkpointing:
@@ -577,10 +603,10 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
     print0(f"world size {world} | {a.prompts_per_step // world} prompts x {a.group_size} completions per rank "
            f"per step | device {device}")
     if start == 0:
-        acc0 = evaluate(engine, tok, a, rank, world)
-        print0(f"step    0 | eval acc {acc0:.3f}")
+        ev = evaluate(engine, tok, a, eval_sets, rank, world)
+        print0(f"step    0 | " + " | ".join(f"{k} {v:.3f}" for k, v in ev.items()))
         if metrics_f:
-            metrics_f.write(json.dumps({"step": 0, "eval/accuracy": acc0}) + "\n")
+            metrics_f.write(json.dumps({"step": 0, **ev}) + "\n")
 
     m, ckpt = {}, resume
     for step in range(start, a.steps):
@@ -601,7 +627,7 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
         m.update({"time/generate": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
         m = {"step": step + 1, **reduce_metrics(m, world)}
         if (a.eval_every and (step + 1) % a.eval_every == 0) or step + 1 == a.steps:
-            m["eval/accuracy"] = evaluate(engine, tok, a, rank, world)
+            m.update(evaluate(engine, tok, a, eval_sets, rank, world))
         print0(log_line(m), flush=True)
         if metrics_f:
             metrics_f.write(json.dumps(m) + "\n")
@@ -623,7 +649,7 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
         samples_f.close()
         if ckpt:
             print(f"final -> {checkpoint.point_final(a.out_dir, ckpt)}" +
-                  (f" | eval acc {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""))
+                  "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/")))
     return m
 
 
@@ -638,6 +664,7 @@ def main(argv=None) -> int:
             resume = checkpoint.resolve(a.resume, a.out_dir, world)
             model, tok = load_model(resume or a.model, device)   # resuming: the checkpoint's weights
             prompts = load_prompts(a, tok)
+            eval_sets = load_eval_sets(a)
         except (ValueError, OSError) as e:
             print0(f"error: {e}", file=sys.stderr)
             return 2
@@ -645,7 +672,7 @@ def main(argv=None) -> int:
             print0(f"--resume auto: no complete checkpoint in {os.path.join(a.out_dir, 'checkpoints')}; "
                    f"starting from step 0")
         try:
-            train(a, model, tok, prompts, rank, world, device, resume)
+            train(a, model, tok, prompts, rank, world, device, resume, eval_sets)
         except NonFiniteError as e:
             print0(f"error: {e}", file=sys.stderr)
             return 1

@@ -86,12 +86,27 @@ def test_flag_combinations_run(tmp_path, name):
         assert m["replay/sampled"] == 0
 
 
+def test_eval_benchmarks_are_logged(tmp_path):
+    bench = tmp_path / "mini.jsonl"
+    bench.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
+                             for q, a in [("2+3", "5"), ("4*2", "8"), ("9-7", "2")]))
+    proc, out = run_train(["--steps", "1", *SMALL, "--eval-benchmarks", f"builtin,{bench}", "--eval-k", "2",
+                           "--eval-temperature", "1.0", "--prompt-template", "builtin"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, last = read_metrics(out)[0], read_metrics(out)[-1]
+    for m in (first, last):
+        assert 0 <= m["eval/builtin/mean@2"] <= 1 and 0 <= m["eval/mini/mean@2"] <= 1
+        assert m["eval/mini/mean@2"] * 6 == pytest.approx(round(m["eval/mini/mean@2"] * 6))   # c / (3 x 2)
+    assert "mini/mean@2" in proc.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "/no/such/model"], "no such directory"),
     (["--tau-max", "-1"], "--tau-max"),
     (["--group-size", "1"], "--group-size"),
     (["--train-data", "/no/such/file.jsonl"], "file.jsonl"),
     (["--ratio", "bogus"], "invalid choice"),
+    (["--eval-benchmarks", "nosuchbench"], "nosuchbench"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, message):
     proc, _ = run_train(["--steps", "1", *args], tmp_path, timeout=120)
