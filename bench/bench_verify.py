@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import data  # noqa: E402
+import mathcheck  # noqa: E402
 import verify  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def rate(fn, pairs: list, seconds: float, slowest: list) -> float:
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         verify.normalize.cache_clear()                      # every cycle pays for every pair again
-        verify._parse_or_text.cache_clear()
+        mathcheck._parse_or_text.cache_clear()
         for response, gold in pairs:
             t = time.perf_counter()
             fn(response, gold)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import mathcheck
 import verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,10 +130,12 @@ def test_multiple_choice_letters():
 # ---- safety and bounds ---------------------------------------------------------------------------------------------
 
 def test_source_never_calls_an_evaluator():
-    """No name that runs or parses code as Python is called anywhere in verify.py (tokens, not text search)."""
+    """No name that runs or parses code as Python is called anywhere in verify.py, mathparse.py or mathcheck.py
+    (tokens, not text search)."""
     forbidden = {"eval", "exec", "sympify", "parse_expr", "lambdify", "latex2sympy", "parse_latex", "__import__",
                  "getattr", "globals", "locals", "vars"}
-    tokens = list(tokenize.generate_tokens(io.StringIO((ROOT / "verify.py").read_text()).readline))
+    source = "\n".join((ROOT / name).read_text() for name in ("verify.py", "mathparse.py", "mathcheck.py"))
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     names = [(a.string, b.string) for a, b in zip(tokens, tokens[1:]) if b.type == tokenize.NAME]
     assert not {name for _, name in names} & forbidden
     strings = [t.string for t in tokens]
@@ -167,10 +170,10 @@ def test_bombs_are_rejected_fast(bomb, warm_worker):
 
 
 def test_fast_path_needs_neither_sympy_nor_the_worker_and_import_is_light():
-    code = ("import sys, time; t = time.perf_counter(); import verify; dt = time.perf_counter() - t\n"
+    code = ("import sys, time; t = time.perf_counter(); import verify, mathcheck; dt = time.perf_counter() - t\n"
             "ok = [verify.grade(a, b) for a, b in [('-164', '-164'), ('40', '41'), ('The answer is 7.', '7'),"
             " ('\\\\boxed{\\\\frac{1}{2}}', '0.5'), ('x = 3', '3'), ('(1, 2)', '(1,2)'), ('[0,1)', '[0,1]')]]\n"
-            "print(ok, dt, 'sympy' in sys.modules, 'torch' in sys.modules, verify._POOL.active is None)")
+            "print(ok, dt, 'sympy' in sys.modules, 'torch' in sys.modules, mathcheck._POOL.active is None)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     ok, dt, sympy_loaded, torch_loaded, no_worker = out.rsplit(" ", 4)[0], *out.split()[-4:]
     assert ok == "[True, False, True, True, True, True, False]"
@@ -189,17 +192,17 @@ def _alive(pid: int) -> bool:
 
 
 def test_worker_timeout_kills_and_replaces(monkeypatch, warm_worker):
-    stuck = verify._POOL.active.proc.pid
+    stuck = mathcheck._POOL.active.proc.pid
     verify.reset_stats()
     monkeypatch.setattr(verify, "SYMBOLIC_TIMEOUT_S", 1e-4)   # no symbolic comparison fits in 0.1 ms
     start = time.monotonic()
     assert not verify.grade("(y+2)^2", "y^2+4y+4")
     assert time.monotonic() - start < 1.0 and verify.stats()["timeout"] == 1
     assert not _alive(stuck)
-    assert verify._POOL.spare.wait_ready(60)                   # the pre-started spare (booting since the warm-up)
+    assert mathcheck._POOL.spare.wait_ready(60)                # the pre-started spare (booting since the warm-up)
     monkeypatch.setattr(verify, "SYMBOLIC_TIMEOUT_S", 1.0)
     assert verify.is_equivalent("(z+3)^2", "z^2+6z+9")        # the spare took over
-    assert verify._POOL.active.proc.pid != stuck
+    assert mathcheck._POOL.active.proc.pid != stuck
 
 
 def test_worker_serves_other_threads():
@@ -215,8 +218,8 @@ def test_worker_serves_other_threads():
 
 
 def test_workers_exit_with_the_process():
-    code = ("import verify; verify.is_equivalent('x+1', '1+x');"
-            "print(verify._POOL.active.proc.pid, verify._POOL.spare.proc.pid)")
+    code = ("import mathcheck, verify; verify.is_equivalent('x+1', '1+x');"
+            "print(mathcheck._POOL.active.proc.pid, mathcheck._POOL.spare.proc.pid)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     pids = [int(p) for p in out.split()]
     deadline = time.monotonic() + 10
