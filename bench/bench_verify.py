@@ -28,7 +28,7 @@ import verify  # noqa: E402
 
 
 def pairs_numeric(n: int, rng: random.Random, wrapped: bool) -> list[tuple[str, str]]:
-    examples = data.arithmetic_examples("test", min(n, 2000), seed=0)
+    examples = data.arithmetic_examples("test", seed=0)          # the whole split (938), cycled
     out = []
     for k in range(n):
         gold = examples[k % len(examples)].answer
