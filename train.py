@@ -4,8 +4,8 @@
     python train.py --model PATH --train-data gsm8k_train --max-new-tokens 512 --prompt-template plain
     python train.py --help                             # every flag, with its meaning and default
     torchrun --nproc-per-node 8 train.py --model PATH ...                  # one node, 8 GPUs (or CPU processes)
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id run1 \
-        train.py --model PATH --out-dir /shared/run1 ...   # the same on every node; HOST = any one of them
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id run1 train.py
+        --model PATH --out-dir /shared/run1 ...        # the same on every node; HOST = any one of them
     python train.py --out-dir runs/x --resume auto     # after a crash: continue from the newest complete checkpoint
 
 Each step reads top to bottom as generate -> score -> store -> sample -> update, then weight sync, eval, logging:
