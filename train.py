@@ -604,7 +604,7 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
            f"per step | device {device}")
     if start == 0:
         ev = evaluate(engine, tok, a, eval_sets, rank, world)
-        print0(f"step    0 | " + " | ".join(f"{k} {v:.3f}" for k, v in ev.items()))
+        print0("step    0 | " + " | ".join(f"{k[5:]} {v:.3f}" for k, v in ev.items()))
         if metrics_f:
             metrics_f.write(json.dumps({"step": 0, **ev}) + "\n")
 
