@@ -15,6 +15,7 @@ full vocabulary, before top-p truncation (as vLLM reports by default). Greedy de
 log softmax(logits). Shapes: B sequences, P prompt tokens, T completion tokens, L = P + T, V vocabulary.
 """
 import copy
+import functools
 import inspect
 import os
 from dataclasses import dataclass
@@ -108,10 +109,16 @@ def sample_token(logits: torch.Tensor, s: Sampling, gen: torch.Generator) -> tup
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
+@functools.lru_cache(maxsize=None)
+def _cache_arg(model_class) -> str:
+    """transformers >= 5.2x names the KV-cache argument `cache`, older releases (the ones vLLM pins)
+    `past_key_values`: look it up once per model class, not at every decoding step."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
 def _forward_cached(model, ids, mask, pos, cache):
-    """Forward with a KV cache, last position's logits only. transformers >= 5.2x names the cache argument `cache`,
-    older releases (the ones vLLM pins) `past_key_values`: accept both."""
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    """Forward with a KV cache, last position's logits only."""
+    name = _cache_arg(type(model))
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                 **{name: cache})
     return out.logits[:, -1], getattr(out, name)
