@@ -185,13 +185,25 @@ def field_docs(cls) -> dict[str, str]:
             if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
 
 
+def parse_dataclass(cls, argv=None, description: str = "", choices: dict | None = None, formatter=None):
+    """An instance of the flags dataclass `cls` from the command line: one --flag per field, its docstring as help,
+    bools as --flag/--no-flag, `choices` {field: allowed values}. Shared by eval.py and train.py."""
+    ap = argparse.ArgumentParser(description=description,
+                                 formatter_class=formatter or argparse.RawDescriptionHelpFormatter)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        kw = dict(default=f.default, help=f"{docs[f.name]} (default: {f.default!r})",
+                  choices=(choices or {}).get(f.name))
+        if isinstance(f.default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = type(f.default)
+        ap.add_argument("--" + f.name.replace("_", "-"), **kw)
+    return cls(**vars(ap.parse_args(argv)))
+
+
 def parse_args(argv=None) -> Args:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    docs = field_docs(Args)
-    for f in dataclasses.fields(Args):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                        help=f"{docs[f.name]} (default: {f.default!r})")
-    return Args(**vars(ap.parse_args(argv)))
+    return parse_dataclass(Args, argv, __doc__.split("\n\n")[0], formatter=argparse.RawTextHelpFormatter)
 
 
 def _repo_relative(path: str) -> str:

@@ -174,16 +174,7 @@ CHOICES = {"adv": tuple(grpo.ADVANTAGES), "ratio": tuple(grpo.RATIOS), "agg": gr
 
 
 def parse_args(argv=None) -> Args:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    docs = eval_lib.field_docs(Args)
-    for f in dataclasses.fields(Args):
-        kw = dict(default=f.default, help=f"{docs[f.name]} (default: {f.default})", choices=CHOICES.get(f.name))
-        if isinstance(f.default, bool):
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["type"] = type(f.default)
-        ap.add_argument("--" + f.name.replace("_", "-"), **kw)
-    return Args(**vars(ap.parse_args(argv)))
+    return eval_lib.parse_dataclass(Args, argv, __doc__, CHOICES)
 
 
 def check_args(a: Args, world: int = 1) -> None:
