@@ -21,11 +21,12 @@ One update step, as train.py wires it (flags in brackets):
     #                           mask = overlong_filter(mask, truncated)
     N = loss_normaliser(mask_step, --agg, max_len=--max-new-tokens)   # whole step: fresh + replay, before any
     #   micro-batching; under torchrun all-reduce SUM it across ranks (every mode's N is additive)
+    # behaviour_logp: the engine's log-probs at generation time; old_logp is the same unless TIS recomputes it
     for each micro-batch:
         logp = token_logprobs(model(...).logits, ids, temperature)               # [b, T], with grad
-        loss_mask = veto_mask(logp, old_logp, adv, mask, --veto-threshold, --veto-scope) if veto else mask
-        log_w = RATIOS[--ratio](logp, old_logp, mask)                            # weight uses the un-vetoed mask
-        w_tis = tis_weight(old_logp, engine_logp, --tis-cap) if tis else None    # old_logp recomputed by the trainer
+        loss_mask = veto_mask(logp, behaviour_logp, adv, mask, --veto-threshold, --veto-scope) if veto else mask
+        log_w = log_ratio(--ratio, logp, old_logp, mask, --pnpo-grad)            # weight uses the un-vetoed mask
+        w_tis = tis_weight(old_logp, behaviour_logp, --tis-cap) if tis else None # old_logp recomputed by the trainer
         loss, m = policy_loss(log_w, adv, loss_mask, eps_low=--eps-low, eps_high=--eps-high,
                               dual_clip=--dual-clip, agg=--agg, normaliser=N, token_weight=w_tis)
         if --kl-coef > 0: loss = loss + kl_coef * aggregate(kl_penalty(logp, ref_logp, --kl-estimator),
@@ -191,21 +192,41 @@ def gspo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.where(valid, log_w.clamp(max=GSPO_LOG_RATIO_MAX), 0.0)
 
 
-def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, grad: str = "detached") -> Tensor:
     """PNPO prefix-normalised ratio (arXiv 2608.01418): the geometric mean of the token ratios of the causal prefix,
 
         log w_it = (1/n_it) sum_{s <= t, valid} (logp_is - old_logp_is),   n_it = number of valid s <= t
-    with the full gradient w_it (1/n_it) sum_{s<=t} grad logp_is (no stop-gradient). At the first valid token it is
-    the token ratio, at the last one GSPO's s_i. Clamped to [-20, 20] like the token ratio; 0 on invalid tokens.
+    At the first valid token it is the token ratio, at the last one GSPO's s_i. Clamped to [-20, 20] like the token
+    ratio; 0 on invalid tokens. The abstract does not say how the gradient flows; two readings (`grad`):
+
+        "detached" (default):  log w_it = sg[log w_it] + logp_it - sg[logp_it],  grad w_it = w_it grad logp_it
+        "full":                grad w_it = w_it (1/n_it) sum_{s <= t, valid} grad logp_is
+    "detached" is GSPO-token's construction applied to the prefix weight: the prefix mean sets each token's weight
+    (and what is clipped), the gradient goes through the token itself, so on-policy (every ratio 1) it is exactly
+    GRPO's. "full" backpropagates through the prefix mean: even on-policy token s then weighs sum_{t >= s} w_t / n_t
+    (2.72x a GRPO token for the first of 8 tokens, about 8.6x for the first of 3,000), a long-response bias we do
+    not want by default.
     """
+    if grad not in PNPO_GRADS:
+        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
     valid = mask.bool()
     prefix_sum = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)          # [B, T]
     n_prefix = valid.cumsum(-1).clamp(min=1)                                   # [B, T]
     log_w = (prefix_sum / n_prefix).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if grad == "detached":
+        log_w = log_w.detach() + logp - logp.detach()                          # value unchanged, token-wise gradient
     return torch.where(valid, log_w, 0.0)
 
 
 RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio, "pnpo": pnpo_log_ratio}
+PNPO_GRADS = ("detached", "full")
+
+
+def log_ratio(kind: str, logp: Tensor, old_logp: Tensor, mask: Tensor, pnpo_grad: str = "detached") -> Tensor:
+    """RATIOS[kind](logp, old_logp, mask), with PNPO's gradient reading passed to it. [B, T]."""
+    if kind == "pnpo":
+        return pnpo_log_ratio(logp, old_logp, mask, grad=pnpo_grad)
+    return RATIOS[kind](logp, old_logp, mask)
 
 
 # ---------------------------------------------------------------- mu-GRPO negative-advantage veto
@@ -216,6 +237,8 @@ def veto_mask(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, thr
     """mu-GRPO negative-advantage veto (arXiv 2605.17570), recomputed from the current logp at every update:
 
         trigger_it = valid_it and A_it < 0 and rho_it < delta,   rho_it = exp(logp_it - old_logp_it) (detached)
+    old_logp is the behaviour policy's (the one that generated the response, what the veto is defined against),
+    also under TIS, where the ratio's old log-probs are recomputed ones.
         kappa_i    = the first trigger of response i
         scope "suffix"   (the method): mask every valid token t > kappa_i; kappa_i itself keeps its (rho-sized) term
         scope "trigger"  (ablation):   mask the trigger tokens only

@@ -109,12 +109,12 @@ def test_pnpo_properties():
             assert math.isclose(float(log_w[i, t]), mean, rel_tol=1e-12, abs_tol=1e-12)
 
 
-def test_pnpo_gradient_is_analytic():
-    """d w_it / d logp_is = w_it * (1/n_it) * [s <= t, s valid]: the chain rule through a model then gives
+def test_pnpo_full_gradient_is_analytic():
+    """--pnpo-grad full: d w_it / d logp_is = w_it * (1/n_it) * [s <= t, s valid]: the chain rule through a model then gives
     grad w_it = w_it (1/t) sum_{s<=t} grad log pi_s, checked with a tiny model's parameters too."""
     logp, old, mask, _ = rand_batch(seed=4)
     mask[2, 1] = False
-    w = lambda x: grpo.pnpo_log_ratio(x, old, mask).exp()                       # noqa: E731
+    w = lambda x: grpo.pnpo_log_ratio(x, old, mask, grad="full").exp()           # noqa: E731
     jac = torch.autograd.functional.jacobian(w, logp)                           # [B, T, B, T]
     B, T = logp.shape
     n = mask.cumsum(-1).clamp(min=1)
@@ -133,13 +133,49 @@ def test_pnpo_gradient_is_analytic():
     flat_grad = lambda y: torch.cat([g.flatten() for g in torch.autograd.grad(y, params, retain_graph=True)])  # noqa
     lp = grpo.token_logprobs(model(ids), ids)                                   # [1, T]
     old0 = lp.detach() + 0.3 * torch.randn(1, T, dtype=lp.dtype)
-    w0 = grpo.pnpo_log_ratio(lp, old0, m0).exp()[0]                             # [T]
+    w0 = grpo.pnpo_log_ratio(lp, old0, m0, grad="full").exp()[0]               # [T]
     grad_logp = [flat_grad(lp[0, s]) for s in range(T)]
     n0 = m0[0].cumsum(0)
     for t in range(T):
         if m0[0, t]:
             expected = w0[t] / n0[t] * sum(grad_logp[s] for s in range(t + 1) if m0[0, s])
             torch.testing.assert_close(flat_grad(w0[t]), expected.detach())
+
+
+def test_pnpo_detached_gradient_is_token_wise():
+    """--pnpo-grad detached (the default): w_it = sg[w_it] pi_it / sg[pi_it], so d w_it / d logp_js = w_it [i=j, s=t];
+    the value is still the prefix geometric mean."""
+    logp, old, mask, _ = rand_batch(seed=5)
+    mask[3, 2] = False
+    full, det = (grpo.pnpo_log_ratio(logp, old, mask, grad=g) for g in ("full", "detached"))
+    torch.testing.assert_close(det, full)                                       # same value
+    w = lambda x: grpo.pnpo_log_ratio(x, old, mask, grad="detached").exp()      # noqa: E731
+    jac = torch.autograd.functional.jacobian(w, logp)                           # [B, T, B, T]
+    B, T = logp.shape
+    eye = torch.einsum("ij,ts->itjs", torch.eye(B), torch.eye(T)).to(logp.dtype)
+    torch.testing.assert_close(jac, eye * (w(logp) * mask)[:, :, None, None])
+
+
+@pytest.mark.parametrize("grad, first_token_weight", [("detached", 1.0), ("full", sum(1 / t for t in range(1, 9)))])
+def test_pnpo_on_policy(grad, first_token_weight):
+    """On-policy (old = logp, every ratio 1), T = 8, token-sum loss -A sum_t w_t with A = 1: token s gets gradient
+    -sum_{t >= s} 1/t under "full" (2.72 for s = 1, by hand: 1 + 1/2 + ... + 1/8 = 2.7179) and exactly GRPO's -1
+    under "detached"."""
+    logp = torch.randn(1, 8, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(1, 8, dtype=torch.bool)
+    loss = -grpo.pnpo_log_ratio(logp, logp.detach(), mask, grad=grad).exp().sum()
+    loss.backward()
+    expected = [-sum(1 / t for t in range(s, 9)) for s in range(1, 9)] if grad == "full" else [-1.0] * 8
+    torch.testing.assert_close(logp.grad[0], torch.tensor(expected, dtype=torch.float64))
+    assert -logp.grad[0, 0].item() == pytest.approx(first_token_weight) and round(first_token_weight, 2) in (1, 2.72)
+    # the same through policy_loss as the trainer calls it: detached equals the token ratio exactly on-policy
+    if grad == "detached":
+        lp = logp.detach().clone().requires_grad_()
+        tok = lp.detach().clone().requires_grad_()
+        kw = dict(eps_low=0.2, eps_high=0.28, normaliser=8.0)
+        grpo.policy_loss(grpo.log_ratio("pnpo", lp, lp.detach(), mask), torch.ones(1), mask, **kw)[0].backward()
+        grpo.policy_loss(grpo.log_ratio("token", tok, tok.detach(), mask), torch.ones(1), mask, **kw)[0].backward()
+        torch.testing.assert_close(lp.grad, tok.grad)
 
 
 def test_log_ratio_caps():
