@@ -504,6 +504,7 @@ class _WorkerPool:
 
     def __init__(self):
         self.lock, self.active, self.spare, self.pid, self.booted = threading.Lock(), None, None, None, False
+        self.restarts = 0                                     # workers killed or found dead (verify.stats())
 
     def compare(self, p_readings: list[str], g_readings: list[str], timeout: float) -> str:
         with self.lock:
@@ -535,6 +536,7 @@ class _WorkerPool:
     def discard(self) -> None:
         if self.active is not None:
             self.active.kill()
+            self.restarts += 1
         self.active = None
 
     def close(self) -> None:

@@ -72,15 +72,16 @@ _STATS_LOCK = threading.Lock()
 
 def stats() -> dict:
     """A copy of the counters: pairs graded; those False because unparseable, timed out, or because of an internal
-    error (a bug: counted and logged by the trainer rather than raised mid-run; the fuzz test keeps it at 0); and how
-    many comparisons went to the symbolic worker."""
+    error (a bug: counted and logged by the trainer rather than raised mid-run; the fuzz test keeps it at 0); how
+    many comparisons went to the symbolic worker; and how many workers were killed (over budget) or found dead."""
     with _STATS_LOCK:
-        return dict(STATS)
+        return {**STATS, "worker_restarts": _POOL.restarts}
 
 
 def reset_stats() -> None:
     with _STATS_LOCK:
         STATS.update(dict.fromkeys(STATS, 0))
+        _POOL.restarts = 0
 
 
 def _count(key: str) -> None:

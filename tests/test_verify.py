@@ -204,6 +204,7 @@ def test_worker_timeout_kills_and_replaces(monkeypatch, warm_worker):
     start = time.monotonic()
     assert not verify.grade("(y+2)^2", "y^2+4y+4")
     assert time.monotonic() - start < 1.0 and verify.stats()["timeout"] == 1
+    assert verify.stats()["worker_restarts"] == 1              # what train.py logs as verify/worker_restarts
     assert not _alive(stuck)
     assert mathcheck._POOL.spare.wait_ready(60)                # the pre-started spare (booting since the warm-up)
     monkeypatch.setattr(verify, "SYMBOLIC_TIMEOUT_S", 1.0)
