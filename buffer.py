@@ -161,7 +161,8 @@ class RolloutReplay:
 
     # ---- metrics and checkpointing --------------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Flat namespaced metrics. replay/size and replay/abs_adv_stored describe the buffer now; replay/evicted
+        """Flat namespaced metrics. replay/size and replay/abs_adv_stored (mean |A| over every stored rollout,
+        eligible for the next draw or not) describe the buffer now; replay/evicted
         the last evict (age); replay/capacity_dropped the last add; the rest the last sample (0 when it drew
         nothing, so the JSON stays finite)."""
         stored = float(self._abs_adv.mean()) if len(self) else 0.0

@@ -7,7 +7,7 @@
 - `TorchEngine`: generation from a private copy of the weights, batched, with a KV cache, in small functions
   (`prefill`, `decode_one_token`, `sample_token`; gpt-fast style). It records the behaviour log-prob of every sampled
   token, which is the denominator of every importance ratio in grpo.py. `load_weights(named_tensors)` refreshes the copy
-  after each optimizer step.
+  once per loop step, after the update.
 - `load_model(path)`: a Hugging Face directory -> (model, tokenizer), with a clear error for a bad path.
 
 Log-prob convention (the trainer must use the same, or ratios are biased): log softmax(logits / temperature) of the
@@ -34,7 +34,7 @@ class Rollout:
     answer: str = ""               # gold answer
     reward: float = 0.0
     advantage: float = 0.0         # set once from its own fresh group; replay never recomputes it
-    version: int = 0               # optimizer step whose weights generated it; age = step - version
+    version: int = 0               # loop step whose weights generated it; age = step - version (loop steps)
     truncated: bool = False        # hit the max-new-tokens limit before EOS
 
 

@@ -104,6 +104,8 @@ class Args:
     """advantage: grpo ((r - mean) / (std + 1e-6)) | drgrpo (r - mean)"""
     ratio: str = "token"
     """importance weight: token | gspo (sequence ratio) | pnpo (prefix geometric mean)"""
+    pnpo_grad: str = "detached"
+    """PNPO's gradient: detached (w_t = sg[w_t] pi_t / sg[pi_t], GRPO's on-policy) | full (through the prefix mean)"""
     agg: str = "token-mean"
     """loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm"""
     eps_low: float = 0.2
@@ -139,7 +141,8 @@ class Args:
     replay: str = "prioritized"
     """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha)"""
     tau_max: int = 4
-    """evict rollouts older than this many steps (age = step - version)"""
+    """evict rollouts older than this many loop steps (age = step - version; one loop step holds epochs x
+    mini_batches optimizer steps)"""
     replay_ratio: float = 0.5
     """replayed rollouts per fresh rollout in each batch"""
     priority_alpha: float = 1.0
@@ -169,6 +172,7 @@ class Args:
 
 
 CHOICES = {"adv": tuple(grpo.ADVANTAGES), "ratio": tuple(grpo.RATIOS), "agg": grpo.AGG_MODES,
+           "pnpo_grad": grpo.PNPO_GRADS,
            "veto_scope": ("none",) + grpo.VETO_SCOPES, "kl_estimator": tuple(grpo.KL_ESTIMATORS),
            "replay": buffer.REPLAY_KINDS, "prompt_template": ("auto", "plain", "chat", "builtin")}
 
@@ -177,25 +181,36 @@ def parse_args(argv=None) -> Args:
     return eval_lib.parse_dataclass(Args, argv, __doc__, CHOICES)
 
 
+AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "epochs",
+              "mini_batches", "max_bad_steps", "eval_k")
+AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap", "dual_clip",
+              "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay", "max_grad_norm", "eval_every",
+              "save_every", "log_samples", "threads", "eval_temperature", "seed")
+
+
 def check_args(a: Args, world: int = 1) -> None:
-    """Reject bad input up front with one clear sentence (a ValueError that main prints)."""
+    """Reject bad input up front with one clear sentence (a ValueError that main prints). Every float flag must be
+    finite; the bounds below are what the code can run with, not a judgement of taste."""
+    flag = lambda name: "--" + name.replace("_", "-")                         # noqa: E731
+    for f in dataclasses.fields(a):
+        v = getattr(a, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{flag(f.name)} must be a finite number, got {v}")
+    for name in AT_LEAST_1:
+        if getattr(a, name) < 1:
+            raise ValueError(f"{flag(name)} must be >= 1, got {getattr(a, name)}")
+    for name in AT_LEAST_0:
+        if getattr(a, name) < 0:
+            raise ValueError(f"{flag(name)} must be >= 0, got {getattr(a, name)}")
     if a.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step ({a.prompts_per_step}) must be divisible by the world size ({world}): "
                          f"every rank generates whole groups for an equal share of the prompts")
     if a.group_size < 2:
         raise ValueError(f"--group-size must be at least 2 (a GRPO group needs a baseline), got {a.group_size}")
-    if a.tau_max < 0:
-        raise ValueError(f"--tau-max must be >= 0, got {a.tau_max}")
-    for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "epochs",
-                 "mini_batches", "max_bad_steps"):
-        if getattr(a, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    for name in ("replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap", "dual_clip",
-                 "overlong_buffer", "dynamic_sampling_rounds", "lr", "eval_every", "save_every"):
-        if getattr(a, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
-    if a.eval_k < 1 or a.eval_temperature < 0:
-        raise ValueError(f"need --eval-k >= 1 and --eval-temperature >= 0, got {a.eval_k}, {a.eval_temperature}")
+    if a.seed >= 2 ** 31:
+        raise ValueError(f"--seed must be below 2**31 (sampling seeds are derived from it), got {a.seed}")
+    if a.threads > 1024:
+        raise ValueError(f"--threads must be at most 1024, got {a.threads}")
     if a.temperature <= 0:
         raise ValueError("--temperature must be > 0: greedy decoding gives a group of identical completions")
     if not 0 < a.top_p <= 1:
@@ -204,10 +219,25 @@ def check_args(a: Args, world: int = 1) -> None:
         raise ValueError(f"need 0 <= --eps-low <= 1 and --eps-high >= 0, got {a.eps_low}, {a.eps_high}")
     if 0 < a.dual_clip <= 1:
         raise ValueError(f"--dual-clip must be > 1 (or 0 = off), got {a.dual_clip}")
+    if a.veto_threshold <= 0:
+        raise ValueError(f"--veto-threshold must be > 0 (a ratio below it triggers the veto), got {a.veto_threshold}")
     if a.overlong_buffer > a.max_new_tokens:
         raise ValueError(f"--overlong-buffer ({a.overlong_buffer}) cannot exceed --max-new-tokens ({a.max_new_tokens})")
     if not os.path.isdir(a.model):
         raise ValueError(f"--model: no such directory: {a.model}")
+
+
+def check_sizes(a: Args, model, prompts: list[Prompt], world: int) -> None:
+    """Bounds that need the model and the prompts: a prompt must not appear twice in one step (its two groups would
+    share a prompt_id and be merged), and the longest prompt plus --max-new-tokens must fit the model's positions."""
+    if a.prompts_per_step // world > len(prompts) // world:
+        raise ValueError(f"--prompts-per-step ({a.prompts_per_step}) exceeds the {len(prompts)} training prompts "
+                         f"(at most {len(prompts) // world * world} on {world} rank(s))")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    longest = max(len(p.ids) for p in prompts)
+    if limit and longest + a.max_new_tokens > limit:
+        raise ValueError(f"--max-new-tokens ({a.max_new_tokens}) plus the longest prompt ({longest} tokens) exceeds "
+                         f"the model's {limit} positions")
 
 
 # ---- set-up: process group, model wrapping, data ---------------------------------------------------------------
@@ -314,9 +344,11 @@ def evaluate(engine: TorchEngine, tok, a: Args, eval_sets: dict, rank: int = 0, 
 
 # ---- one step's pieces --------------------------------------------------------------------------------------------
 
-def score(rollouts, a: Args) -> None:
-    """Reward from the verifier (plus DAPO's overlong penalty), then advantages within each group."""
-    rewards = torch.tensor([verify.reward(r.text, r.answer) for r in rollouts])                # [B]
+def score(rollouts, a: Args) -> torch.Tensor:
+    """Reward from the verifier (plus DAPO's overlong penalty), then advantages within each group. Returns the
+    verifier's verdicts [B] (1.0 = correct), which DAPO's dynamic sampling filters on (not the shaped reward)."""
+    correct = torch.tensor([verify.reward(r.text, r.answer) for r in rollouts])                # [B]
+    rewards = correct
     if a.overlong_buffer:
         lengths = torch.tensor([len(r.completion_ids) for r in rollouts])
         rewards = rewards + grpo.overlong_penalty(lengths, a.max_new_tokens, a.overlong_buffer)
@@ -324,6 +356,7 @@ def score(rollouts, a: Args) -> None:
     adv = grpo.ADVANTAGES[a.adv](rewards, group)                                                # [B]
     for r, rew, A in zip(rollouts, rewards.tolist(), adv.tolist()):
         r.reward, r.advantage = rew, A
+    return correct
 
 
 def generate_and_score(engine, prompts, mine: list[int], pos: int, a: Args, step: int, rank: int, world: int):
@@ -337,19 +370,25 @@ def generate_and_score(engine, prompts, mine: list[int], pos: int, a: Args, step
         sampling = Sampling(a.temperature, a.top_p, a.max_new_tokens,   # own stream per (rank, step, round)
                             seed=a.seed * 1_000_003 + step * 1_009 + round_ + rank * 1_000_000_007)
         new = engine.generate(batch_prompts, a.group_size, sampling, version=step)
-        score(new, a)
+        correct = score(new, a)
         generated += new
-        fresh += keep_informative(new) if a.dynamic_sampling else new
+        fresh += keep_informative(new, correct) if a.dynamic_sampling else new
         if len({r.prompt_id for r in fresh}) >= a.prompts_per_step // world:
             break
     return fresh, generated, pos
 
 
-def keep_informative(rollouts) -> list:
-    """DAPO dynamic sampling: only rollouts whose group has non-zero reward variance."""
-    rewards = torch.tensor([r.reward for r in rollouts])
-    keep = grpo.dynamic_sampling_keep(rewards, torch.tensor([r.prompt_id for r in rollouts]))
+def keep_informative(rollouts, correct: torch.Tensor) -> list:
+    """DAPO dynamic sampling: only rollouts whose group is neither all correct nor all wrong (by the verifier's
+    verdicts `correct` [B], not the shaped reward: an all-correct group is not trained on its lengths alone)."""
+    keep = grpo.dynamic_sampling_keep(correct, torch.tensor([r.prompt_id for r in rollouts]))
     return [r for r, k in zip(rollouts, keep.tolist()) if k]
+
+
+def storable(fresh, a: Args) -> list:
+    """What the replay buffer keeps of the fresh rollouts: under --overlong-filter a truncated rollout has no loss
+    token, so it would only take a replay slot; it is not stored."""
+    return [r for r in fresh if not r.truncated] if a.overlong_filter else fresh
 
 
 def micro_batch_loss(model, ref_model, mb: dict, a: Args, normaliser: float) -> tuple[torch.Tensor, dict]:
@@ -358,10 +397,11 @@ def micro_batch_loss(model, ref_model, mb: dict, a: Args, normaliser: float) -> 
     ids = mb["input_ids"][:, 1:]                                                                     # [b, T]
     logp = grpo.token_logprobs(logits, ids, a.temperature)                                           # [b, T]
     mask, old, adv = mb["completion_mask"], mb["old_logprobs"], mb["advantages"]                     # [b, T] [b]
+    behaviour = mb["engine_logprobs"]        # the policy that generated the rollout (old = it, unless --tis-cap)
     loss_mask = mask if a.veto_scope == "none" else \
-        grpo.veto_mask(logp, old, adv, mask, a.veto_threshold, a.veto_scope)
-    log_w = grpo.RATIOS[a.ratio](logp, old, mask)                                                    # [b, T]
-    w_tis = grpo.tis_weight(old, mb["engine_logprobs"], a.tis_cap) if a.tis_cap else None
+        grpo.veto_mask(logp, behaviour, adv, mask, a.veto_threshold, a.veto_scope)   # veto: against the behaviour
+    log_w = grpo.log_ratio(a.ratio, logp, old, mask, pnpo_grad=a.pnpo_grad)                          # [b, T]
+    w_tis = grpo.tis_weight(old, behaviour, a.tis_cap) if a.tis_cap else None
     loss, m = grpo.policy_loss(log_w, adv, loss_mask, eps_low=a.eps_low, eps_high=a.eps_high,
                                dual_clip=a.dual_clip or None, agg=a.agg, normaliser=normaliser,
                                token_weight=w_tis)
@@ -463,22 +503,33 @@ def clip_gradients(model, max_norm: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
-def update(model, ref_model, opt, batch, a: Args, step: int, pad_id: int, world: int = 1,
+def mini_batch_indices(n_fresh: int, n_replayed: int, a: Args, step: int, epoch: int) -> list[list[int]]:
+    """Indices into fresh + replayed for each of the `mini_batches` optimizer steps of one epoch, fresh-anchored: the
+    fresh rollouts and the replayed ones are each cut into `mini_batches` near-equal parts and mini-batch j takes
+    part j of both, so every optimizer step holds its proportional share of each (never pure replay). Epoch 0 keeps
+    the batch's order; later epochs shuffle both parts with a seeded RNG (the same on every rank)."""
+    fresh, replayed = list(range(n_fresh)), list(range(n_fresh, n_fresh + n_replayed))
+    if epoch > 0:
+        rng = random.Random(a.seed * 1_000_003 + step * 101 + epoch)
+        rng.shuffle(fresh)
+        rng.shuffle(replayed)
+    M = a.mini_batches
+    part = lambda xs, j: xs[len(xs) * j // M:len(xs) * (j + 1) // M]          # noqa: E731
+    return [part(fresh, j) + part(replayed, j) for j in range(M)]
+
+
+def update(model, ref_model, opt, fresh, replayed, a: Args, step: int, pad_id: int, world: int = 1,
            guard: StepGuard | None = None) -> dict:
-    """`epochs` x `mini_batches` optimizer steps on `batch` (this rank's fresh + replayed), micro-batched; returns
+    """`epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts, micro-batched; returns
     this rank's metrics (reduce_metrics combines ranks). Every rank makes the same optimizer steps and the same number
     of forward/backward passes (lockstep); a mini-batch empty on every rank is no optimizer step."""
     guard = guard or StepGuard(a.max_bad_steps)
     device = next(model.parameters()).device
+    batch = fresh + replayed
     old = recompute_old_logprobs(model, batch, a, pad_id, world) if a.tis_cap else None
-    order = list(range(len(batch)))
     parts, total, norms = [], 0.0, []
     for epoch in range(a.epochs):
-        if epoch > 0:
-            random.Random(a.seed * 1_000_003 + step * 101 + epoch).shuffle(order)
-        size = max(1, -(-len(order) // a.mini_batches))
-        for start in range(0, a.mini_batches * size, size):
-            idx = order[start:start + size]
+        for idx in mini_batch_indices(len(fresh), len(replayed), a, step, epoch):
             n_micro = lockstep(-(-len(idx) // a.micro_batch_size), world)
             if n_micro == 0:
                 continue
@@ -512,7 +563,7 @@ def update(model, ref_model, opt, batch, a: Args, step: int, pad_id: int, world:
 
 
 SUMMED = ("loss/policy", "loss/tokens", "batch/fresh", "replay/size", "replay/sampled", "replay/evicted",
-          "replay/capacity_dropped")
+          "replay/capacity_dropped", *(f"verify/{k}" for k in verify.stats()))
 
 
 def reduce_metrics(m: dict, world: int) -> dict:
@@ -553,7 +604,11 @@ def log_line(m: dict) -> str:
          f"| loss {m['loss/policy']:+.4f} | clip {m.get('loss/clip_frac', 0):.3f} | replay {m['replay/sampled']:3d}/"
          f"{m['replay/size']:<5d} age {m['replay/age_mean']:.2f} | len {m['response/len_mean']:.1f} "
          f"| {m['time/step']:.2f}s")
-    return s + "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/"))
+    s += "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/"))
+    if m.get("verify/error") or m.get("verify/worker_restarts"):   # a verifier bug would quietly zero rewards
+        s += (f" | WARNING verifier: {m['verify/error']} internal errors, {m['verify/worker_restarts']} worker "
+              f"restarts (see verify/* in metrics.jsonl)")
+    return s
 
 
 # ---- the loop --------------------------------------------------------------------------------------------------
@@ -601,14 +656,14 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
 
     m, ckpt = {}, resume
     for step in range(start, a.steps):
-        t0 = time.perf_counter()
+        t0, verified = time.perf_counter(), verify.stats()
         fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, a, step, rank, world)  # 1., 2.
         t1 = time.perf_counter()
         replayed = []
-        if replay is not None:
-            replay.add(fresh, step)                                                             # 3. store
+        if replay is not None:   # sample first: with a capacity bound, this step's rollouts cannot push out
             replayed = replay.sample(round(a.replay_ratio * len(fresh)), step)                  # 4. sample
-        m = update(model, ref_model, opt, fresh + replayed, a, step, tok.pad_token_id, world, guard)  # 5. update
+            replay.add(storable(fresh, a), step)                                                # 3. store
+        m = update(model, ref_model, opt, fresh, replayed, a, step, tok.pad_token_id, world, guard)  # 5. update
         engine.load_weights(full_parameters(model))                                             # weight sync
         t2 = time.perf_counter()
 
@@ -616,9 +671,10 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
         m.update(replay.stats() if replay is not None else
                  {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0})
         m.update({"time/generate": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
-        m = {"step": step + 1, **reduce_metrics(m, world)}
         if (a.eval_every and (step + 1) % a.eval_every == 0) or step + 1 == a.steps:
             m.update(evaluate(engine, tok, a, eval_sets, rank, world))
+        m.update({f"verify/{k}": v - verified[k] for k, v in verify.stats().items()})   # this step's scoring + eval
+        m = {"step": step + 1, **reduce_metrics(m, world)}
         print0(log_line(m), flush=True)
         if metrics_f:
             metrics_f.write(json.dumps(m) + "\n")
@@ -647,14 +703,15 @@ def train(a: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int 
 def main(argv=None) -> int:
     a = parse_args(argv)
     rank, world, device = setup_distributed()
-    if a.threads:
-        torch.set_num_threads(a.threads)
     try:
         try:  # bad input ends in one line and exit status 2; a bug past this point still shows its traceback
             check_args(a, world)
+            if a.threads:
+                torch.set_num_threads(a.threads)
             resume = checkpoint.resolve(a.resume, a.out_dir, world)
             model, tok = load_model(resume or a.model, device)   # resuming: the checkpoint's weights
             prompts = load_prompts(a, tok)
+            check_sizes(a, model, prompts, world)
             eval_sets = load_eval_sets(a)
         except (ValueError, OSError) as e:
             print0(f"error: {e}", file=sys.stderr)

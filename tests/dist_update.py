@@ -72,10 +72,10 @@ def main(out_path: str) -> None:
         init = {n: p.detach().clone() for n, p in base.named_parameters()}
         ref_model = copy.deepcopy(base).eval().requires_grad_(False) if a.kl_coef else None
         one = copy.deepcopy(base).train()
-        m1 = train.update(one, ref_model, make_opt(one.parameters(), lr=a.lr), batch, a, 0,
+        m1 = train.update(one, ref_model, make_opt(one.parameters(), lr=a.lr), batch, [], a, 0,
                           tok.pad_token_id, world=1)
         two = train.shard_model(copy.deepcopy(base), device).train()
-        m2 = train.update(two, ref_model, make_opt(two.parameters(), lr=a.lr), local, a, 0,
+        m2 = train.update(two, ref_model, make_opt(two.parameters(), lr=a.lr), local, [], a, 0,
                           tok.pad_token_id, world=world)
         m2 = train.reduce_metrics(m2, world)
         engine = TorchEngine(base, tok)
@@ -92,7 +92,7 @@ def main(out_path: str) -> None:
     two = train.shard_model(copy.deepcopy(base), device).train()
     bad = local if rank == 0 else [dataclasses.replace(local[0], advantage=float("nan"))] + local[1:]
     guard = train.StepGuard(a.max_bad_steps)
-    train.update(two, None, torch.optim.AdamW(two.parameters(), lr=a.lr), bad, a, 0, tok.pad_token_id, world, guard)
+    train.update(two, None, torch.optim.AdamW(two.parameters(), lr=a.lr), bad, [], a, 0, tok.pad_token_id, world, guard)
     results["nan-on-rank-1"] = {"moved": max_diff(list(train.full_parameters(two)), base.named_parameters()),
                                 "skipped": train.all_reduce([float(guard.skipped)], world)[0]}
     if rank == 0:
