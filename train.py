@@ -219,6 +219,9 @@ def check_args(a: Args, world: int = 1) -> None:
         raise ValueError(f"need 0 <= --eps-low <= 1 and --eps-high >= 0, got {a.eps_low}, {a.eps_high}")
     if 0 < a.dual_clip <= 1:
         raise ValueError(f"--dual-clip must be > 1 (or 0 = off), got {a.dual_clip}")
+    if a.mini_batches > a.prompts_per_step // world * a.group_size:
+        raise ValueError(f"--mini-batches ({a.mini_batches}) exceeds the {a.prompts_per_step // world * a.group_size} "
+                         f"fresh rollouts per rank and step: some optimizer steps would have no rollout")
     if a.veto_threshold <= 0:
         raise ValueError(f"--veto-threshold must be > 0 (a ratio below it triggers the veto), got {a.veto_threshold}")
     if a.overlong_buffer > a.max_new_tokens:
@@ -228,11 +231,15 @@ def check_args(a: Args, world: int = 1) -> None:
 
 
 def check_sizes(a: Args, model, prompts: list[Prompt], world: int) -> None:
-    """Bounds that need the model and the prompts: a prompt must not appear twice in one step (its two groups would
-    share a prompt_id and be merged), and the longest prompt plus --max-new-tokens must fit the model's positions."""
+    """Bounds that need the model and the data: a prompt must not appear twice in one step (its two groups would
+    share a prompt_id and be merged), the eval split must hold --eval-size prompts, and the longest prompt plus
+    --max-new-tokens must fit the model's positions."""
     if a.prompts_per_step // world > len(prompts) // world:
         raise ValueError(f"--prompts-per-step ({a.prompts_per_step}) exceeds the {len(prompts)} training prompts "
                          f"(at most {len(prompts) // world * world} on {world} rank(s))")
+    n_test = len(data.arithmetic_examples("test"))
+    if a.eval_size > n_test:
+        raise ValueError(f"--eval-size ({a.eval_size}) exceeds the {n_test} prompts of the built-in test split")
     limit = getattr(model.config, "max_position_embeddings", None)
     longest = max(len(p.ids) for p in prompts)
     if limit and longest + a.max_new_tokens > limit:

@@ -23,6 +23,7 @@ Conventions converted here, not in grpo.py (the README: "where yours differ, con
   * The README does not say whether kl token_mean came from agg_loss (sum / n) or masked_mean (sum / (n + 1e-8));
     ours must match one of the two exactly.
 """
+import copy
 import json
 import os
 from pathlib import Path
@@ -112,6 +113,25 @@ def gold(request) -> Golden:
 
 
 def test_advantages(gold):
+    check_advantages(gold)
+
+
+def test_advantages_with_an_empty_row(gold):
+    """Files with a row that has no response token (the README's convention: per-sequence value 0 there), made from
+    this one by emptying row 0: its expected values become 0, every other row's stay as verl computed them."""
+    g = copy.copy(gold)
+    g.mask = gold.mask.clone()
+    g.mask[0] = 0
+    g.row_n = g.mask.sum(-1)
+    g.json = copy.deepcopy(gold.json)
+    for key in ("norm_by_std=True", "norm_by_std=False"):
+        entry = g.json["grpo_advantage"][key]
+        entry["per_sequence"][0] = 0.0
+        entry["per_token"][0] = [0.0] * len(entry["per_token"][0])
+    check_advantages(g)
+
+
+def check_advantages(gold):
     _, inv, count = torch.unique(gold.index, return_inverse=True, return_counts=True)
     single = count[inv] == 1                                                    # [B] rollouts alone in their group
     verl_one = torch.tensor(1.0, dtype=torch.float32) + 1e-6                    # verl's float32 std + eps
@@ -120,7 +140,10 @@ def test_advantages(gold):
         adv = fn(gold.scores, gold.index)                                       # [B]
         if key == "norm_by_std=True":
             adv = adv * singleton_fix
-        gold.close(adv, gold.need("grpo_advantage", key, "per_sequence"), f"{key} per_sequence")
+        # the README: per_sequence is read from the masked per-token tensor, so a row without response tokens has 0
+        # (its score still counts in its group's mean and std, as it does in ours)
+        per_sequence = torch.where(gold.row_n > 0, adv, 0.0)
+        gold.close(per_sequence, gold.need("grpo_advantage", key, "per_sequence"), f"{key} per_sequence")
         gold.close(adv[:, None] * gold.mask, gold.need("grpo_advantage", key, "per_token"), f"{key} per_token")
 
 

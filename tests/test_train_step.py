@@ -1,0 +1,220 @@
+"""The pieces of one train.py step, in process: what goes into each mini-batch, the veto under TIS, what DAPO's
+dynamic sampling filters on, what the replay buffer stores, and every numeric flag's validation."""
+import dataclasses
+import json
+import io
+import math
+import os
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "assets"))
+
+import train  # noqa: E402
+from make_tiny_model import make_model, make_tokenizer  # noqa: E402
+from rollout import Rollout  # noqa: E402
+
+
+# ---- 3. fresh-anchored mini-batches ---------------------------------------------------------------------------------
+
+def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
+    """512 fresh + 256 replayed in 3 mini-batches: (170 or 171 fresh, 85 or 86 replayed) each, never pure replay;
+    every index exactly once per epoch; epoch 0 keeps the batch order; later epochs are seeded shuffles."""
+    a = train.Args(mini_batches=3, seed=5)
+    for epoch in range(3):
+        parts = train.mini_batch_indices(512, 256, a, step=7, epoch=epoch)
+        assert len(parts) == 3
+        assert sorted(i for p in parts for i in p) == list(range(768))
+        for p in parts:
+            fresh, replayed = sum(i < 512 for i in p), sum(i >= 512 for i in p)
+            assert fresh in (170, 171) and replayed in (85, 86)
+    assert train.mini_batch_indices(512, 256, a, 7, 0)[0] == list(range(170)) + list(range(512, 597))
+    assert train.mini_batch_indices(512, 256, a, 7, 1) == train.mini_batch_indices(512, 256, a, 7, 1)
+    assert train.mini_batch_indices(512, 256, a, 7, 1) != train.mini_batch_indices(512, 256, a, 7, 2)
+    other_seed = dataclasses.replace(a, seed=6)
+    assert train.mini_batch_indices(512, 256, a, 7, 1) != train.mini_batch_indices(512, 256, other_seed, 7, 1)
+    # one mini-batch, first epoch: exactly the batch as built (fresh, then replayed), as before the fix
+    assert train.mini_batch_indices(5, 3, train.Args(), 0, 0) == [list(range(8))]
+
+
+# ---- 5. the veto is defined against the behaviour policy, also under TIS -------------------------------------------
+
+def _tiny_policy():
+    tok = make_tokenizer()
+    return make_model(len(tok), seed=0).eval(), tok
+
+
+def test_veto_uses_behaviour_logprobs_under_tis():
+    """A stale A < 0 rollout whose behaviour policy gave its tokens e^20 times the current probability: the veto
+    triggers at its first token and masks the rest. Under --tis-cap the ratio's old log-probs are recomputed (equal
+    to the current ones here, ratio 1), but the veto still compares against the behaviour log-probs."""
+    model, tok = _tiny_policy()
+    r = Rollout(prompt_id=0, prompt_ids=tok.encode("7*6="), completion_ids=tok.encode("42"), logprobs=[0.0, 0.0],
+                advantage=-1.0)
+    a = train.Args(veto_scope="suffix", veto_threshold=1e-4, tis_cap=2.0)
+    mb = train.collate_step([r], a, tok.pad_token_id, "cpu")
+    with torch.no_grad():
+        logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, :-1]
+        current = train.grpo.token_logprobs(logits, mb["input_ids"][:, 1:])                         # [1, T]
+    mask = mb["completion_mask"].bool()
+    mb["old_logprobs"] = torch.where(mask, current, 0.0)                   # TIS: proximal = the current weights
+    mb["engine_logprobs"] = torch.where(mask, current + 20.0, 0.0)         # behaviour: far more likely back then
+    _, m = train.micro_batch_loss(model, None, mb, a, normaliser=2.0)
+    assert float(m["loss/veto_frac"]) == pytest.approx(0.5)                # 2 tokens: the second is vetoed
+    _, m_off = train.micro_batch_loss(model, None, mb, dataclasses.replace(a, veto_scope="none"), 2.0)
+    assert float(m_off["loss/veto_frac"]) == 0.0
+
+
+# ---- 6. DAPO dynamic sampling filters on the verdict, not the shaped reward ------------------------------------------
+
+def _rollout(pid, text, answer, n_tokens):
+    return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[5] * n_tokens, logprobs=[-1.0] * n_tokens,
+                   text=text, answer=answer)
+
+
+def test_dynamic_sampling_drops_all_correct_groups_whatever_their_lengths():
+    a = train.Args(max_new_tokens=8, overlong_buffer=4, dynamic_sampling=True)
+    group0 = [_rollout(0, "5", "5", n) for n in (2, 6, 7, 8)]             # all correct, lengths differ
+    group1 = [_rollout(1, t, "5", 2) for t in ("5", "4", "4", "4")]          # one correct
+    rollouts = group0 + group1
+    correct = train.score(rollouts, a)
+    assert correct.tolist() == [1.0] * 5 + [0.0] * 3
+    assert len({r.reward for r in group0}) > 1                              # shaped rewards differ in group 0...
+    assert any(r.advantage != 0 for r in group0)
+    kept = train.keep_informative(rollouts, correct)
+    assert kept == group1                                                   # ...but it is all correct: dropped
+
+
+# ---- 7. what cannot carry a loss is not stored -------------------------------------------------------------------
+
+def test_truncated_rollouts_are_not_stored_under_overlong_filter():
+    rs = [dataclasses.replace(_rollout(0, "5", "5", 2), truncated=t) for t in (True, False, True, False)]
+    assert train.storable(rs, train.Args(overlong_filter=True)) == [rs[1], rs[3]]
+    assert train.storable(rs, train.Args()) == rs
+
+
+# ---- 8. every numeric flag: nan, -1 and an absurdly large value --------------------------------------------------
+
+NUMERIC = [f.name for f in dataclasses.fields(train.Args)
+           if isinstance(f.default, (int, float)) and not isinstance(f.default, bool)]
+BASE = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "8",
+        "--threads", "1"]
+
+
+class Started(Exception):
+    """Raised where the first step would generate: set-up, flags, data, buffers and the step-0 eval all passed."""
+
+
+def run_main(argv, monkeypatch, tmp_path):
+    def first_step(*args, **kw):
+        raise Started
+    monkeypatch.setattr(train, "generate_and_score", first_step)
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        with redirect_stderr(err), redirect_stdout(out):
+            rc = train.main([*BASE, "--out-dir", str(tmp_path / "run"), *argv])
+    except Started:
+        rc = "started"
+    except SystemExit as e:                                                 # argparse: an unparseable value
+        rc = e.code
+    return rc, err.getvalue()
+
+
+def test_numeric_flags_are_all_covered():
+    """The lists of bounds in train.py name real flags, and the parametrised test below sees every numeric one."""
+    assert set(train.AT_LEAST_0 + train.AT_LEAST_1) <= set(NUMERIC)
+    assert {"veto_threshold", "temperature", "top_p", "eps_low", "eps_high", "seed"} <= set(NUMERIC)
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+def test_numeric_flag_bad_values_are_one_error_line(name, monkeypatch, tmp_path):
+    """Each value either starts training normally or ends with exit status 2 and exactly one `error:` line; never
+    a traceback (an exception here fails the test)."""
+    flag = "--" + name.replace("_", "-")
+    is_int = type(getattr(train.Args(), name)) is int
+    for value in ("nan", "-1", "1000000000000" if is_int else "1e300"):
+        rc, err = run_main([flag, value], monkeypatch, tmp_path)
+        assert rc in (2, "started"), (flag, value, rc, err)
+        if rc == 2:
+            lines = [ln for ln in err.splitlines() if "error:" in ln]
+            assert len(lines) == 1 and (flag in lines[0] or "invalid" in lines[0]), (flag, value, err)
+        if value == "nan":
+            assert rc == 2, (flag, "nan must never be accepted")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--veto-threshold", "0"], "--veto-threshold"),         # crashed in math.log before
+    (["--eps-high", "nan"], "--eps-high"),                   # nan passed every comparison before
+    (["--max-grad-norm", "inf"], "--max-grad-norm"),
+    (["--mini-batches", "33"], "--mini-batches"),            # 8 x 4 = 32 fresh rollouts: one step would be empty
+    (["--prompts-per-step", "9000"], "--prompts-per-step"),  # more than the 8,362 training prompts
+    (["--max-new-tokens", "300"], "--max-new-tokens"),       # past the tiny model's 256 positions
+    (["--seed", "-1"], "--seed"),
+])
+def test_specific_bounds(argv, message, monkeypatch, tmp_path):
+    rc, err = run_main(argv, monkeypatch, tmp_path)
+    assert rc == 2 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv", [["--tau-max", "1000000000000"], ["--replay-capacity", "1000000000000"],
+                                  ["--priority-alpha", "1e300"], ["--replay-ratio", "1e300"],
+                                  ["--micro-batch-size", "1000000000000"], ["--lr", "0"], ["--steps", "1"]])
+def test_large_legal_values_train_a_step(argv, tmp_path):
+    """Legal extremes run two real steps (the second one replays) to the end."""
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        rc = train.main([*BASE, "--steps", "2", "--eval-every", "0", "--out-dir", str(tmp_path / "run"), *argv])
+    assert rc == 0
+    assert math.isfinite(float(out.getvalue().split("| loss ")[1].split()[0]))
+
+
+# ---- through the loop: 2. capacity, 7. overlong filter, 9. verifier errors ------------------------------------------
+
+def run_steps(argv, tmp_path):
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        rc = train.main([*BASE, "--eval-every", "0", "--out-dir", str(tmp_path / "run"), *argv])
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        return rc, [json.loads(line) for line in f][1:], out.getvalue()
+
+
+def test_capacity_at_the_fresh_count_still_replays(tmp_path):
+    """Capacity 8 with 8 fresh rollouts per step and 4 requested: the loop samples before it stores, so the
+    previous step's 8 are drawn from before this step's 8 replace them (storing first replayed 0 at every step)."""
+    rc, steps, _ = run_steps(["--steps", "3", "--prompts-per-step", "2", "--replay", "uniform",
+                              "--replay-capacity", "8", "--replay-ratio", "0.5", "--mini-batches", "1"], tmp_path)
+    assert rc == 0
+    assert [m["batch/fresh"] for m in steps] == [8, 8, 8]
+    assert [m["replay/sampled"] for m in steps] == [0, 4, 4]
+    assert [m["replay/size"] for m in steps] == [8, 8, 8]
+    assert [m["replay/age_max"] for m in steps] == [0, 1, 1]
+
+
+def test_overlong_filter_stores_only_untruncated(tmp_path):
+    rc, steps, _ = run_steps(["--steps", "1", "--overlong-filter", "--max-new-tokens", "2"], tmp_path)
+    assert rc == 0
+    m = steps[0]
+    untruncated = round(m["batch/fresh"] * (1 - m["response/truncated_frac"]))
+    assert 0 < untruncated < m["batch/fresh"]                              # the case is not vacuous
+    assert m["replay/size"] == untruncated
+
+
+def test_verifier_errors_are_logged_and_warned(tmp_path, monkeypatch):
+    import verify
+
+    def broken(response, gold):
+        raise RuntimeError("a verifier bug")
+    monkeypatch.setattr(verify, "_grade", broken)
+    rc, steps, stdout = run_steps(["--steps", "1"], tmp_path)
+    assert rc == 0
+    m = steps[0]
+    assert m["verify/error"] == m["verify/graded"] == 32 + 8                # 8 x 4 rollouts scored, 8 eval prompts
+    assert m["verify/timeout"] == 0 and m["verify/worker_restarts"] == 0
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("step    1"))
+    assert "WARNING verifier: 40 internal errors" in line
+    assert m["reward/mean"] == 0.0                                          # what the warning is there to explain
