@@ -1,13 +1,17 @@
-"""Whether two parsed answers (mathparse.py ASTs) denote the same object, for verify.py; and the worker process
-that runs the sympy part.
+"""Verifier internals (the comparison and the sympy worker of verify.py): a reader of the RL code (train.py, grpo.py,
+buffer.py, rollout.py) need not read further; the verifier's API is verify.reward, verify.grade and verify.stats.
 
-    _compare_readings(p_readings, g_readings, B) -> True | False | None      (None: unparseable, nothing matched)
-    _POOL.compare(p_readings, g_readings, timeout) -> "1" | "0" | "u" | "timeout"       (sympy, in the worker)
+Whether two parsed answers (mathparse.py ASTs) denote the same object, for verify.py; and the worker process that
+runs the sympy part.
+
+    compare_readings(p_readings, g_readings, B) -> True | False | None      (None: unparseable, nothing matched)
+    POOL.compare(p_readings, g_readings, timeout) -> "1" | "0" | "u" | "timeout"       (sympy, in the worker)
+    num_close(p, g, p_decimals) -> bool                                      (two numbers, the rule below)
 
 One structural comparison (_match: relations, intervals, ± expansion, sequences, matrices) runs with three backends
-for the leaves, cheapest first: _Exact (fractions; a rational AST is decided here), _Probe (complex floats at two
-points; it may only reject: 10% apart), and the sympy backend (three random points, then sympy.simplify). A backend
-that cannot decide raises NeedSymbolic and the caller (verify._equivalent) moves to the next one.
+for the leaves, cheapest first: ExactBackend (fractions; a rational AST is decided here), ProbeBackend (complex
+floats at two points; it may only reject: 10% apart), and SympyBackend (three random points, then sympy.simplify).
+A backend that cannot decide raises NeedSymbolic and the caller (verify.py) moves to the next one.
 Numbers are equal when exact (always so for two integers), within REL_TOL = 1e-9 (relative), or when a prediction
 with d >= 2 decimals is the correct rounding of a gold that has no d-digit decimal form (0.33 for 1/3, 2.6667 for 8/3,
 3.1416 for pi). Equations are equal up to a non-zero factor, inequalities up to a positive one.
@@ -32,7 +36,7 @@ import threading
 import time
 from fractions import Fraction
 
-from mathparse import MAX_DIGITS, ParseError, _is_name, _reduce, parse
+from mathparse import MAX_DIGITS, ParseError, is_name, parse, reduce_to_value
 
 MAX_SYMBOLIC_EXPONENT = 1_000  # |n| in x^n when x has unknowns (an expansion would blow up)
 REL_TOL = 1e-9                 # numeric equality: |a - b| <= REL_TOL * max(|a|, |b|) (two integers: exact)
@@ -101,7 +105,7 @@ def _decimals(node: tuple) -> int | None:
     return node[2] if node[0] == "n" else None
 
 
-def _num_close(p, g, p_decimals: int | None) -> bool:
+def num_close(p, g, p_decimals: int | None) -> bool:
     """p == g exactly; two integers only so (11111111101 is not 11111111100); else within REL_TOL, or p is g
     correctly rounded to p's d >= 2 decimals (with >= 2 significant digits) when g has no d-digit decimal form:
     1/3 -> 0.33, but a gold 0.35 is not matched by 0.3 or 0.4, nor 16386.20 by 16386.21."""
@@ -116,9 +120,9 @@ def _num_close(p, g, p_decimals: int | None) -> bool:
     return False
 
 
-class _Exact:
+class ExactBackend:
     value = staticmethod(_exact)
-    equal = staticmethod(_num_close)
+    equal = staticmethod(num_close)
 
     @staticmethod
     def relation_equal(p: tuple, g: tuple) -> bool:
@@ -163,7 +167,7 @@ def _probe(node: tuple, names: dict) -> list[complex]:
     return vals
 
 
-class _Probe:
+class ProbeBackend:
     value = staticmethod(lambda node: node)
 
     @staticmethod
@@ -177,38 +181,50 @@ class _Probe:
             return False                                      # 10% apart: no rounding rule can join them
         raise NeedSymbolic
 
-    relation_equal = _Exact.relation_equal
+    relation_equal = ExactBackend.relation_equal
 
 
 # ---- sympy (only ever imported inside the worker process) -----------------------------------------------------------
 
-def _sympy_backend():
-    import sympy
+class SympyBackend:
+    """The leaves as sympy objects: numbers exact, expressions equal when three random points agree and otherwise
+    when sympy.simplify says so. Built only inside the worker process (_worker_main): sympy is imported in the
+    methods that use it, so importing this module never loads it."""
 
-    funcs = {"sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "sec": sympy.sec, "csc": sympy.csc,
-             "cot": sympy.cot, "arcsin": sympy.asin, "arccos": sympy.acos, "arctan": sympy.atan, "sinh": sympy.sinh,
-             "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp, "ln": sympy.log, "abs": sympy.Abs,
-             "floor": sympy.floor, "ceil": sympy.ceiling}
-    consts = {"pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo}
-    is_matrix = lambda x: isinstance(x, sympy.MatrixBase)
+    def __init__(self):
+        import sympy
 
-    def checked(v):
+        self.funcs = {"sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "sec": sympy.sec, "csc": sympy.csc,
+                      "cot": sympy.cot, "arcsin": sympy.asin, "arccos": sympy.acos, "arctan": sympy.atan,
+                      "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp, "ln": sympy.log,
+                      "abs": sympy.Abs, "floor": sympy.floor, "ceil": sympy.ceiling}
+        self.consts = {"pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo}
+
+    @staticmethod
+    def _is_matrix(x) -> bool:
+        import sympy
+        return isinstance(x, sympy.MatrixBase)
+
+    @staticmethod
+    def _checked(v):
         if v.is_Rational and max(abs(v.p), v.q).bit_length() > 3.33 * MAX_DIGITS:
             raise ParseError("number too large")
         return v
 
-    def power(base, exp):
-        if is_matrix(exp) or is_matrix(base) and not (exp.is_Integer and 0 <= exp <= 20):
+    def _power(self, base, exp):
+        import sympy
+        if self._is_matrix(exp) or self._is_matrix(base) and not (exp.is_Integer and 0 <= exp <= 20):
             raise ParseError("matrix power")
         if exp.is_Number and base.is_Rational and base not in (0, 1, -1):
             if abs(float(exp)) * math.log10(max(abs(base.p), base.q, 2)) > MAX_DIGITS:
                 raise ParseError("power too large")                # 9^{9^{9^9}} never reaches sympy.Pow
         if exp.is_Number and abs(exp) > MAX_SYMBOLIC_EXPONENT and base.free_symbols:
             raise ParseError("exponent too large")
-        return base ** int(exp) if is_matrix(base) else checked(sympy.Pow(base, exp))
+        return base ** int(exp) if self._is_matrix(base) else self._checked(sympy.Pow(base, exp))
 
-    def function(name, args):
-        if any(is_matrix(a) for a in args) and name != "det":
+    def _function(self, name, args):
+        import sympy
+        if any(self._is_matrix(a) for a in args) and name != "det":
             raise ParseError("function of a matrix")
         if name == "sqrt":
             return sympy.sqrt(args[0]) if args[1] == 2 else sympy.root(args[0], args[1])
@@ -225,52 +241,57 @@ def _sympy_backend():
             return sympy.binomial(n, k)
         if name == "det":
             return args[0].det()
-        return funcs[name](*args)
+        return self.funcs[name](*args)
 
-    def value(node):
+    def value(self, node):
+        import sympy
         kind = node[0]
         if kind == "n":
             return sympy.Rational(node[1].numerator, node[1].denominator)
         if kind == "s":
             return sympy.Symbol(node[1])
         if kind == "c":
-            return consts[node[1]]
+            return self.consts[node[1]]
         if kind == "neg":
-            return -value(node[1])
+            return -self.value(node[1])
         if kind in ("+", "*"):
-            a, b = value(node[1]), value(node[2])
-            return checked(a + b if kind == "+" else a * b)
+            a, b = self.value(node[1]), self.value(node[2])
+            return self._checked(a + b if kind == "+" else a * b)
         if kind == "/":
-            b = value(node[2])
-            if is_matrix(b):
+            b = self.value(node[2])
+            if self._is_matrix(b):
                 raise ParseError("division by a matrix")
-            return checked(1 / b)
+            return self._checked(1 / b)
         if kind == "^":
-            return power(value(node[1]), value(node[2]))
+            return self._power(self.value(node[1]), self.value(node[2]))
         if kind == "mat":
-            return sympy.ImmutableMatrix([[value(c) for c in row] for row in node[1]])
+            return sympy.ImmutableMatrix([[self.value(c) for c in row] for row in node[1]])
         if kind == "sum":
-            return sympy.Sum(value(node[4]), (sympy.Symbol(node[1]), value(node[2]), value(node[3])))
+            return sympy.Sum(self.value(node[4]), (sympy.Symbol(node[1]), self.value(node[2]), self.value(node[3])))
         if kind == "f":
-            return function(node[1], [value(a) for a in node[2]])
+            return self._function(node[1], [self.value(a) for a in node[2]])
         raise ParseError(f"not an expression: {kind}")
 
-    def numeric(expr) -> complex | None:
+    @staticmethod
+    def _numeric(expr) -> complex | None:
+        import sympy
         v = sympy.N(expr, 30)
         return complex(v) if v.is_number and v.is_finite else None
 
-    def equal(p, g, p_decimals) -> bool:
-        if is_matrix(p) or is_matrix(g):
-            return is_matrix(p) and is_matrix(g) and p.shape == g.shape and all(equal(a, b, None) for a, b in zip(p, g))
+    def equal(self, p, g, p_decimals) -> bool:
+        import sympy
+        if self._is_matrix(p) or self._is_matrix(g):
+            return (self._is_matrix(p) and self._is_matrix(g) and p.shape == g.shape
+                    and all(self.equal(a, b, None) for a, b in zip(p, g)))
         if p == g:
             return True
         if p.is_Rational and g.is_Rational:
-            return _num_close(Fraction(p.p, p.q), Fraction(g.p, g.q), p_decimals)
+            return num_close(Fraction(p.p, p.q), Fraction(g.p, g.q), p_decimals)
         if any(x.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) for x in (p, g)):
             return False
         if p.free_symbols or g.free_symbols:
-            return is_zero(p - g)
-        a, b = numeric(p), numeric(g)
+            return self._is_zero(p - g)
+        a, b = self._numeric(p), self._numeric(g)
         if a is None or b is None:
             return False
         if abs(a - b) <= REL_TOL * max(abs(a), abs(b)):
@@ -278,8 +299,9 @@ def _sympy_backend():
         return bool(p_decimals and p_decimals >= 2 and p.is_Rational and abs(b.imag) < 1e-12
                     and abs(a.real - b.real) <= 0.5 * 10 ** -p_decimals and abs(a) >= 10 ** (1 - p_decimals))
 
-    def is_zero(d) -> bool:
+    def _is_zero(self, d) -> bool:
         """d == 0 for all values of its unknowns: three random points decide; sympy.simplify settles the rest."""
+        import sympy
         unknowns = sorted(d.free_symbols, key=str)
         if len(unknowns) > 20:
             raise ParseError("too many unknowns")
@@ -288,16 +310,17 @@ def _sympy_backend():
         verdicts = set()
         for start, step in ((1.3719, 0.1731), (0.6183, 0.2173), (2.2361, 0.0917)):
             point = {s: sympy.Rational(round((start + step * j) * 10 ** 4), 10 ** 4) for j, s in enumerate(unknowns)}
-            v = numeric(d.xreplace(point))
+            v = self._numeric(d.xreplace(point))
             verdicts.add(None if v is None else abs(v) <= 1e-12)
         if verdicts == {True}:
             return True
         return False not in verdicts and sympy.simplify(d) == 0
 
-    def relation_equal(p: tuple, g: tuple) -> bool:
+    def relation_equal(self, p: tuple, g: tuple) -> bool:
         """Two-sided relations as (op, d), d = lhs - rhs, op in <, <=, =, !=: equal when the ops agree and d_p / d_g
         is a constant, positive for inequalities (x > 5 == 5 < x == -x < -5; 2x+4y-3 = 0 == y = 3/4 - x/2)."""
-        (op_p, d_p), (op_g, d_g) = relation_form(p), relation_form(g)
+        import sympy
+        (op_p, d_p), (op_g, d_g) = self._relation_form(p), self._relation_form(g)
         if op_p != op_g:
             return False
         if d_p == d_g or (op_p in ("=", "!=") and d_p == -d_g):
@@ -307,17 +330,14 @@ def _sympy_backend():
             return False
         return op_p in ("=", "!=") or bool(ratio > 0)
 
-    def relation_form(node):
+    def _relation_form(self, node):
         op, (lhs, rhs) = node[1][0], node[2]
-        a, b = value(lhs), value(rhs)
-        if is_matrix(a) or is_matrix(b):
+        a, b = self.value(lhs), self.value(rhs)
+        if self._is_matrix(a) or self._is_matrix(b):
             raise ParseError("matrix relation")
         if op in (">", ">="):
             return ("<" if op == ">" else "<=", b - a)
         return ("=" if op == "~" else op, a - b)
-
-    return type("SympyBackend", (), {"value": staticmethod(value), "equal": staticmethod(equal),
-                                     "relation_equal": staticmethod(relation_equal)})
 
 
 # ---- structural comparison (the same code runs with every backend) ---------------------------------------------------
@@ -350,7 +370,7 @@ def _is_equation(node: tuple) -> bool:
 
 def _as_interval(node: tuple):
     """a < x <= b (x a name) as the interval (a, b]; None for other relations."""
-    if node[0] != "rel" or len(node[1]) != 2 or not _is_name(node[2][1]):
+    if node[0] != "rel" or len(node[1]) != 2 or not is_name(node[2][1]):
         return None
     (o1, o2), (a, _, b) = node[1], node[2]
     if {o1, o2} <= {"<", "<="}:
@@ -362,9 +382,9 @@ def _as_interval(node: tuple):
 
 def _match(p: tuple, g: tuple, B) -> bool:
     """Whether the prediction's AST p denotes the gold's AST g, with backend B for the leaves."""
-    if _is_equation(p) and _is_equation(g) and not (_is_name(p[2][0]) and _is_name(g[2][0])):
+    if _is_equation(p) and _is_equation(g) and not (is_name(p[2][0]) and is_name(g[2][0])):
         return B.relation_equal(p, g)                         # y = 3/4 - x/2 vs 2x + 4y - 3 = 0
-    p, g = _reduce(p, pred=True), _reduce(g, pred=False)
+    p, g = reduce_to_value(p, pred=True), reduce_to_value(g, pred=False)
     if _has_pm(p) or _has_pm(g):
         pv, gv = _expand_pm(p), _expand_pm(g)
         p, g = ("set", tuple(pv)) if len(pv) > 1 else pv[0], ("set", tuple(gv)) if len(gv) > 1 else gv[0]
@@ -419,7 +439,7 @@ def _parse_or_text(s: str) -> tuple:
         return ("text", re.sub(r"[\s{}]", "", s).lower())
 
 
-def _compare_readings(p_readings: list[str], g_readings: list[str], B) -> bool | None:
+def compare_readings(p_readings: list[str], g_readings: list[str], B) -> bool | None:
     """True or False; None when some answer could not be parsed and nothing matched; NeedSymbolic from B."""
     needs_symbolic = unparsed = False
     for ps in p_readings:
@@ -445,16 +465,16 @@ def _worker_main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))   # a runaway expansion fails here, not the host
     except (ImportError, ValueError, OSError):
         pass
-    backend = _sympy_backend()
+    backend = SympyBackend()
     for p, g in (("(x+1)^2", "x^2+2x+1"), ("\\sqrt{2}", "1.41"), ("x > 1", "1 < x"), ("\\sin(y)^2", "1-\\cos(y)^2")):
-        _compare_readings([p], [g], backend)                  # sympy's lazy imports happen now, not in a timed call
+        compare_readings([p], [g], backend)                   # sympy's lazy imports happen now, not in a timed call
     sys.modules["sympy"].simplify(sys.modules["sympy"].Symbol("x") ** 2 - 1)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            verdict = _compare_readings(request["p"], request["g"], backend)
+            verdict = compare_readings(request["p"], request["g"], backend)
         except Exception:                                     # sympy failing on odd input is a False, not a crash
             verdict = None
         sys.stdout.write({True: "1", False: "0", None: "u"}[verdict] + "\n")
@@ -547,5 +567,5 @@ class _WorkerPool:
             self.active = self.spare = None
 
 
-_POOL = _WorkerPool()
-atexit.register(_POOL.close)
+POOL = _WorkerPool()
+atexit.register(POOL.close)

@@ -1,10 +1,14 @@
-"""The tokenizer and recursive-descent parser of verify.py: one normalised answer (text) becomes an AST of tuples.
+"""Verifier internals (the answer parser of verify.py): a reader of the RL code (train.py, grpo.py, buffer.py,
+rollout.py) need not read further; the verifier's API is verify.reward, verify.grade and verify.stats.
+
+The tokenizer and recursive-descent parser of verify.py: one normalised answer (text) becomes an AST of tuples.
 Nothing is evaluated and nothing is executed: no eval/exec/sympify, only re and this grammar.
 
     parse(s) -> tuple          raises ParseError on text it cannot read or that exceeds a bound
+    chain_value(s) -> str | None      the side of a chain "a = b = c" that is its value (verify.py's extraction)
 
-The node kinds are listed in _Parser's docstring. The node helpers below (_is_name, _has_unknowns, _reduce) are
-shared by extraction (verify.py) and the comparison (mathcheck.py).
+The node kinds are listed in _Parser's docstring. The node helpers is_name and reduce_to_value are shared with the
+comparison (mathcheck.py).
 
 Bounds, each a ParseError: nesting over MAX_DEPTH (checked before any recursion), tokens over MAX_TOKENS, a number
 literal or its exponent over MAX_DIGITS digits, more than MAX_ITEMS items or matrix rows.
@@ -412,7 +416,7 @@ def _fraction_literal(node: tuple) -> tuple[int, int] | None:
     return None
 
 
-def _is_name(node: tuple) -> bool:
+def is_name(node: tuple) -> bool:
     """A left side that only names the answer: x, f(x), |AB|, (p, q), V_1:V_2, \\frac{NO}{BO}; no numbers, no sums."""
     kind = node[0]
     if kind == "s":
@@ -420,10 +424,10 @@ def _is_name(node: tuple) -> bool:
     if kind == "n":
         return node == _ONE                                   # the 1 of a parsed "/"
     if kind in ("*", "/"):
-        return all(_is_name(x) for x in node[1:]) and any(x != _ONE for x in node[1:])
+        return all(is_name(x) for x in node[1:]) and any(x != _ONE for x in node[1:])
     if kind in ("tuple", "ratio"):
-        return all(_is_name(x) for x in node[1])
-    return kind == "f" and node[1] == "abs" and _is_name(node[2][0])
+        return all(is_name(x) for x in node[1])
+    return kind == "f" and node[1] == "abs" and is_name(node[2][0])
 
 
 def _has_unknowns(node) -> bool:
@@ -458,27 +462,54 @@ def parse(s: str) -> tuple:
 def _assigned(tokens: list) -> list | None:
     """The value tokens of "name = value", else None."""
     parts = _split_top(tokens, {"="})
-    if len(parts) == 2 and parts[0] and parts[1] and _is_name(_Parser(parts[0]).item()):
+    if len(parts) == 2 and parts[0] and parts[1] and is_name(_Parser(parts[0]).item()):
         return parts[1]
     return None
 
 
-def _reduce(node: tuple, pred: bool):
+def reduce_to_value(node: tuple, pred: bool):
     """"name = value" -> value on either side; a prediction's chain -> its last side, or the exact side before a
     "\\approx"; unchanged when that side has unknowns or a two-sided equation relates unknowns ("a + 3z = 0")."""
     if node[0] != "rel" or any(op not in ("=", "~") for op in node[1]):
         return node
     ops, exprs = node[1], node[2]
-    if len(exprs) == 2 and exprs[0] is not None and _is_name(exprs[0]) and (pred or ops[0] == "="):
+    if len(exprs) == 2 and exprs[0] is not None and is_name(exprs[0]) and (pred or ops[0] == "="):
         return exprs[1]
     if not pred:
         return node
     exact = [k for k in range(1, len(exprs)) if ops[k - 1] == "="]
     k = exact[-1] if exact else 0
-    if exprs[k] is None or _is_name(exprs[k]):
+    if exprs[k] is None or is_name(exprs[k]):
         k = len(exprs) - 1
     if exprs[k] is None or _has_unknowns(exprs[k]):
         return node
     if k and len(exprs) == 2 and exprs[0] is not None and _has_unknowns(exprs[0]):
         return node
     return exprs[k]
+
+
+def chain_value(s: str) -> str | None:
+    """The side of a normalised chain that is its value, as text, a space only where one is needed: "x = 5" -> "5",
+    "\\sqrt{4} = 2" -> "2", "a = b = c" -> "c", "x = 1/3 \\approx 0.33" -> "1/3". None when s is no such chain, the
+    value has unknowns or the equation relates unknowns. A side that does not parse is no value, but the others
+    still count ("\\lim_{x \\to 0} ... = 1" -> "1"). ParseError when s cannot be tokenized."""
+    tokens = _tokenize(s)
+    sides = _split_top(tokens, {"=", "\\approx"})
+    if len(sides) < 2 or len(_split_top(tokens, {",", ";"})) > 1 or not all(sides):
+        return None
+    ops = [t for _, t in tokens if t in ("=", "\\approx")]
+    if len(ops) != len(sides) - 1:                            # an "=" inside brackets: \\sum_{k=0}
+        return None
+    trees = []
+    for side in sides:
+        try:
+            trees.append(_Parser(side).item())
+        except (ParseError, ValueError, IndexError):
+            trees.append(None)
+    node = reduce_to_value(("rel", tuple("=" if op == "=" else "~" for op in ops), tuple(trees)), pred=True)
+    if node is None or node[0] == "rel" or _has_unknowns(node):
+        return None
+    out = ""
+    for _, t in sides[trees.index(node)]:                     # tokens back to text
+        out += " " + t if out and (out[-1].isalnum() and t[0].isalnum() or out[-1].isdigit() and t[0] == ".") else t
+    return out

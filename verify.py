@@ -1,4 +1,7 @@
-"""Answer verification for RLVR on math: pull the final answer out of untrusted model text, decide whether it is the
+"""The verifier's API: reward(response, gold) -> 1.0 / 0.0, grade(response, gold) -> bool, stats() -> dict. A reader of
+the RL code (train.py, grpo.py, buffer.py, rollout.py) need not read further: the rest is the verifier's inner workings.
+
+Answer verification for RLVR on math: pull the final answer out of untrusted model text, decide whether it is the
 gold answer, and turn that into the reward. Nothing in model text is ever executed; every step is bounded.
 
     python verify.py                                   # grades a few examples
@@ -24,11 +27,12 @@ of both signs; equations equal up to a non-zero factor, inequalities up to a pos
 the letter A-E when the gold is a choice letter.
 
 Bounds: a response over MAX_RESPONSE_CHARS is read from its tail; an extracted answer over MAX_ANSWER_CHARS, nesting
-over MAX_DEPTH, tokens over MAX_TOKENS, a number or integer power over MAX_DIGITS digits, an exponent over
-MAX_SYMBOLIC_EXPONENT on an unknown: all grade False (counted `unparseable`) before sympy sees them. Each symbolic
-comparison runs in a worker process, started on first need, which the caller kills after SYMBOLIC_TIMEOUT_S (counted
-`timeout`); a pre-started spare takes over. No signal.alarm, so it works from any thread. Nothing raises: an internal
-error on odd input grades False and is counted (`error`), for the trainer to log and the fuzz test to keep at 0.
+over MAX_DEPTH, tokens over MAX_TOKENS, a number or integer power over MAX_DIGITS digits (those three in mathparse.py),
+an exponent over MAX_SYMBOLIC_EXPONENT on an unknown (mathcheck.py): all grade False (counted `unparseable`) before
+sympy sees them. Each symbolic comparison runs in a worker process, started on first need, which the caller kills
+after SYMBOLIC_TIMEOUT_S (counted `timeout`); a pre-started spare takes over. No signal.alarm, so it works from any
+thread. Nothing raises: an internal error on odd input grades False and is counted (`error`), for the trainer to log
+and the fuzz test to keep at 0.
 
 Departures from the public checkers (Math-Verify, lighteval, hendrycks/math, NeMo-Skills, dart-math, TRL, verl), why:
 - No eval/exec/sympify/parse_expr/latex2sympy on model text (each of them parses with one of those), so our parser
@@ -47,8 +51,8 @@ Departures from the public checkers (Math-Verify, lighteval, hendrycks/math, NeM
 - Units are dropped, not converted ("15 cm^2" == "15"), as Math-Verify does.
 Files: this one holds the API, extraction, normalisation and the orchestration (_equivalent); mathparse.py the
 tokenizer and parser (text -> tuples); mathcheck.py the evaluators, the structural comparison and the sympy worker.
-The cases where we disagree with the checkers' own test tables are listed, each with its reason, in
-verify_known_failures.py.
+This file imports only their public names. The cases where we disagree with the checkers' own test tables are
+listed, each with its reason, in tests/verify_known_failures.py.
 """
 import bisect
 import functools
@@ -56,11 +60,8 @@ import re
 import threading
 from fractions import Fraction
 
-# The bounds and ParseError are re-exported so that verify.MAX_DIGITS, verify.REL_TOL, ... read as before the split.
-from mathcheck import (MAX_SYMBOLIC_EXPONENT, REL_TOL, WORKER_BOOT_TIMEOUT_S, NeedSymbolic, _POOL, _Exact,  # noqa: F401
-                       _Probe, _compare_readings, _num_close)
-from mathparse import (MAX_DEPTH, MAX_DIGITS, MAX_ITEMS, MAX_TOKENS, ParseError, _Parser, _has_unknowns,  # noqa: F401
-                       _reduce, _split_top, _tokenize)
+from mathcheck import POOL, ExactBackend, NeedSymbolic, ProbeBackend, compare_readings, num_close
+from mathparse import MAX_DIGITS, MAX_ITEMS, ParseError, chain_value
 
 MAX_RESPONSE_CHARS = 200_000   # only the tail of a longer response is read (the final answer is at the end)
 MAX_ANSWER_CHARS = 10_000      # a longer extracted answer is rejected
@@ -75,13 +76,13 @@ def stats() -> dict:
     error (a bug: counted and logged by the trainer rather than raised mid-run; the fuzz test keeps it at 0); how
     many comparisons went to the symbolic worker; and how many workers were killed (over budget) or found dead."""
     with _STATS_LOCK:
-        return {**STATS, "worker_restarts": _POOL.restarts}
+        return {**STATS, "worker_restarts": POOL.restarts}
 
 
 def reset_stats() -> None:
     with _STATS_LOCK:
         STATS.update(dict.fromkeys(STATS, 0))
-        _POOL.restarts = 0
+        POOL.restarts = 0
 
 
 def _count(key: str) -> None:
@@ -359,28 +360,10 @@ def _final_value(answer: str) -> str:
     if m := _SIMPLE_CHAIN.fullmatch(answer):                  # the common "3+4*2=11" / "x = 5", without the parser
         return m.group(1)
     try:
-        tokens = _tokenize(normalize(answer))
-        sides = _split_top(tokens, {"=", "\\approx"})
-        if len(sides) < 2 or len(_split_top(tokens, {",", ";"})) > 1 or not all(sides):
-            return answer
-        ops = [t for _, t in tokens if t in ("=", "\\approx")]
-        if len(ops) != len(sides) - 1:                        # an "=" inside brackets: \\sum_{k=0}
-            return answer
-        trees = []
-        for side in sides:
-            try:
-                trees.append(_Parser(side).item())
-            except (ParseError, ValueError, IndexError):
-                trees.append(None)                            # "\\lim_{x \\to 0} ... = 1": the value still counts
-        node = _reduce(("rel", tuple("=" if op == "=" else "~" for op in ops), tuple(trees)), pred=True)
+        value = chain_value(normalize(answer))                # parsed by mathparse.py
     except (ParseError, ValueError, IndexError):
         return answer
-    if node is None or node[0] == "rel" or _has_unknowns(node):
-        return answer
-    out = ""
-    for _, t in sides[trees.index(node)]:                     # tokens back to text, a space only where one is needed
-        out += " " + t if out and (out[-1].isalnum() and t[0].isalnum() or out[-1].isdigit() and t[0] == ".") else t
-    return out
+    return answer if value is None else value
 
 
 # ---- public API ----------------------------------------------------------------------------------------------------
@@ -389,7 +372,7 @@ def _equivalent(pred: str, gold: str) -> tuple[bool, str | None]:
     """(verdict, why it is False: None, "unparseable" or "timeout")."""
     if _PLAIN_NUMBER.fullmatch(pred) and _PLAIN_NUMBER.fullmatch(gold) and len(pred) + len(gold) < MAX_DIGITS:
         p, g = pred.strip(), gold.strip()                     # the fast path: two plain numbers
-        return _num_close(Fraction(p), Fraction(g), len(p.partition(".")[2]) if "." in p else None), None
+        return num_close(Fraction(p), Fraction(g), len(p.partition(".")[2]) if "." in p else None), None
     try:
         p, g = normalize(pred), normalize(gold)
     except ParseError:
@@ -399,16 +382,16 @@ def _equivalent(pred: str, gold: str) -> tuple[bool, str | None]:
     if p.replace(" ", "") == g.replace(" ", "") or (p.lower() == g.lower() and re.fullmatch(r"[A-Za-z ]{2,}", p)):
         return True, None
     p_readings, g_readings = _readings(p), _readings(g)
-    for backend in (_Exact, _Probe):                          # exact fractions, then float probes that only reject
+    for backend in (ExactBackend, ProbeBackend):              # exact fractions, then float probes that only reject
         try:
-            verdict = _compare_readings(p_readings, g_readings, backend)
+            verdict = compare_readings(p_readings, g_readings, backend)
             return bool(verdict), (None if verdict is not None else "unparseable")
         except NeedSymbolic:
             pass
         except (ParseError, ValueError, ArithmeticError, RecursionError):
             return False, "unparseable"
     _count("symbolic")
-    answer = _POOL.compare(p_readings, g_readings, SYMBOLIC_TIMEOUT_S)
+    answer = POOL.compare(p_readings, g_readings, SYMBOLIC_TIMEOUT_S)
     return answer == "1", {"1": None, "0": None, "timeout": "timeout"}.get(answer, "unparseable")
 
 

@@ -179,7 +179,7 @@ def test_fast_path_needs_neither_sympy_nor_the_worker_and_import_is_light():
     code = ("import sys, time; t = time.perf_counter(); import verify, mathcheck; dt = time.perf_counter() - t\n"
             "ok = [verify.grade(a, b) for a, b in [('-164', '-164'), ('40', '41'), ('The answer is 7.', '7'),"
             " ('\\\\boxed{\\\\frac{1}{2}}', '0.5'), ('x = 3', '3'), ('(1, 2)', '(1,2)'), ('[0,1)', '[0,1]')]]\n"
-            "print(ok, dt, 'sympy' in sys.modules, 'torch' in sys.modules, mathcheck._POOL.active is None)")
+            "print(ok, dt, 'sympy' in sys.modules, 'torch' in sys.modules, mathcheck.POOL.active is None)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     ok, dt, sympy_loaded, torch_loaded, no_worker = out.rsplit(" ", 4)[0], *out.split()[-4:]
     assert ok == "[True, False, True, True, True, True, False]"
@@ -198,7 +198,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_worker_timeout_kills_and_replaces(monkeypatch, warm_worker):
-    stuck = mathcheck._POOL.active.proc.pid
+    stuck = mathcheck.POOL.active.proc.pid
     verify.reset_stats()
     monkeypatch.setattr(verify, "SYMBOLIC_TIMEOUT_S", 1e-4)   # no symbolic comparison fits in 0.1 ms
     start = time.monotonic()
@@ -206,10 +206,10 @@ def test_worker_timeout_kills_and_replaces(monkeypatch, warm_worker):
     assert time.monotonic() - start < 1.0 and verify.stats()["timeout"] == 1
     assert verify.stats()["worker_restarts"] == 1              # what train.py logs as verify/worker_restarts
     assert not _alive(stuck)
-    assert mathcheck._POOL.spare.wait_ready(60)                # the pre-started spare (booting since the warm-up)
+    assert mathcheck.POOL.spare.wait_ready(60)                 # the pre-started spare (booting since the warm-up)
     monkeypatch.setattr(verify, "SYMBOLIC_TIMEOUT_S", 1.0)
     assert verify.is_equivalent("(z+3)^2", "z^2+6z+9")        # the spare took over
-    assert mathcheck._POOL.active.proc.pid != stuck
+    assert mathcheck.POOL.active.proc.pid != stuck
 
 
 def test_worker_serves_other_threads():
@@ -226,7 +226,7 @@ def test_worker_serves_other_threads():
 
 def test_workers_exit_with_the_process():
     code = ("import mathcheck, verify; verify.is_equivalent('x+1', '1+x');"
-            "print(mathcheck._POOL.active.proc.pid, mathcheck._POOL.spare.proc.pid)")
+            "print(mathcheck.POOL.active.proc.pid, mathcheck.POOL.spare.proc.pid)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     pids = [int(p) for p in out.split()]
     deadline = time.monotonic() + 10

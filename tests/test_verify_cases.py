@@ -1,7 +1,7 @@
 """verify.py against the public checkers' own test tables and two benchmarks' golds (issue 4, "Done means").
 
 - verifier_cases.jsonl: agreement with `expected` >= 95% over the cases without a REVIEW note and >= 90% within every
-  category holding >= 10 such cases; verify_known_failures.KNOWN_FAILURES holds exactly the disagreements (both ways);
+  category holding >= 10 such cases; tests/verify_known_failures.py holds exactly the disagreements (both ways);
   the REVIEW cases get the verdicts REVIEW_VERDICTS states.
 - math500.jsonl: grade(solution, answer) for >= 99% of rows.  gsm8k_test.jsonl: grade(answer, number after ####), all.
 """
@@ -62,7 +62,7 @@ def test_known_failures_list_is_exact(cases):
     fixed = sorted(set(known.KNOWN_FAILURES) - disagree)
     assert not unlisted, "new disagreements: " + "; ".join(
         f"{i}: {rows[i]['pred'][-80:]!r} vs {rows[i]['gold'][:80]!r} expected {rows[i]['expected']}" for i in unlisted)
-    assert not fixed, f"listed cases that now agree (remove them from verify_known_failures.py): {fixed}"
+    assert not fixed, f"listed cases that now agree (remove them from tests/verify_known_failures.py): {fixed}"
 
 
 def test_review_cases_get_the_stated_verdicts(cases):
