@@ -82,7 +82,8 @@ def engine(tiny, tmp_path_factory):
     _, tok = tiny
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     state = torch.get_rng_state()
-    e = rollout.VLLMEngine(MODEL, tok, seed=0, max_model_len=256, gpu_memory_utilization=0.3, dtype="float32")
+    e = rollout.VLLMEngine(MODEL, tok, seed=0, max_model_len=256, gpu_memory_utilization=0.3, dtype="float32",
+                           enforce_eager=True)       # CUDA: no graph capture, a faster start
     # in-process vLLM reseeds the global RNG and, on CPU, disables torch.set_num_threads: both put back
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.set_num_threads is set_threads and torch.get_num_threads() == threads
@@ -206,7 +207,10 @@ def test_vllm_unchanged_push_and_sleep_keep_greedy_output(tiny, engine):
 
 SMALL = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "16",
          "--eval-every", "0", "--threads", "1", "--save-every", "0"]
-CANARY = ["--engine", "vllm", "--check-every", "1", "--max-logprob-diff", "1e-3"]
+# CPU: fp32 engine and trainer, measured ~5e-7. CUDA: the engine is bf16 (make_engine), the trainer's forward fp32
+# (one process) or bf16 (FSDP): bf16 rounding, not measured here; a stale engine reads ~1e-1 and more.
+LIMIT = 1e-3 if DEVICE == "cpu" else 5e-2
+CANARY = ["--engine", "vllm", "--check-every", "1", "--max-logprob-diff", str(LIMIT)]
 
 
 def _run_train(launcher, tmp_path, timeout=600):
@@ -219,7 +223,7 @@ def _run_train(launcher, tmp_path, timeout=600):
         steps = [m for m in map(json.loads, f) if m["step"] > 0]
     assert [m["step"] for m in steps] == [1, 2, 3]
     for m in steps:    # the canary ran every step and the engine sampled from the trainer's current weights
-        assert 0 <= m["rollout/logprob_diff"] < 1e-3, m
+        assert 0 <= m["rollout/logprob_diff"] < LIMIT, m
     return steps
 
 
@@ -229,5 +233,7 @@ def test_train_with_vllm_engine_single_process(tmp_path):
 
 
 @needs_vllm
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="with CUDA, train.py puts each rank on its own GPU: 2 ranks need 2 GPUs")
 def test_train_with_vllm_engine_torchrun_two_ranks(tmp_path):
     _run_train([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], tmp_path)
