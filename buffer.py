@@ -46,6 +46,7 @@ eviction compacts all three with one boolean mask and sampling is vectorised, so
 Python. The buffer holds references to the caller's `Rollout` objects and never writes to them; callers must treat
 what `sample` returns as read-only.
 """
+import random
 from dataclasses import asdict
 
 import numpy as np
@@ -202,6 +203,20 @@ def _check_args(tau_max, alpha, capacity) -> None:
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer))
                                  or capacity < 1):
         raise ValueError(f"replay: capacity must be an integer >= 1 or None, got {capacity!r}")
+
+
+def mini_batches(n_fresh: int, n_replayed: int, parts: int, shuffle_seed: int | None = None) -> list[list[int]]:
+    """Fresh-anchored mini-batches: indices into fresh + replayed for `parts` optimizer steps. The fresh rollouts and
+    the replayed ones are each cut into `parts` near-equal pieces and mini-batch j takes piece j of both, so every
+    optimizer step holds its proportional share of each (none is pure replay). With a seed both are shuffled first
+    (python's random.Random(seed)); without one the batch order is kept."""
+    fresh, replayed = list(range(n_fresh)), list(range(n_fresh, n_fresh + n_replayed))
+    if shuffle_seed is not None:
+        rng = random.Random(shuffle_seed)
+        rng.shuffle(fresh)
+        rng.shuffle(replayed)
+    piece = lambda xs, j: xs[len(xs) * j // parts:len(xs) * (j + 1) // parts]      # noqa: E731
+    return [piece(fresh, j) + piece(replayed, j) for j in range(parts)]
 
 
 def make_replay(kind: str, tau_max: int, alpha: float, capacity: int | None, seed: int) -> RolloutReplay | None:

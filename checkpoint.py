@@ -32,6 +32,7 @@ Around them: `resolve` reads `--resume DIR|auto`; `open_log` continues metrics.j
 (appending after the resumed step, dropping lines of steps that are being redone); `point_final` keeps
 `out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed.
 """
+import dataclasses
 import json
 import os
 import random
@@ -211,3 +212,21 @@ def point_final(out_dir: str, ckpt: str) -> str:
     os.symlink(os.path.relpath(ckpt, out_dir), tmp)
     os.replace(tmp, link)
     return link
+
+
+def restore(resume: str, model, opt, replay, guard, rank: int, args) -> tuple[int, int]:
+    """Load a checkpoint into the model, optimizer, replay buffer, guard and RNGs; returns (step, prompt position)."""
+    state, mine = load(resume, model, opt, rank)
+    guard.skipped, guard.in_row = state["skipped"], state["in_row"]
+    if replay is not None:
+        replay.load_state_dict(mine["replay"])
+    set_rng_state(mine["rng"])
+    _print0(f"resumed from {resume} at step {state['step']}")
+    for change in changed_args(resume, dataclasses.asdict(args)):
+        _print0(f"warning: resumed with a changed flag, {change}")
+    return state["step"], mine["pos"]
+
+
+def _print0(*a, **kw) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*a, **kw)

@@ -50,6 +50,14 @@ class Example:
     answer: str
 
 
+@dataclass
+class Prompt:
+    """A templated, tokenized question: what an engine generates from (rollout.py)."""
+    prompt_id: int
+    ids: list[int]
+    answer: str = ""
+
+
 def _is_test(expr: str) -> bool:
     return zlib.crc32(expr.encode()) % 10 == 0
 
@@ -100,6 +108,26 @@ def apply_template(example_or_question, template: str, tokenizer=None) -> str:
         return tokenizer.apply_chat_template([{"role": "user", "content": plain}], tokenize=False,
                                              add_generation_prompt=True)
     raise ValueError(f"unknown prompt template {template!r}; choose one of {', '.join(TEMPLATES)}")
+
+
+def template_for(name: str, choice: str = "auto") -> str:
+    """The template of prompt set `name` (the one rule for training and evaluation): `choice` unless it is auto;
+    auto = builtin for the built-in task's splits, plain for every other set."""
+    if choice != "auto":
+        return choice
+    return "builtin" if name in (BUILTIN, "builtin_train") else "plain"
+
+
+def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prompt]:
+    """The token ids of each templated question. A chat template already holds its special tokens, so none are
+    added to it."""
+    return [Prompt(i, tokenizer.encode(apply_template(ex, template, tokenizer), add_special_tokens=template != "chat"),
+                   ex.answer) for i, ex in enumerate(examples)]
+
+
+def bench_label(name: str) -> str:
+    """A prompt set's name in metrics and file names: the benchmark name, or a file's stem."""
+    return name if name in BENCHMARK_NAMES else Path(name).stem
 
 
 # ---- gold answers as published -----------------------------------------------------------------------------------

@@ -28,9 +28,7 @@ Outputs in --out: `<bench>.jsonl` (one line per problem: question, gold, prompt,
 flags, lengths, truncated flags), `summary.json` (every metric and the flags), `summary.md` (the table, also printed).
 """
 import argparse
-import ast
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -38,10 +36,12 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
 import data
+import flags
 
 # torch, transformers and the verifier's sympy are imported inside the functions that use them (rollout, verify), so
 # that --help and bad input answer at once instead of after seconds of imports.
@@ -95,15 +95,6 @@ def summarize(records: list[dict], k: int) -> dict:
 
 # ---- sampling and grading ----------------------------------------------------------------------------------------
 
-def make_prompts(examples: list[data.Example], template: str, tokenizer) -> list:
-    """Token ids of each templated question (rollout.Prompt). A chat template already holds its special tokens, so
-    none are added to it."""
-    from rollout import Prompt
-    return [Prompt(i, tokenizer.encode(data.apply_template(ex, template, tokenizer),
-                                       add_special_tokens=template != "chat"), ex.answer)
-            for i, ex in enumerate(examples)]
-
-
 def sample(engine, prompts: list, k: int, sampling: "Sampling", desc: str | None = None) -> list:
     """k rollouts per prompt (the k of one prompt consecutive), in engine-batch-sized chunks behind a progress bar.
     Chunk i samples with seed + i, so no two chunks share a random stream; greedy is unaffected."""
@@ -123,7 +114,7 @@ def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, 
     import verify
     if k < 1 or not examples:
         raise ValueError(f"evaluate needs k >= 1 and at least one example, got k={k}, {len(examples)} examples")
-    prompts = make_prompts(examples, template, tokenizer)
+    prompts = data.make_prompts(examples, template, tokenizer)
     rollouts = sample(engine, prompts, k, sampling, desc)
     records = []
     for i, ex in enumerate(examples):
@@ -136,6 +127,34 @@ def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, 
                         "lengths": [len(r.completion_ids) for r in group],
                         "truncated": [bool(r.truncated) for r in group]})
     return summarize(records, k), records
+
+
+def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float, template: str,
+                    data_dir: str) -> dict:
+    """train.py's periodic eval: {key: (examples, template, k, temperature)} for the built-in test split
+    ("accuracy", greedy) and each comma-separated benchmark ("<bench>/mean@k")."""
+    sets = {"accuracy": (data.arithmetic_examples("test", eval_size), "builtin", 1, 0.0)}
+    for name in filter(None, (n.strip() for n in benchmarks.split(","))):
+        sets[f"{data.bench_label(name)}/mean@{k}"] = (data.load_benchmark(name, data_dir),
+                                                      data.template_for(name, template), k, temperature)
+    return sets
+
+
+def evaluate_shard(engine, tokenizer, sets: dict, *, top_p: float, max_new_tokens: int, seed: int, rank: int = 0,
+                   world: int = 1) -> dict[str, float]:
+    """{key: this rank's share of mean@k} over train_eval_sets: rank r grades every world-th problem (the same
+    weights on every rank), so the shares summed over ranks are each set's mean@k, and `python eval.py --model
+    <checkpoint>` with the same settings reproduces it."""
+    out = {}
+    for key, (examples, template, k, temperature) in sets.items():
+        mine, correct = examples[rank::world], 0.0
+        if mine:
+            from rollout import Sampling
+            summary, _ = evaluate(engine, tokenizer, mine, template=template, k=k,
+                                  sampling=Sampling(temperature, top_p, max_new_tokens, seed=seed))
+            correct = summary["mean@k"] * len(mine)
+        out[key] = correct / len(examples)
+    return out
 
 
 # ---- the CLI -----------------------------------------------------------------------------------------------------
@@ -161,8 +180,8 @@ class Args:
     """output directory for <bench>.jsonl, summary.json and summary.md"""
     data_dir: str = data.DEFAULT_DATA_DIR
     """where named benchmarks are read from"""
-    prompt_template: str = "auto"
-    """plain, chat or builtin; auto = builtin for the built-in task, plain otherwise"""
+    prompt_template: Literal["auto", "plain", "chat", "builtin"] = "auto"
+    """auto = builtin for the built-in task, plain otherwise"""
     question_key: str = ""
     """question field of a generic data file (dotted for nested)"""
     answer_key: str = ""
@@ -178,32 +197,8 @@ class Args:
     """torch device for the model"""
 
 
-def field_docs(cls) -> dict[str, str]:
-    """The string literal under each dataclass field, which becomes its --help text."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    return {a.target.id: " ".join(b.value.value.split()) for a, b in zip(body, body[1:])
-            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
-
-
-def parse_dataclass(cls, argv=None, description: str = "", choices: dict | None = None, formatter=None):
-    """An instance of the flags dataclass `cls` from the command line: one --flag per field, its docstring as help,
-    bools as --flag/--no-flag, `choices` {field: allowed values}. Shared by eval.py and train.py."""
-    ap = argparse.ArgumentParser(description=description,
-                                 formatter_class=formatter or argparse.RawDescriptionHelpFormatter)
-    docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
-        kw = dict(default=f.default, help=f"{docs[f.name]} (default: {f.default!r})",
-                  choices=(choices or {}).get(f.name))
-        if isinstance(f.default, bool):
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["type"] = type(f.default)
-        ap.add_argument("--" + f.name.replace("_", "-"), **kw)
-    return cls(**vars(ap.parse_args(argv)))
-
-
 def parse_args(argv=None) -> Args:
-    return parse_dataclass(Args, argv, __doc__.split("\n\n")[0], formatter=argparse.RawTextHelpFormatter)
+    return flags.parse(Args, argv, __doc__.split("\n\n")[0], formatter=argparse.RawTextHelpFormatter)
 
 
 def _repo_relative(path: str) -> str:
@@ -214,23 +209,15 @@ def _repo_relative(path: str) -> str:
     return here if os.path.exists(here) else path
 
 
-def bench_label(name: str) -> str:
-    return name if name in data.BENCHMARK_NAMES else Path(name).stem
-
-
 def load_inputs(args: Args):
     """Every input, checked before any sampling: (benchmarks {label: (examples, template)}, baseline, model, tok)."""
     if args.k < 1 or args.max_new_tokens < 1 or args.temperature < 0 or not 0 < args.top_p <= 1:
         raise ValueError("need --k >= 1, --max-new-tokens >= 1, --temperature >= 0 and 0 < --top-p <= 1")
-    if args.prompt_template not in ("auto", *data.TEMPLATES):
-        raise ValueError(f"--prompt-template must be auto or one of {', '.join(data.TEMPLATES)}")
     benches = {}
     for name in [b.strip() for b in args.benchmarks.split(",") if b.strip()]:
         exs = data.load_benchmark(name, args.data_dir, args.question_key or None, args.answer_key or None)
-        template = args.prompt_template
-        if template == "auto":
-            template = "builtin" if name in (data.BUILTIN, "builtin_train") else "plain"
-        benches[bench_label(name)] = (exs[:args.limit] if args.limit > 0 else exs, template)
+        benches[data.bench_label(name)] = (exs[:args.limit] if args.limit > 0 else exs,
+                                           data.template_for(name, args.prompt_template))
     if not benches:
         raise ValueError("--benchmarks is empty")
     baseline = load_baseline(args.baseline, benches) if args.baseline else None

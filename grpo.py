@@ -11,6 +11,9 @@ PNPO (2608.01418), mu-GRPO (2605.17570), dual-clip PPO (1912.09729). Checked aga
   * seq-mean-token-sum-norm divides by G * L_max as Dr. GRPO writes it; verl divides by L_max only;
   * means never add verl's 1e-8 to their denominators (an empty step gets N = 1, an exact zero loss).
 
+The file follows the default path (GRPO advantages -> log-probs -> token ratio -> policy_loss -> aggregate), then
+the variants each flag selects (Dr. GRPO, GSPO, PNPO, the veto, KL, TIS, DAPO's extras) and the tables of choices.
+
 Shapes: B sequences, G group size, T completion tokens, V vocab. `mask` is the [B, T] completion mask
 (bool or 0/1 float; EOS counts as a valid token). logits[:, t] is the distribution that produced ids[:, t]:
 the caller shifts. Advantages are [B] (one per rollout) or [B, T].
@@ -31,8 +34,9 @@ One update step, as train.py wires it (flags in brackets):
                               dual_clip=--dual-clip, agg=--agg, normaliser=N, token_weight=w_tis)
         if --kl-coef > 0: loss = loss + kl_coef * aggregate(kl_penalty(logp, ref_logp, --kl-estimator),
                                                             loss_mask, --agg, N)
-        loss.backward(); parts.append(m)        # summed gradients == the gradient of the whole step's loss
-    metrics = merge_metrics(parts)              # 'loss/policy' is the plain sum of the micro-batch losses
+        loss.backward()                         # summed gradients == the gradient of the whole step's loss
+    # m holds means over the call's loss tokens and their count 'loss/tokens' (EXTREMES: min/max): the caller
+    # combines micro-batches and ranks as token-weighted means (train.py, parallel.Metrics)
 FSDP/DDP average gradients over ranks, so with N summed over ranks the caller multiplies each loss by world_size.
 Logged extras, all under torch.no_grad(): entropy masked_mean(entropy_from_logits(logits, temperature), mask);
 KL masked_mean(kl_penalty(...), mask); veto fraction 1 - loss_mask.sum() / mask.sum().
@@ -44,13 +48,14 @@ import math
 import torch
 from torch import Tensor
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 VETO_SCOPES = ("suffix", "trigger", "response")
 LOG_RATIO_CLAMP = 20.0       # |log rho| cap before exp(), as verl: keeps exp() finite, not a trust region
 GSPO_LOG_RATIO_MAX = 10.0    # verl's upper cap on GSPO's log s_i
+PNPO_GRADS = ("detached", "full")
+EXTREMES = {"ratio/min": "min", "ratio/max": "max"}   # policy_loss metrics that are extremes, not means
 
 
-# ---------------------------------------------------------------- advantages (outcome reward, one per rollout)
+# ---------------------------------------------------------------- the default path: advantages (one per rollout)
 
 def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per rollout: its group's mean, Bessel std (divisor k-1) and whether the group is zero-variance.
@@ -86,55 +91,8 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Te
     return torch.where(constant, 0.0, adv)
 
 
-def drgrpo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """Dr. GRPO advantage (arXiv 2503.20783, "GRPO Done Right"): A_i = r_i - mean_g(r), no std division.
 
-    Same group conventions as grpo_advantages (a group of one: A = r; zero variance: exactly 0). Returns [B].
-    """
-    mean, _, constant = _group_stats(rewards, group_ids)
-    return torch.where(constant, 0.0, rewards - mean)                          # [B]
-
-
-ADVANTAGES = {"grpo": grpo_advantages, "drgrpo": drgrpo_advantages}
-
-
-def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
-    """Share of groups (not rollouts) with zero variance, i.e. whose advantages are all exactly 0."""
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    _, _, constant = _group_stats(rewards, group_ids)
-    per_group = torch.zeros(int(inv.max()) + 1, dtype=torch.bool, device=rewards.device)
-    per_group[inv] = constant
-    return per_group.float().mean().item()
-
-
-def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """DAPO dynamic sampling (arXiv 2503.14476, 'Dynamic Sampling': keep groups with 0 < |{correct}| < G) as a bool
-    [B]: True for rollouts whose group has non-zero variance. Groups of one are kept (their advantage is not 0)."""
-    return ~_group_stats(rewards, group_ids)[2]
-
-
-def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO soft overlong punishment (arXiv 2503.14476, 'Overlong Reward Shaping'), added to each response's reward:
-
-        R(|y|) = 0                                   if |y| <= L_max - L_cache
-               = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
-               = -1                                  if |y| > L_max
-    lengths [B] (tokens), max_len = L_max, cache_len = L_cache. Returns float [B] in [-1, 0].
-    """
-    if not 0 < cache_len <= max_len:
-        raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
-    n = lengths.to(torch.get_default_dtype())
-    soft = ((max_len - cache_len) - n) / cache_len
-    return torch.where(n <= max_len - cache_len, 0.0, torch.where(n <= max_len, soft, -1.0))
-
-
-def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:
-    """DAPO overlong filtering (arXiv 2503.14476, 'Overlong Reward Shaping'): each truncated response (bool [B])
-    gets an all-zero loss mask. Returns a new mask [B, T] of mask's dtype."""
-    return torch.where(truncated.bool()[:, None], torch.zeros_like(mask), mask)
-
-
-# ---------------------------------------------------------------- log-probs and entropy from logits
+# ---------------------------------------------------------------- log-probs from logits
 
 def _as_float(logits: Tensor, temperature: float) -> Tensor:
     """logits / temperature in at least float32; a new tensor only when a cast or a division is needed."""
@@ -155,197 +113,13 @@ def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Ten
     return torch.stack(rows)                                                   # [B, T]
 
 
-def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_t[v], z = logits / temperature, the full-vocabulary entropy of
-    the sampling distribution. logits [B, T, V]. Returns [B, T]. Wrap in torch.no_grad() when it is only logged."""
-    rows = []
-    for x in logits:                                                           # [T, V]
-        z = _as_float(x, temperature)
-        rows.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))             # [T]
-    return torch.stack(rows)                                                   # [B, T]
 
-
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """sum over valid tokens of x / number of valid tokens (0 for an empty mask). For logged means (entropy, KL)."""
-    valid = mask.bool()
-    return torch.where(valid, x, 0.0).sum() / valid.sum().clamp(min=1)
-
-
-# ---------------------------------------------------------------- importance weights (each returns log w, [B, T])
+# ---------------------------------------------------------------- the token ratio and the clipped surrogate
 
 def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """PPO/GRPO token ratio (arXiv 2402.03300, eq. 3): log rho_t = logp_t - old_logp_t, clamped to [-20, 20]
     before exp() as verl does. 0 on invalid tokens (ratio 1, no gradient). [B, T]."""
     return torch.where(mask.bool(), (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)
-
-
-def gspo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """GSPO sequence ratio with token-wise gradient (arXiv 2507.18071: s_i, and the GSPO-token variant):
-
-        log s_i  = (1/|y_i|) sum_{valid t} (logp_it - old_logp_it)
-        log w_it = logp_it - sg(logp_it) + sg(log s_i),  capped above at 10 (verl)
-    Its value is log s_i on every valid token; its gradient is grad logp_it. 0 on invalid tokens. [B, T].
-    """
-    valid = mask.bool()
-    log_s = torch.where(valid, logp - old_logp, 0.0).sum(-1) / valid.sum(-1).clamp(min=1)   # [B]
-    log_w = logp - logp.detach() + log_s.detach()[:, None]                                   # [B, T]
-    return torch.where(valid, log_w.clamp(max=GSPO_LOG_RATIO_MAX), 0.0)
-
-
-def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, grad: str = "detached") -> Tensor:
-    """PNPO prefix-normalised ratio (arXiv 2608.01418): the geometric mean of the token ratios of the causal prefix,
-
-        log w_it = (1/n_it) sum_{s <= t, valid} (logp_is - old_logp_is),   n_it = number of valid s <= t
-    At the first valid token it is the token ratio, at the last one GSPO's s_i. Clamped to [-20, 20] like the token
-    ratio; 0 on invalid tokens. The abstract does not say how the gradient flows; two readings (`grad`):
-
-        "detached" (default):  log w_it = sg[log w_it] + logp_it - sg[logp_it],  grad w_it = w_it grad logp_it
-        "full":                grad w_it = w_it (1/n_it) sum_{s <= t, valid} grad logp_is
-    "detached" is GSPO-token's construction applied to the prefix weight: the prefix mean sets each token's weight
-    (and what is clipped), the gradient goes through the token itself, so on-policy (every ratio 1) it is exactly
-    GRPO's. "full" backpropagates through the prefix mean: even on-policy token s then weighs sum_{t >= s} w_t / n_t
-    (2.72x a GRPO token for the first of 8 tokens, about 8.6x for the first of 3,000), a long-response bias we do
-    not want by default.
-    """
-    if grad not in PNPO_GRADS:
-        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
-    valid = mask.bool()
-    prefix_sum = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)          # [B, T]
-    n_prefix = valid.cumsum(-1).clamp(min=1)                                   # [B, T]
-    log_w = (prefix_sum / n_prefix).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if grad == "detached":
-        log_w = log_w.detach() + logp - logp.detach()                          # value unchanged, token-wise gradient
-    return torch.where(valid, log_w, 0.0)
-
-
-RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio, "pnpo": pnpo_log_ratio}
-PNPO_GRADS = ("detached", "full")
-
-
-def log_ratio(kind: str, logp: Tensor, old_logp: Tensor, mask: Tensor, pnpo_grad: str = "detached") -> Tensor:
-    """RATIOS[kind](logp, old_logp, mask), with PNPO's gradient reading passed to it. [B, T]."""
-    if kind == "pnpo":
-        return pnpo_log_ratio(logp, old_logp, mask, grad=pnpo_grad)
-    return RATIOS[kind](logp, old_logp, mask)
-
-
-# ---------------------------------------------------------------- mu-GRPO negative-advantage veto
-
-@torch.no_grad()
-def veto_mask(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, threshold: float = 1e-4,
-              scope: str = "suffix") -> Tensor:
-    """mu-GRPO negative-advantage veto (arXiv 2605.17570), recomputed from the current logp at every update:
-
-        trigger_it = valid_it and A_it < 0 and rho_it < delta,   rho_it = exp(logp_it - old_logp_it) (detached)
-    old_logp is the behaviour policy's (the one that generated the response, what the veto is defined against),
-    also under TIS, where the ratio's old log-probs are recomputed ones.
-        kappa_i    = the first trigger of response i
-        scope "suffix"   (the method): mask every valid token t > kappa_i; kappa_i itself keeps its (rho-sized) term
-        scope "trigger"  (ablation):   mask the trigger tokens only
-        scope "response" (ablation):   mask the whole response if it has a trigger
-    Responses with A >= 0 are never touched. adv_tok [B] or [B, T]. Returns the new mask, same dtype as mask.
-    """
-    if scope not in VETO_SCOPES:
-        raise ValueError(f"veto scope must be one of {VETO_SCOPES}, got {scope!r}")
-    adv = adv_tok[:, None] if adv_tok.dim() == 1 else adv_tok                 # [B, 1] or [B, T]
-    valid = mask.bool()
-    trigger = valid & (adv < 0) & ((logp - old_logp) < math.log(threshold))   # [B, T]; log space: no exp underflow
-    if scope == "trigger":
-        drop = trigger
-    elif scope == "response":
-        drop = trigger.any(-1, keepdim=True).expand_as(trigger)
-    else:
-        n_before = trigger.long().cumsum(-1) - trigger.long()                 # triggers strictly before t
-        drop = n_before > 0
-    return torch.where(drop, torch.zeros_like(mask), mask)
-
-
-# ---------------------------------------------------------------- KL, truncated importance sampling
-
-def _k1(d: Tensor) -> Tensor:
-    return d
-
-
-def _abs(d: Tensor) -> Tensor:
-    return d.abs()
-
-
-def _k2(d: Tensor) -> Tensor:
-    return 0.5 * d.square()
-
-
-def _k3(d: Tensor) -> Tensor:
-    d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return (torch.exp(-d) + d - 1).clamp(-10.0, 10.0)
-
-
-KL_ESTIMATORS = {"k1": _k1, "abs": _abs, "k2": _k2, "k3": _k3}
-
-
-def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
-    """Per-token estimate of KL(pi || pi_ref) (Schulman, "Approximating KL divergence", 2020), d = logp - ref_logp:
-
-        k1 = d,  abs = |d|,  k2 = d^2 / 2,  k3 = exp(-d') + d' - 1 with d' = clamp(d, -20, 20), clamped to [-10, 10]
-    k3 is DeepSeekMath's eq. 4 (verl's low_var_kl). Not masked: aggregate it with the loss mask. [B, T].
-    """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"KL estimator must be one of {tuple(KL_ESTIMATORS)}, got {estimator!r}")
-    return KL_ESTIMATORS[estimator](logp - ref_logp)
-
-
-@torch.no_grad()
-def tis_weight(old_logp_trainer: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
-    """Truncated importance sampling for the engine/trainer mismatch (Yao et al., "Your efficient RL framework
-    secretly brings you off-policy RL training", 2025): w_t = min(pi_trainer_old / pi_engine, C), detached. [B, T]."""
-    if cap <= 0:
-        raise ValueError(f"TIS cap must be > 0, got {cap}")
-    return torch.exp((old_logp_trainer - engine_logp).clamp(max=math.log(cap)))
-
-
-# ---------------------------------------------------------------- aggregation and the clipped surrogate
-
-def loss_normaliser(mask: Tensor, agg: str, max_len: int | None = None) -> float:
-    """N of aggregate() for this step's whole mask [B, T] (all micro-batches; all-reduce SUM it across ranks):
-
-        token-mean               N = sum_it m_it                      (valid tokens)
-        seq-mean-token-mean      N = #{i : sum_t m_it > 0}            (non-empty responses)
-        seq-mean-token-sum       N = #{i : sum_t m_it > 0}
-        seq-mean-token-sum-norm  N = #{i : sum_t m_it > 0} * L_max    (Dr. GRPO; L_max = max_len, default T)
-    An empty step gets N = 1 rather than 0, so its loss is an exact 0 rather than NaN.
-    """
-    valid = mask.bool()
-    rows = int(valid.any(-1).sum())
-    if agg == "token-mean":
-        n = int(valid.sum())
-    elif agg in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        n = rows
-    elif agg == "seq-mean-token-sum-norm":
-        n = rows * (mask.shape[-1] if max_len is None else max_len)
-    else:
-        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
-    return float(max(n, 1))
-
-
-def aggregate(loss_mat: Tensor, mask: Tensor, agg: str, normaliser: float) -> Tensor:
-    """Reduce a per-token loss [B, T] to a scalar with N = loss_normaliser(whole step), so that the sum over
-    micro-batches equals the whole step's value whatever the micro-batching or world size:
-
-        token-mean               L = (1/N) sum_i sum_t m_it l_it                      (DAPO token-level loss)
-        seq-mean-token-mean      L = (1/N) sum_i (1/|o_i|) sum_t m_it l_it             (GRPO, eq. 3)
-        seq-mean-token-sum       L = (1/N) sum_i sum_t m_it l_it
-        seq-mean-token-sum-norm  L = (1/N) sum_i sum_t m_it l_it, N = G * L_max        (Dr. GRPO: (1/G) sum_i
-                                                                                       (1/L_max) sum_t)
-    |o_i| = sum_t m_it; empty rows contribute 0. Three modes share the numerator and differ only in N.
-    """
-    if agg not in AGG_MODES:
-        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
-    valid = mask.bool()
-    masked = torch.where(valid, loss_mat, 0.0)                                 # [B, T]; where, not *: pads may be inf
-    if agg == "seq-mean-token-mean":
-        numerator = (masked.sum(-1) / valid.sum(-1).clamp(min=1)).sum()        # sum of per-response means
-    else:
-        numerator = masked.sum()
-    return numerator / normaliser
 
 
 def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float, eps_high: float,
@@ -361,7 +135,7 @@ def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float,
     eps_low = 1, eps_high = 4. GSPO (verl): no dual-clip, agg seq-mean-token-mean. adv [B] or [B, T].
 
     Metrics (0-dim detached tensors), each a mean over this call's valid tokens, plus 'loss/tokens' (their count);
-    merge_metrics() combines micro-batches (token-weighted means, min of mins, max of maxes):
+    callers combine micro-batches and ranks as token-weighted means, ratio/min and ratio/max (EXTREMES) as extremes:
       loss/clip_frac       the clipped branch is strictly larger (no gradient): verl's pg_clipfrac
       loss/clip_frac_low   ... and A < 0 (w < 1 - eps_low);  loss/clip_frac_high  ... and A > 0 (w > 1 + eps_high)
       loss/dual_clip_frac  A < 0 and the dual-clip cap is active: verl's pg_clipfrac_lower
@@ -407,25 +181,271 @@ def _surrogate_metrics(log_ratio, ratio, adv, mask, clipped, dual) -> dict:
     }
 
 
-def merge_metrics(parts: list[dict]) -> dict[str, float]:
-    """Combine policy_loss metrics of several micro-batches (or ranks) into the step's: means weighted by
-    'loss/tokens', ratio/min the min, ratio/max the max, loss/tokens the sum. Parts with no token are skipped."""
-    parts = [p for p in parts if float(p["loss/tokens"]) > 0]
-    total = sum(float(p["loss/tokens"]) for p in parts)
-    if not parts:
-        return {"loss/tokens": 0.0}
-    out = {}
-    for key in parts[0]:
-        values = [float(p[key]) for p in parts]
-        if key == "ratio/min":
-            out[key] = min(values)
-        elif key == "ratio/max":
-            out[key] = max(values)
-        elif key == "loss/tokens":
-            out[key] = total
-        else:
-            out[key] = sum(v * float(p["loss/tokens"]) for v, p in zip(values, parts)) / total
-    return out
+
+# ---------------------------------------------------------------- aggregation: one table of modes
+
+def _token_sum(masked: Tensor, valid: Tensor) -> Tensor:
+    return masked.sum()
+
+
+def _row_mean_sum(masked: Tensor, valid: Tensor) -> Tensor:
+    return (masked.sum(-1) / valid.sum(-1).clamp(min=1)).sum()                 # sum of per-response means
+
+
+def _n_tokens(valid: Tensor, max_len: int) -> int:
+    return int(valid.sum())
+
+
+def _n_rows(valid: Tensor, max_len: int) -> int:
+    return int(valid.any(-1).sum())
+
+
+def _n_rows_x_len(valid: Tensor, max_len: int) -> int:
+    return int(valid.any(-1).sum()) * max_len
+
+
+# mode -> (numerator of aggregate(), N of loss_normaliser()); the equations are in aggregate()'s docstring
+AGGREGATIONS = {
+    "token-mean": (_token_sum, _n_tokens),
+    "seq-mean-token-mean": (_row_mean_sum, _n_rows),
+    "seq-mean-token-sum": (_token_sum, _n_rows),
+    "seq-mean-token-sum-norm": (_token_sum, _n_rows_x_len),
+}
+AGG_MODES = tuple(AGGREGATIONS)
+
+
+def loss_normaliser(mask: Tensor, agg: str, max_len: int | None = None, floor: int = 1) -> float:
+    """N of aggregate() for this step's whole mask [B, T] (all micro-batches; all-reduce SUM it across ranks):
+
+        token-mean               N = sum_it m_it                      (valid tokens)
+        seq-mean-token-mean      N = #{i : sum_t m_it > 0}            (non-empty responses)
+        seq-mean-token-sum       N = #{i : sum_t m_it > 0}
+        seq-mean-token-sum-norm  N = #{i : sum_t m_it > 0} * L_max    (Dr. GRPO; L_max = max_len, default T)
+    At least `floor`: an empty step gets N = 1, so its loss is an exact 0 rather than NaN. Every N is a count, so
+    the N of several micro-batches or ranks is the sum of theirs (pass floor=0, floor the sum once).
+    """
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
+    n = AGGREGATIONS[agg][1](mask.bool(), mask.shape[-1] if max_len is None else max_len)
+    return float(max(n, floor))
+
+
+def aggregate(loss_mat: Tensor, mask: Tensor, agg: str, normaliser: float) -> Tensor:
+    """Reduce a per-token loss [B, T] to a scalar with N = loss_normaliser(whole step), so that the sum over
+    micro-batches equals the whole step's value whatever the micro-batching or world size:
+
+        token-mean               L = (1/N) sum_i sum_t m_it l_it                      (DAPO token-level loss)
+        seq-mean-token-mean      L = (1/N) sum_i (1/|o_i|) sum_t m_it l_it             (GRPO, eq. 3)
+        seq-mean-token-sum       L = (1/N) sum_i sum_t m_it l_it
+        seq-mean-token-sum-norm  L = (1/N) sum_i sum_t m_it l_it, N = G * L_max        (Dr. GRPO: (1/G) sum_i
+                                                                                       (1/L_max) sum_t)
+    |o_i| = sum_t m_it; empty rows contribute 0. Three modes share the numerator and differ only in N.
+    """
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
+    valid = mask.bool()
+    masked = torch.where(valid, loss_mat, 0.0)                                 # [B, T]; where, not *: pads may be inf
+    return AGGREGATIONS[agg][0](masked, valid) / normaliser
+
+
+# ---------------------------------------------------------------- variants: Dr. GRPO's advantage
+
+def drgrpo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """Dr. GRPO advantage (arXiv 2503.20783, "GRPO Done Right"): A_i = r_i - mean_g(r), no std division.
+
+    Same group conventions as grpo_advantages (a group of one: A = r; zero variance: exactly 0). Returns [B].
+    """
+    mean, _, constant = _group_stats(rewards, group_ids)
+    return torch.where(constant, 0.0, rewards - mean)                          # [B]
+
+
+
+# ---------------------------------------------------------------- variants: sequence and prefix ratios (GSPO, PNPO)
+
+def gspo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO sequence ratio with token-wise gradient (arXiv 2507.18071: s_i, and the GSPO-token variant):
+
+        log s_i  = (1/|y_i|) sum_{valid t} (logp_it - old_logp_it)
+        log w_it = logp_it - sg(logp_it) + sg(log s_i),  capped above at 10 (verl)
+    Its value is log s_i on every valid token; its gradient is grad logp_it. 0 on invalid tokens. [B, T].
+    """
+    valid = mask.bool()
+    log_s = torch.where(valid, logp - old_logp, 0.0).sum(-1) / valid.sum(-1).clamp(min=1)   # [B]
+    log_w = logp - logp.detach() + log_s.detach()[:, None]                                   # [B, T]
+    return torch.where(valid, log_w.clamp(max=GSPO_LOG_RATIO_MAX), 0.0)
+
+
+def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, grad: str = "detached") -> Tensor:
+    """PNPO prefix-normalised ratio (arXiv 2608.01418): the geometric mean of the token ratios of the causal prefix,
+
+        log w_it = (1/n_it) sum_{s <= t, valid} (logp_is - old_logp_is),   n_it = number of valid s <= t
+    At the first valid token it is the token ratio, at the last one GSPO's s_i. Clamped to [-20, 20] like the token
+    ratio; 0 on invalid tokens. The abstract does not say how the gradient flows; two readings (`grad`):
+
+        "detached" (default):  log w_it = sg[log w_it] + logp_it - sg[logp_it],  grad w_it = w_it grad logp_it
+        "full":                grad w_it = w_it (1/n_it) sum_{s <= t, valid} grad logp_is
+    "detached" is GSPO-token's construction applied to the prefix weight: the prefix mean sets each token's weight
+    (and what is clipped), the gradient goes through the token itself, so on-policy (every ratio 1) it is exactly
+    GRPO's. "full" backpropagates through the prefix mean: even on-policy token s then weighs sum_{t >= s} w_t / n_t
+    (2.72x a GRPO token for the first of 8 tokens, about 8.6x for the first of 3,000), a long-response bias we do
+    not want by default.
+    """
+    if grad not in PNPO_GRADS:
+        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
+    valid = mask.bool()
+    prefix_sum = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)          # [B, T]
+    n_prefix = valid.cumsum(-1).clamp(min=1)                                   # [B, T]
+    log_w = (prefix_sum / n_prefix).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if grad == "detached":
+        log_w = log_w.detach() + logp - logp.detach()                          # value unchanged, token-wise gradient
+    return torch.where(valid, log_w, 0.0)
+
+
+def log_ratio(kind: str, logp: Tensor, old_logp: Tensor, mask: Tensor, pnpo_grad: str = "detached") -> Tensor:
+    """RATIOS[kind](logp, old_logp, mask), with PNPO's gradient reading passed to it. [B, T]."""
+    if kind == "pnpo":
+        return pnpo_log_ratio(logp, old_logp, mask, grad=pnpo_grad)
+    return RATIOS[kind](logp, old_logp, mask)
+
+
+
+# ---------------------------------------------------------------- variants: the mu-GRPO negative-advantage veto
+
+@torch.no_grad()
+def veto_mask(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, threshold: float = 1e-4,
+              scope: str = "suffix") -> Tensor:
+    """mu-GRPO negative-advantage veto (arXiv 2605.17570), recomputed from the current logp at every update:
+
+        trigger_it = valid_it and A_it < 0 and rho_it < delta,   rho_it = exp(logp_it - old_logp_it) (detached)
+    old_logp is the behaviour policy's (the one that generated the response, what the veto is defined against),
+    also under TIS, where the ratio's old log-probs are recomputed ones.
+        kappa_i    = the first trigger of response i
+        scope "suffix"   (the method): mask every valid token t > kappa_i; kappa_i itself keeps its (rho-sized) term
+        scope "trigger"  (ablation):   mask the trigger tokens only
+        scope "response" (ablation):   mask the whole response if it has a trigger
+    Responses with A >= 0 are never touched. adv_tok [B] or [B, T]. Returns the new mask, same dtype as mask.
+    """
+    if scope not in VETO_SCOPES:
+        raise ValueError(f"veto scope must be one of {VETO_SCOPES}, got {scope!r}")
+    adv = adv_tok[:, None] if adv_tok.dim() == 1 else adv_tok                 # [B, 1] or [B, T]
+    valid = mask.bool()
+    trigger = valid & (adv < 0) & ((logp - old_logp) < math.log(threshold))   # [B, T]; log space: no exp underflow
+    if scope == "trigger":
+        drop = trigger
+    elif scope == "response":
+        drop = trigger.any(-1, keepdim=True).expand_as(trigger)
+    else:
+        n_before = trigger.long().cumsum(-1) - trigger.long()                 # triggers strictly before t
+        drop = n_before > 0
+    return torch.where(drop, torch.zeros_like(mask), mask)
+
+
+
+# ---------------------------------------------------------------- variants: KL to a reference, truncated importance sampling
+
+def _k1(d: Tensor) -> Tensor:
+    return d
+
+
+def _abs(d: Tensor) -> Tensor:
+    return d.abs()
+
+
+def _k2(d: Tensor) -> Tensor:
+    return 0.5 * d.square()
+
+
+def _k3(d: Tensor) -> Tensor:
+    d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return (torch.exp(-d) + d - 1).clamp(-10.0, 10.0)
+
+
+KL_ESTIMATORS = {"k1": _k1, "abs": _abs, "k2": _k2, "k3": _k3}
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) (Schulman, "Approximating KL divergence", 2020), d = logp - ref_logp:
+
+        k1 = d,  abs = |d|,  k2 = d^2 / 2,  k3 = exp(-d') + d' - 1 with d' = clamp(d, -20, 20), clamped to [-10, 10]
+    k3 is DeepSeekMath's eq. 4 (verl's low_var_kl). Not masked: aggregate it with the loss mask. [B, T].
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"KL estimator must be one of {tuple(KL_ESTIMATORS)}, got {estimator!r}")
+    return KL_ESTIMATORS[estimator](logp - ref_logp)
+
+
+@torch.no_grad()
+def tis_weight(old_logp_trainer: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling for the engine/trainer mismatch (Yao et al., "Your efficient RL framework
+    secretly brings you off-policy RL training", 2025): w_t = min(pi_trainer_old / pi_engine, C), detached. [B, T]."""
+    if cap <= 0:
+        raise ValueError(f"TIS cap must be > 0, got {cap}")
+    return torch.exp((old_logp_trainer - engine_logp).clamp(max=math.log(cap)))
+
+
+
+# ---------------------------------------------------------------- variants: DAPO's extras
+
+def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
+    """Share of groups (not rollouts) with zero variance, i.e. whose advantages are all exactly 0."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    _, _, constant = _group_stats(rewards, group_ids)
+    per_group = torch.zeros(int(inv.max()) + 1, dtype=torch.bool, device=rewards.device)
+    per_group[inv] = constant
+    return per_group.float().mean().item()
+
+
+def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """DAPO dynamic sampling (arXiv 2503.14476, 'Dynamic Sampling': keep groups with 0 < |{correct}| < G) as a bool
+    [B]: True for rollouts whose group has non-zero variance. Groups of one are kept (their advantage is not 0)."""
+    return ~_group_stats(rewards, group_ids)[2]
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
+    """DAPO soft overlong punishment (arXiv 2503.14476, 'Overlong Reward Shaping'), added to each response's reward:
+
+        R(|y|) = 0                                   if |y| <= L_max - L_cache
+               = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
+               = -1                                  if |y| > L_max
+    lengths [B] (tokens), max_len = L_max, cache_len = L_cache. Returns float [B] in [-1, 0].
+    """
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
+    n = lengths.to(torch.get_default_dtype())
+    soft = ((max_len - cache_len) - n) / cache_len
+    return torch.where(n <= max_len - cache_len, 0.0, torch.where(n <= max_len, soft, -1.0))
+
+
+def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:
+    """DAPO overlong filtering (arXiv 2503.14476, 'Overlong Reward Shaping'): each truncated response (bool [B])
+    gets an all-zero loss mask. Returns a new mask [B, T] of mask's dtype."""
+    return torch.where(truncated.bool()[:, None], torch.zeros_like(mask), mask)
+
+
+
+# ---------------------------------------------------------------- logged only: entropy, masked means
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_t[v], z = logits / temperature, the full-vocabulary entropy of
+    the sampling distribution. logits [B, T, V]. Returns [B, T]. Wrap in torch.no_grad() when it is only logged."""
+    rows = []
+    for x in logits:                                                           # [T, V]
+        z = _as_float(x, temperature)
+        rows.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))             # [T]
+    return torch.stack(rows)                                                   # [B, T]
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """sum over valid tokens of x / number of valid tokens (0 for an empty mask). For logged means (entropy, KL)."""
+    valid = mask.bool()
+    return torch.where(valid, x, 0.0).sum() / valid.sum().clamp(min=1)
+
+
+
+# ---------------------------------------------------------------- the tables the flags choose from
+
+ADVANTAGES = {"grpo": grpo_advantages, "drgrpo": drgrpo_advantages}
+RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio, "pnpo": pnpo_log_ratio}
 
 
 if __name__ == "__main__":

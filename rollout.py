@@ -54,28 +54,33 @@ class Sampling:
     seed: int = 0
 
 
-def collate(rollouts: list[Rollout], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]] | None = None) -> dict:
     """Right-padded tensors for a forward pass over prompt + completion.
 
     Every per-token tensor is aligned with `input_ids[:, 1:]` (the token each position predicts), so T = L - 1:
-    `completion_mask[b, t]` is 1 where input_ids[b, t + 1] is a completion token, `old_logprobs[b, t]` its behaviour
-    log-prob. EOS, when generated, is a completion token and is in the mask (the policy chose to stop).
+    `completion_mask[b, t]` is 1 where input_ids[b, t + 1] is a completion token, `behaviour_logprobs[b, t]` its
+    behaviour log-prob (the engine's, at generation). `old_logprobs` (the ratio's denominator) is the same tensor
+    unless other per-rollout log-probs are given (train.py's --tis-cap: recomputed by the trainer). EOS, when
+    generated, is a completion token and is in the mask (the policy chose to stop).
     """
     B = len(rollouts)
     L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
     attention_mask = torch.zeros(B, L, dtype=torch.long)
     completion_mask = torch.zeros(B, L - 1)
-    old_logprobs = torch.zeros(B, L - 1)
+    behaviour = torch.zeros(B, L - 1)
+    old = behaviour if old_logprobs is None else torch.zeros(B, L - 1)
     for b, r in enumerate(rollouts):   # one slice copy per sequence, not per token
         P, T = len(r.prompt_ids), len(r.completion_ids)
         input_ids[b, :P + T] = torch.tensor(r.prompt_ids + r.completion_ids)
         attention_mask[b, :P + T] = 1
         completion_mask[b, P - 1:P - 1 + T] = 1
-        old_logprobs[b, P - 1:P - 1 + T] = torch.tensor(r.logprobs, dtype=torch.float)
+        behaviour[b, P - 1:P - 1 + T] = torch.tensor(r.logprobs, dtype=torch.float)
+        if old_logprobs is not None:
+            old[b, P - 1:P - 1 + T] = torch.tensor(old_logprobs[b], dtype=torch.float)
     advantages = torch.tensor([r.advantage for r in rollouts], dtype=torch.float)  # [B]
     return dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
-                old_logprobs=old_logprobs, advantages=advantages)
+                behaviour_logprobs=behaviour, old_logprobs=old, advantages=advantages)
 
 
 def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):

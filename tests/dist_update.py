@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "assets"))
 
+import parallel  # noqa: E402
 import train  # noqa: E402
 from make_tiny_model import make_model, make_tokenizer  # noqa: E402
 from rollout import Rollout, TorchEngine  # noqa: E402
@@ -77,10 +78,10 @@ def main(out_path: str) -> None:
         two = train.shard_model(copy.deepcopy(base), device).train()
         m2 = train.update(two, ref_model, make_opt(two.parameters(), lr=a.lr), local, [], a, 0,
                           tok.pad_token_id, world=world)
-        m2 = train.reduce_metrics(m2, world)
+        m1, m2 = m1.reduce(1), m2.reduce(world)
         engine = TorchEngine(base, tok)
-        engine.load_weights(train.full_parameters(two))              # weight sync, gathered layer by layer
-        full_two = list(train.full_parameters(two))
+        engine.load_weights(parallel.full_parameters(two))              # weight sync, gathered layer by layer
+        full_two = list(parallel.full_parameters(two))
         results[name] = {"param_diff": max_diff(full_two, one.named_parameters()),
                          "moved": max_diff(one.named_parameters(), init.items()),
                          "engine_diff": max_diff(engine.model.named_parameters(), one.named_parameters()),
@@ -91,10 +92,10 @@ def main(out_path: str) -> None:
     a = train.Args(lr=1e-2, max_bad_steps=5)
     two = train.shard_model(copy.deepcopy(base), device).train()
     bad = local if rank == 0 else [dataclasses.replace(local[0], advantage=float("nan"))] + local[1:]
-    guard = train.StepGuard(a.max_bad_steps)
+    guard = parallel.StepGuard(a.max_bad_steps)
     train.update(two, None, torch.optim.AdamW(two.parameters(), lr=a.lr), bad, [], a, 0, tok.pad_token_id, world, guard)
-    results["nan-on-rank-1"] = {"moved": max_diff(list(train.full_parameters(two)), base.named_parameters()),
-                                "skipped": train.all_reduce([float(guard.skipped)], world)[0]}
+    results["nan-on-rank-1"] = {"moved": max_diff(list(parallel.full_parameters(two)), base.named_parameters()),
+                                "skipped": parallel.all_reduce([float(guard.skipped)], world)[0]}
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
 import eval as ev  # noqa: E402
+import flags  # noqa: E402
 from rollout import Rollout, Sampling  # noqa: E402
 
 
@@ -116,7 +117,7 @@ def test_evaluate_numbers_by_hand():
 
 
 def test_make_prompts_templates():
-    ps = ev.make_prompts([data.Example("q?", "1")], "plain", CharTok())
+    ps = data.make_prompts([data.Example("q?", "1")], "plain", CharTok())
     assert CharTok().decode(ps[0].ids) == "q?\n" + data.BOXED_INSTRUCTION and ps[0].answer == "1"
 
 
@@ -223,7 +224,7 @@ def test_cli_bad_input_is_one_line(model_dir, tmp_path, flags, message):
 
 
 def test_help_text_comes_from_field_docstrings():
-    docs = ev.field_docs(ev.Args)
+    docs = flags.field_docs(ev.Args)
     assert set(docs) == {f.name for f in ev.dataclasses.fields(ev.Args)}
     assert docs["k"].startswith("samples per problem")
     p = run_cli("--help")

@@ -8,6 +8,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo  # noqa: E402
+import parallel  # noqa: E402
 
 EPS = 1e-6
 
@@ -316,7 +317,7 @@ def test_gradient_invariant_to_micro_batching(agg):
         grads, metrics = [], []
         for n_mb in (1, 2, 4):
             model.zero_grad()
-            parts = []
+            parts = parallel.Metrics()                                   # micro-batches combined as train.py does
             for sl in torch.arange(B).chunk(n_mb):
                 logp = grpo.token_logprobs(model(ids[sl]), ids[sl], temperature=0.9)
                 lmask = grpo.veto_mask(logp, old[sl], adv[sl], mask[sl])
@@ -325,9 +326,11 @@ def test_gradient_invariant_to_micro_batching(agg):
                                            token_weight=grpo.tis_weight(old[sl], engine[sl], 2.0))
                 loss = loss + 0.1 * grpo.aggregate(grpo.kl_penalty(logp, ref[sl], "k3"), lmask, agg, N)
                 loss.backward()
-                parts.append(m)
+                n = float(m.pop("loss/tokens"))
+                parts.token_means(m, n, grpo.EXTREMES)
+                parts.total("loss/tokens", n)
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-            metrics.append(grpo.merge_metrics(parts))
+            metrics.append(parts.reduce(world=1))
         assert grads[0].abs().max() > 1e-4
         for k in (1, 2):
             assert (grads[k] - grads[0]).abs().max() <= 1e-6

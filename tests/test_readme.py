@@ -9,12 +9,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import eval as eval_lib  # noqa: E402
+import flags  # noqa: E402
 import train  # noqa: E402
 
 
 def flag_rows() -> list[str]:
-    docs = eval_lib.field_docs(train.Args)
+    docs = flags.field_docs(train.Args)
     rows = []
     for f in dataclasses.fields(train.Args):
         default = os.path.relpath(f.default, ROOT) if f.name in ("model", "data_dir") else f.default

@@ -15,6 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "assets"))
 
+import buffer  # noqa: E402
+import flags  # noqa: E402
+import parallel  # noqa: E402
 import train  # noqa: E402
 from make_tiny_model import make_model, make_tokenizer  # noqa: E402
 from rollout import Rollout  # noqa: E402
@@ -25,21 +28,24 @@ from rollout import Rollout  # noqa: E402
 def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
     """512 fresh + 256 replayed in 3 mini-batches: (170 or 171 fresh, 85 or 86 replayed) each, never pure replay;
     every index exactly once per epoch; epoch 0 keeps the batch order; later epochs are seeded shuffles."""
+    def mini_batches(n_fresh, n_replayed, a, step, epoch):                  # as train.update calls it
+        return buffer.mini_batches(n_fresh, n_replayed, a.mini_batches,
+                                   train.shuffle_seed(a.seed, step, epoch) if epoch else None)
     a = train.Args(mini_batches=3, seed=5)
     for epoch in range(3):
-        parts = train.mini_batch_indices(512, 256, a, step=7, epoch=epoch)
+        parts = mini_batches(512, 256, a, step=7, epoch=epoch)
         assert len(parts) == 3
         assert sorted(i for p in parts for i in p) == list(range(768))
         for p in parts:
             fresh, replayed = sum(i < 512 for i in p), sum(i >= 512 for i in p)
             assert fresh in (170, 171) and replayed in (85, 86)
-    assert train.mini_batch_indices(512, 256, a, 7, 0)[0] == list(range(170)) + list(range(512, 597))
-    assert train.mini_batch_indices(512, 256, a, 7, 1) == train.mini_batch_indices(512, 256, a, 7, 1)
-    assert train.mini_batch_indices(512, 256, a, 7, 1) != train.mini_batch_indices(512, 256, a, 7, 2)
+    assert mini_batches(512, 256, a, 7, 0)[0] == list(range(170)) + list(range(512, 597))
+    assert mini_batches(512, 256, a, 7, 1) == mini_batches(512, 256, a, 7, 1)
+    assert mini_batches(512, 256, a, 7, 1) != mini_batches(512, 256, a, 7, 2)
     other_seed = dataclasses.replace(a, seed=6)
-    assert train.mini_batch_indices(512, 256, a, 7, 1) != train.mini_batch_indices(512, 256, other_seed, 7, 1)
+    assert mini_batches(512, 256, a, 7, 1) != mini_batches(512, 256, other_seed, 7, 1)
     # one mini-batch, first epoch: exactly the batch as built (fresh, then replayed), as before the fix
-    assert train.mini_batch_indices(5, 3, train.Args(), 0, 0) == [list(range(8))]
+    assert mini_batches(5, 3, train.Args(), 0, 0) == [list(range(8))]
 
 
 # ---- 5. the veto is defined against the behaviour policy, also under TIS -------------------------------------------
@@ -63,11 +69,12 @@ def test_veto_uses_behaviour_logprobs_under_tis():
         current = train.grpo.token_logprobs(logits, mb["input_ids"][:, 1:])                         # [1, T]
     mask = mb["completion_mask"].bool()
     mb["old_logprobs"] = torch.where(mask, current, 0.0)                   # TIS: proximal = the current weights
-    mb["engine_logprobs"] = torch.where(mask, current + 20.0, 0.0)         # behaviour: far more likely back then
-    _, m = train.micro_batch_loss(model, None, mb, a, normaliser=2.0)
-    assert float(m["loss/veto_frac"]) == pytest.approx(0.5)                # 2 tokens: the second is vetoed
-    _, m_off = train.micro_batch_loss(model, None, mb, dataclasses.replace(a, veto_scope="none"), 2.0)
-    assert float(m_off["loss/veto_frac"]) == 0.0
+    mb["behaviour_logprobs"] = torch.where(mask, current + 20.0, 0.0)      # behaviour: far more likely back then
+    m, m_off = parallel.Metrics(), parallel.Metrics()
+    train.micro_batch_loss(model, None, mb, a, 2.0, m)
+    assert m.reduce(1)["loss/veto_frac"] == pytest.approx(0.5)              # 2 tokens: the second is vetoed
+    train.micro_batch_loss(model, None, mb, dataclasses.replace(a, veto_scope="none"), 2.0, m_off)
+    assert m_off.reduce(1)["loss/veto_frac"] == 0.0
 
 
 # ---- 6. DAPO dynamic sampling filters on the verdict, not the shaped reward ------------------------------------------
@@ -127,7 +134,7 @@ def run_main(argv, monkeypatch, tmp_path):
 
 def test_numeric_flags_are_all_covered():
     """The lists of bounds in train.py name real flags, and the parametrised test below sees every numeric one."""
-    assert set(train.AT_LEAST_0 + train.AT_LEAST_1) <= set(NUMERIC)
+    assert set(flags.AT_LEAST_0 + flags.AT_LEAST_1) <= set(NUMERIC)
     assert {"veto_threshold", "temperature", "top_p", "eps_low", "eps_high", "seed"} <= set(NUMERIC)
 
 

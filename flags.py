@@ -1,0 +1,108 @@
+"""Command-line flags from a dataclass: one `--flag` per field, the string under the field as its help, a
+`Literal[...]` type as its allowed values (used by train.py and eval.py); and the bounds of train.py's flags, so that
+bad input ends in one clear sentence before anything runs.
+
+    @dataclass
+    class Args:
+        ratio: Literal["token", "gspo"] = "token"
+        \"\"\"importance weight\"\"\"
+    args = flags.parse(Args, sys.argv[1:], description=__doc__)      # --ratio {token,gspo}, help from the docstring
+"""
+import argparse
+import ast
+import dataclasses
+import inspect
+import math
+import os
+import typing
+
+import data
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The string literal under each dataclass field, whitespace folded, which becomes its --help text."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    return {a.target.id: " ".join(b.value.value.split()) for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+
+
+def choices(cls, name: str) -> tuple | None:
+    """The allowed values of a `Literal[...]` field, else None."""
+    hint = typing.get_type_hints(cls)[name]
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+
+
+def parse(cls, argv=None, description: str = "", formatter=argparse.RawDescriptionHelpFormatter):
+    """An instance of the flags dataclass `cls` from the command line; bools are --flag / --no-flag. A bad value
+    (unknown choice, not a number) ends in argparse's one `error:` line and exit status 2."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=formatter)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        kw = dict(default=f.default, help=f"{docs[f.name]} (default: {f.default!r})", choices=choices(cls, f.name))
+        if isinstance(f.default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = type(f.default)
+        ap.add_argument("--" + f.name.replace("_", "-"), **kw)
+    return cls(**vars(ap.parse_args(argv)))
+
+
+# ---- train.py's bounds ---------------------------------------------------------------------------------------
+
+AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "epochs",
+              "mini_batches", "max_bad_steps", "eval_k")
+AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap", "dual_clip",
+              "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay", "max_grad_norm", "eval_every",
+              "save_every", "log_samples", "threads", "eval_temperature", "seed")
+
+
+def check_args(args, world: int = 1) -> None:
+    """Reject bad input up front with one clear sentence (a ValueError that main prints). Every float flag must be
+    finite; the bounds below are what the code can run with, not a judgement of taste."""
+    flag = lambda name: "--" + name.replace("_", "-")                         # noqa: E731
+    for f in dataclasses.fields(args):
+        if isinstance(getattr(args, f.name), float) and not math.isfinite(getattr(args, f.name)):
+            raise ValueError(f"{flag(f.name)} must be a finite number, got {getattr(args, f.name)}")
+    for names, low in ((AT_LEAST_1, 1), (AT_LEAST_0, 0)):
+        for name in names:
+            if getattr(args, name) < low:
+                raise ValueError(f"{flag(name)} must be >= {low}, got {getattr(args, name)}")
+    per_rank = args.prompts_per_step // world
+    for bad, message in [
+        (args.prompts_per_step % world, f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world "
+                                        f"size ({world}): every rank generates whole groups for an equal share"),
+        (args.group_size < 2, f"--group-size must be at least 2 (a GRPO group needs a baseline), got {args.group_size}"),
+        (args.seed >= 2 ** 31, f"--seed must be below 2**31 (sampling seeds are derived from it), got {args.seed}"),
+        (args.threads > 1024, f"--threads must be at most 1024, got {args.threads}"),
+        (args.temperature <= 0, "--temperature must be > 0: greedy decoding gives a group of identical completions"),
+        (not 0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
+        (not 0 <= args.eps_low <= 1 or args.eps_high < 0,
+         f"need 0 <= --eps-low <= 1 and --eps-high >= 0, got {args.eps_low}, {args.eps_high}"),
+        (0 < args.dual_clip <= 1, f"--dual-clip must be > 1 (or 0 = off), got {args.dual_clip}"),
+        (args.mini_batches > per_rank * args.group_size,
+         f"--mini-batches ({args.mini_batches}) exceeds the {per_rank * args.group_size} fresh rollouts per rank and "
+         f"step: some optimizer steps would have no rollout"),
+        (args.veto_threshold <= 0, f"--veto-threshold must be > 0 (a ratio below it triggers the veto), "
+                                   f"got {args.veto_threshold}"),
+        (args.overlong_buffer > args.max_new_tokens,
+         f"--overlong-buffer ({args.overlong_buffer}) cannot exceed --max-new-tokens ({args.max_new_tokens})"),
+        (not os.path.isdir(args.model), f"--model: no such directory: {args.model}")]:
+        if bad:
+            raise ValueError(message)
+
+
+def check_sizes(args, model, prompts: list, world: int) -> None:
+    """Bounds that need the model and the data: a prompt must not appear twice in one step (its two groups would
+    share a prompt_id and be merged), the eval split must hold --eval-size prompts, and the longest prompt plus
+    --max-new-tokens must fit the model's positions."""
+    if args.prompts_per_step // world > len(prompts) // world:
+        raise ValueError(f"--prompts-per-step ({args.prompts_per_step}) exceeds the {len(prompts)} training prompts "
+                         f"(at most {len(prompts) // world * world} on {world} rank(s))")
+    n_test = len(data.arithmetic_examples("test"))
+    if args.eval_size > n_test:
+        raise ValueError(f"--eval-size ({args.eval_size}) exceeds the {n_test} prompts of the built-in test split")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    longest = max(len(p.ids) for p in prompts)
+    if limit and longest + args.max_new_tokens > limit:
+        raise ValueError(f"--max-new-tokens ({args.max_new_tokens}) plus the longest prompt ({longest} tokens) "
+                         f"exceeds the model's {limit} positions")

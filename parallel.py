@@ -1,0 +1,217 @@
+"""The machinery around the algorithm: collectives, lockstep micro-batches, the non-finite step guard, step metrics
+and the log line. train.py's loop uses these; a reader of the algorithm can take each at its docstring.
+
+Every function works at world size 1 without a process group (plain `python train.py`), where a collective is the
+identity. Under torchrun every rank must call the collectives here equally often and in the same order.
+"""
+import json
+import math
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+import checkpoint
+import grpo
+
+
+def print0(*args, **kw) -> None:
+    """print() on rank 0 only."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, **kw)
+
+
+def all_reduce(values: list[float], world: int, op=dist.ReduceOp.SUM) -> list[float]:
+    """Element-wise reduction of a list of floats over ranks (float64)."""
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+# ---- lockstep forward/backward passes --------------------------------------------------------------------------------
+
+def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool):
+    """Yield this rank's micro-batches, then make the passes it lacks: FSDP all-gathers parameters inside every
+    forward and reduce-scatters gradients inside every backward, collectives that every rank must join equally often,
+    so a rank with fewer micro-batches than another runs padding passes (a one-token forward, and a backward of
+    0 * logits when `backward`: its gradient is exactly 0)."""
+    n = int(all_reduce([float(len(micro_batches))], world, op=dist.ReduceOp.MAX)[0])
+    yield from micro_batches
+    device = next(model.parameters()).device
+    for _ in range(n - len(micro_batches)):
+        logits = model(input_ids=torch.full((1, 1), pad_id, device=device)).logits
+        if backward:
+            (logits.float().sum() * 0.0).backward()
+
+
+def clip_gradients(model, max_norm: float) -> float:
+    """Clip to max_norm (0 = no clip) by the global norm: on FSDP2's DTensor gradients clip_grad_norm_ reduces the
+    per-shard norms over ranks, and returns the norm as a replicated DTensor."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or float("inf"))
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+def full_parameters(model):
+    """(name, full tensor) for every parameter, in named_parameters() order (the same on every rank, layer by
+    layer), one at a time: a sharded parameter is all-gathered (DTensor.full_tensor(), a collective every rank joins
+    in this order) only when the consumer asks for it, so at most one full tensor is alive beyond the model."""
+    for name, p in model.named_parameters():
+        with torch.no_grad():
+            t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        yield name, t
+
+
+# ---- the non-finite guard --------------------------------------------------------------------------------------------
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+class StepGuard:
+    """A non-finite loss or gradient norm never reaches the weights: that optimizer step is skipped on every rank
+    (gradients dropped), logged and counted; `max_bad` skips in a row raise NonFiniteError, which ends the run
+    before anything of that state is saved, so the last good checkpoint stays the newest."""
+
+    def __init__(self, max_bad: int):
+        self.max_bad, self.skipped, self.in_row = max_bad, 0, 0
+
+    def allow(self, loss: float, grad_norm: float, world: int, step: int) -> bool:
+        bad = all_reduce([float(not (math.isfinite(loss) and math.isfinite(grad_norm)))], world,
+                         op=dist.ReduceOp.MAX)[0]        # one rank's inf loss is everyone's skipped step
+        if not bad:
+            self.in_row = 0
+            return True
+        self.skipped += 1
+        self.in_row += 1
+        print0(f"step {step + 1}: non-finite loss {loss} or gradient norm {grad_norm}: optimizer step skipped "
+               f"({self.in_row} in a row, {self.skipped} in all)", flush=True)
+        if self.in_row >= self.max_bad:
+            raise NonFiniteError(f"{self.in_row} optimizer steps in a row had a non-finite loss or gradient norm "
+                                 f"(step {step + 1}); stopping. The newest checkpoint predates them.")
+        return False
+
+
+# ---- step metrics ------------------------------------------------------------------------------------------------
+
+class Metrics:
+    """One step's metrics in a form that combines exactly over micro-batches and ranks: a mean with its weight (the
+    number of items it averages: tokens, rollouts, prompts), a total, or an extreme. `reduce(world)` gathers every
+    rank's entries in one collective and returns {key: weighted mean | sum | max | min}, keys in the order rank 0
+    added them. A weighted mean is sum_i w_i v_i / sum_i w_i over the parts with w_i > 0 (0 when there are none; the
+    value itself when there is one), so a mean over micro-batches or ranks is the mean over all their items."""
+
+    def __init__(self):
+        self.stats = {}                                   # key -> (kind, [value, ...] or [(value, weight), ...])
+
+    def _add(self, key: str, kind: str, value) -> None:
+        self.stats.setdefault(key, (kind, []))[1].append(value)
+
+    def mean(self, key: str, value: float, weight: float) -> None:
+        """Add a mean `value` of `weight` items."""
+        self._add(key, "mean", (float(value), float(weight)))
+
+    def total(self, key: str, value) -> None:
+        self._add(key, "sum", value)
+
+    def max(self, key: str, value) -> None:
+        self._add(key, "max", value)
+
+    def min(self, key: str, value) -> None:
+        self._add(key, "min", value)
+
+    def token_means(self, means: dict, n: float, extremes: dict | None = None) -> None:
+        """Add a dict of means over n tokens (0-dim tensors or floats); keys in `extremes` ({key: "min" | "max"})
+        are extremes instead, kept only where n > 0 (a mean of no token is NaN)."""
+        for key, value in means.items():
+            if key not in (extremes or {}):
+                self.mean(key, float(value), n)
+            elif n:
+                (self.min if extremes[key] == "min" else self.max)(key, float(value))
+
+    def reduce(self, world: int) -> dict:
+        parts = [self.stats]
+        if world > 1:
+            parts = [None] * world
+            dist.all_gather_object(parts, self.stats)
+        out = {}
+        for key in dict.fromkeys(k for p in parts for k in p):           # union, in first-seen order
+            kind = next(p[key][0] for p in parts if key in p)
+            values = [v for p in parts if key in p for v in p[key][1]]
+            if kind == "mean":
+                out[key] = _weighted_mean(values)
+            elif kind == "sum":
+                out[key] = sum(values)
+            else:
+                out[key] = (max if kind == "max" else min)(values)
+        return out
+
+
+def _weighted_mean(parts: list[tuple[float, float]]) -> float:
+    parts = [(v, w) for v, w in parts if w > 0]
+    if len(parts) <= 1:
+        return parts[0][0] if parts else 0.0
+    return sum(v * w for v, w in parts) / sum(w for _, w in parts)
+
+
+def rollout_metrics(m: Metrics, fresh, generated, replay) -> None:
+    """What was generated (all rounds), what went into the batch, and the replay buffer's state after this step."""
+    rewards = torch.tensor([r.reward for r in generated])
+    n, n_groups = len(generated), len({r.prompt_id for r in generated})
+    m.mean("reward/mean", rewards.mean().item(), n)
+    m.mean("reward/zero_std_frac", grpo.zero_std_fraction(rewards, torch.tensor([r.prompt_id for r in generated])),
+           n_groups)
+    m.total("batch/fresh", len(fresh))
+    m.mean("response/len_mean", sum(len(r.completion_ids) for r in generated) / n, n)
+    m.mean("response/truncated_frac", sum(r.truncated for r in generated) / n, n)
+    s = replay.stats() if replay is not None else {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0}
+    for key, value in s.items():
+        if key in ("replay/age_mean", "replay/abs_adv_sampled"):
+            m.mean(key, value, s["replay/sampled"])
+        elif key == "replay/abs_adv_stored":
+            m.mean(key, value, s["replay/size"])
+        elif key == "replay/age_max":
+            m.max(key, value)
+        else:
+            m.total(key, value)
+
+
+def split(items: list, size: int) -> list[list]:
+    """Consecutive chunks of at most `size` items (ceil(len / size) of them)."""
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def log_line(m: dict) -> str:
+    """The step's line on stdout, from the reduced metrics; a WARNING when the verifier had internal errors."""
+    s = (f"step {m['step']:4d} | reward {m['reward/mean']:.3f} | zero-std {m['reward/zero_std_frac']:.2f} "
+         f"| loss {m['loss/policy']:+.4f} | clip {m.get('loss/clip_frac', 0):.3f} | replay {m['replay/sampled']:3d}/"
+         f"{m['replay/size']:<5d} age {m['replay/age_mean']:.2f} | len {m['response/len_mean']:.1f} "
+         f"| {m['time/step']:.2f}s")
+    s += "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/"))
+    if m.get("verify/error") or m.get("verify/worker_restarts"):   # a verifier bug would quietly zero rewards
+        s += (f" | WARNING verifier: {m['verify/error']} internal errors, {m['verify/worker_restarts']} worker "
+              f"restarts (see verify/* in metrics.jsonl)")
+    return s
+
+
+# ---- rank 0's files ------------------------------------------------------------------------------------------------
+
+def open_logs(out_dir: str, rank: int, start: int):
+    """(metrics.jsonl, samples.jsonl) on rank 0, continued after step `start` on resume; (None, None) elsewhere."""
+    if rank != 0:
+        return None, None
+    os.makedirs(out_dir, exist_ok=True)
+    return tuple(checkpoint.open_log(os.path.join(out_dir, name), start) for name in ("metrics.jsonl", "samples.jsonl"))
+
+
+def write_logs(files, row: dict, samples: list[dict]) -> None:
+    """The step's metrics line and a few decoded rollouts (no-op off rank 0)."""
+    metrics_f, samples_f = files
+    if metrics_f is None:
+        return
+    metrics_f.write(json.dumps(row) + "\n")
+    metrics_f.flush()
+    samples_f.writelines(json.dumps(s) + "\n" for s in samples)
+    samples_f.flush()
