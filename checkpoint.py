@@ -86,6 +86,29 @@ def set_rng_state(s: dict) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
+def save_hf(model, tokenizer, path: str, state_dict=None) -> None:
+    """`model` and `tokenizer` as a Hugging Face directory that plain transformers runs the way the trainer does:
+    `model.generate` stops at EOS and pads with PAD, and AutoTokenizer gives back the tokenizer's own class (its
+    save_pretrained names it in tokenizer_config.json).
+
+    Where the model's configs name none, the tokenizer's ids are filled in (in place, on `model`'s configs): EOS and
+    BOS in config.json and generation_config.json, PAD in generation_config.json only, which is where `generate`
+    reads it. PAD in config.json would not be inert: transformers builds the input embedding with
+    padding_idx = config.pad_token_id, which zeroes that row's gradient, so a run resumed from (or started on) such
+    a directory would train differently from the run that wrote it. Ids a model already names (a real model's list
+    of EOS ids in generation_config.json) are kept."""
+    fill = {"eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id}
+    targets = [(model.config, fill)]
+    if getattr(model, "generation_config", None) is not None:
+        targets.append((model.generation_config, {**fill, "pad_token_id": tokenizer.pad_token_id}))
+    for cfg, ids in targets:
+        for name, value in ids.items():
+            if getattr(cfg, name, None) is None and value is not None:
+                setattr(cfg, name, value)
+    model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
 def save(root: str, step: int, model, opt, tokenizer, args: dict, trainer_state: dict, rank_state: dict,
          rank: int, world: int) -> str:
     """Write checkpoint `step` under `root` atomically; every rank calls it (the gathers are collective).
@@ -100,8 +123,7 @@ def save(root: str, step: int, model, opt, tokenizer, args: dict, trainer_state:
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) \
         if dist.is_initialized() else model.state_dict()
     if rank == 0:
-        model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_hf(model, tokenizer, tmp, state_dict=full)
         _write_json(os.path.join(tmp, "args.json"), args)
         _write_json(os.path.join(tmp, "trainer", "state.json"), {**trainer_state, "world_size": world})
     del full

@@ -18,21 +18,27 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
+from checkpoint import save_hf  # noqa: E402
 from rollout import Prompt, Sampling, TorchEngine  # noqa: E402
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
 
 def make_tokenizer():
-    """Character level: printable ASCII and newline, plus EOS and PAD. Enough for arithmetic and for LaTeX answers."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
+    """Character level: printable ASCII and newline (ids 0..95), plus EOS (96) and PAD (97). Enough for arithmetic
+    and for LaTeX answers.
+
+    A Qwen2Tokenizer with the characters as its vocabulary and no merges (one token per character). transformers 5
+    gives a `qwen2` model's directory a Qwen2Tokenizer whatever tokenizer_config.json names, and that class always
+    byte-level maps the text before the lookup (space -> 'Ġ', newline -> 'Ċ', the other printable characters to
+    themselves): so the vocabulary is written in that form, and space and newline reach their ids instead of being
+    dropped. The script, the trainer (rollout.load_model), vLLM and plain `AutoTokenizer` then all use this one class
+    with these same ids."""
+    from transformers import Qwen2Tokenizer
+    byte_level = {" ": "\u0120", "\n": "\u010a"}
     chars = [chr(i) for i in range(32, 127)] + ["\n"]
-    vocab = {c: i for i, c in enumerate(chars)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))   # no merges: one token per character
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([EOS, PAD])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, model_max_length=256)
+    vocab = {byte_level.get(c, c): i for i, c in enumerate(chars)}
+    return Qwen2Tokenizer(vocab=vocab, merges=[], eos_token=EOS, pad_token=PAD, model_max_length=256)
 
 
 def make_model(vocab_size: int, seed: int):
@@ -94,8 +100,7 @@ def main():
         if step % args.eval_every == 0 or step == args.steps:
             print(f"step {step:5d}  loss {loss.item():.3f}  test greedy acc {greedy_accuracy(model, tok, test):.3f}",
                   flush=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    tok.save_pretrained(args.out)
+    save_hf(model, tok, args.out)        # EOS / PAD ids in the configs: `generate` stops at EOS
     print(f"saved {args.out}")
 
 
