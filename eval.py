@@ -140,12 +140,11 @@ def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float,
     return sets
 
 
-def evaluate_shard(engine, tokenizer, sets: dict, *, top_p: float, max_new_tokens: int, seed: int, rank: int = 0,
-                   world: int = 1) -> dict[str, float]:
-    """{key: this rank's share of mean@k} over train_eval_sets: rank r grades every world-th problem (the same
-    weights on every rank), so the shares summed over ranks are each set's mean@k, and `python eval.py --model
-    <checkpoint>` with the same settings reproduces it."""
-    out = {}
+def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_new_tokens: int, seed: int,
+                   rank: int = 0, world: int = 1) -> None:
+    """metrics.total("eval/<key>", this rank's share of mean@k) for each of train_eval_sets: rank r grades every
+    world-th problem (the same weights on every rank), so the shares summed over ranks are each set's mean@k, and
+    `python eval.py --model <checkpoint>` with the same settings reproduces it."""
     for key, (examples, template, k, temperature) in sets.items():
         mine, correct = examples[rank::world], 0.0
         if mine:
@@ -153,8 +152,7 @@ def evaluate_shard(engine, tokenizer, sets: dict, *, top_p: float, max_new_token
             summary, _ = evaluate(engine, tokenizer, mine, template=template, k=k,
                                   sampling=Sampling(temperature, top_p, max_new_tokens, seed=seed))
             correct = summary["mean@k"] * len(mine)
-        out[key] = correct / len(examples)
-    return out
+        metrics.total(f"eval/{key}", correct / len(examples))
 
 
 # ---- the CLI -----------------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size",
               "mini_batches", "max_bad_steps", "eval_k")
 AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap", "dual_clip",
               "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay", "max_grad_norm", "eval_every",
-              "save_every", "log_samples", "threads", "eval_temperature", "seed")
+              "save_every", "log_samples", "threads", "eval_temperature", "seed", "check_every", "max_logprob_diff")
 
 
 def check_args(args, world: int = 1) -> None:
@@ -71,7 +71,7 @@ def check_args(args, world: int = 1) -> None:
     for bad, message in [
         (args.prompts_per_step % world, f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world "
                                         f"size ({world}): every rank generates whole groups for an equal share"),
-        (args.group_size < 2, f"--group-size must be at least 2 (a GRPO group needs a baseline), got {args.group_size}"),
+        (args.group_size < 2, f"--group-size must be >= 2 (a GRPO group needs a baseline), got {args.group_size}"),
         (args.seed >= 2 ** 31, f"--seed must be below 2**31 (sampling seeds are derived from it), got {args.seed}"),
         (args.threads > 1024, f"--threads must be at most 1024, got {args.threads}"),
         (args.temperature <= 0, "--temperature must be > 0: greedy decoding gives a group of identical completions"),
@@ -86,6 +86,10 @@ def check_args(args, world: int = 1) -> None:
                                    f"got {args.veto_threshold}"),
         (args.overlong_buffer > args.max_new_tokens,
          f"--overlong-buffer ({args.overlong_buffer}) cannot exceed --max-new-tokens ({args.max_new_tokens})"),
+        (args.engine == "vllm" and args.top_p < 1, "--top-p < 1 needs --engine torch: vLLM returns log-probs "
+                                                   "renormalised over the nucleus, not the full-vocabulary ones"),
+        (not 0 < args.gpu_memory_utilization <= 1, f"--gpu-memory-utilization must be in (0, 1], "
+                                                    f"got {args.gpu_memory_utilization}"),
         (not os.path.isdir(args.model), f"--model: no such directory: {args.model}")]:
         if bad:
             raise ValueError(message)

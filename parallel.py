@@ -14,6 +14,7 @@ from torch.distributed.tensor import DTensor
 
 import checkpoint
 import grpo
+from rollout import forward_logprobs, micro_batches
 
 
 def print0(*args, **kw) -> None:
@@ -45,6 +46,27 @@ def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool
         logits = model(input_ids=torch.full((1, 1), pad_id, device=device)).logits
         if backward:
             (logits.float().sum() * 0.0).backward()
+
+
+def global_normaliser(micro_batches: list[dict], agg: str, max_len: int, world: int) -> float | None:
+    """N of one optimizer step over every rank's micro-batches (grpo.loss_normaliser; every mode's N is a count, so
+    the global N is the sum of the ranks' counts, floored at 1 once), or None when no rank has a rollout in it (then
+    there is no optimizer step)."""
+    n = sum(grpo.loss_normaliser(mb["completion_mask"], agg, max_len=max_len, floor=0) for mb in micro_batches)
+    total, rollouts = all_reduce([n, float(len(micro_batches))], world)
+    return max(total, 1.0) if rollouts else None
+
+
+@torch.no_grad()
+def lockstep_logprobs(model, rollouts: list, size: int, temperature: float, pad_id: int, world: int) -> list:
+    """Each rollout's completion log-probs under `model` (rollout.forward_logprobs), in micro-batches of `size` run
+    in lockstep with the other ranks: a list of floats per rollout, in order."""
+    out, mbs = [], micro_batches(rollouts, size, pad_id, next(model.parameters()).device)
+    for i, mb in enumerate(lockstep(mbs, model, pad_id, world, backward=False)):
+        logp = forward_logprobs(model, mb, temperature)[1]                                     # [b, T]
+        out += [logp[b, len(r.prompt_ids) - 1:len(r.prompt_ids) - 1 + len(r.completion_ids)].tolist()
+                for b, r in enumerate(rollouts[i * size:(i + 1) * size])]
+    return out
 
 
 def clip_gradients(model, max_norm: float) -> float:
@@ -178,11 +200,6 @@ def rollout_metrics(m: Metrics, fresh, generated, replay) -> None:
             m.total(key, value)
 
 
-def split(items: list, size: int) -> list[list]:
-    """Consecutive chunks of at most `size` items (ceil(len / size) of them)."""
-    return [items[i:i + size] for i in range(0, len(items), size)]
-
-
 def log_line(m: dict) -> str:
     """The step's line on stdout, from the reduced metrics; a WARNING when the verifier had internal errors."""
     s = (f"step {m['step']:4d} | reward {m['reward/mean']:.3f} | zero-std {m['reward/zero_std_frac']:.2f} "
@@ -206,12 +223,29 @@ def open_logs(out_dir: str, rank: int, start: int):
     return tuple(checkpoint.open_log(os.path.join(out_dir, name), start) for name in ("metrics.jsonl", "samples.jsonl"))
 
 
-def write_logs(files, row: dict, samples: list[dict]) -> None:
-    """The step's metrics line and a few decoded rollouts (no-op off rank 0)."""
+def write_logs(files, row: dict, rollouts: list = (), tokenizer=None) -> None:
+    """Print the step's line (rank 0) and write it to metrics.jsonl, with a few decoded rollouts to samples.jsonl.
+    Step 0 (the evaluation before training) prints its eval/* numbers only."""
+    if row["step"] == 0:
+        print0("step    0 | " + " | ".join(f"{k[5:]} {v:.3f}" for k, v in row.items() if k != "step"))
+    else:
+        print0(log_line(row), flush=True)
     metrics_f, samples_f = files
     if metrics_f is None:
         return
     metrics_f.write(json.dumps(row) + "\n")
     metrics_f.flush()
-    samples_f.writelines(json.dumps(s) + "\n" for s in samples)
+    samples_f.writelines(json.dumps({"step": row["step"], "prompt": tokenizer.decode(r.prompt_ids),
+                                     "completion": r.text, "answer": r.answer, "reward": r.reward,
+                                     "advantage": r.advantage}) + "\n" for r in rollouts)
     samples_f.flush()
+
+
+def close_logs(files, row: dict, final: str | None) -> None:
+    """Close rank 0's files; name the final checkpoint (out_dir/final) with the last eval numbers."""
+    if files[0] is None:
+        return
+    for f in files:
+        f.close()
+    if final:
+        print(f"final -> {final}" + "".join(f" | {k[5:]} {v:.3f}" for k, v in row.items() if k.startswith("eval/")))

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+import grpo
+from data import Prompt  # noqa: F401  (a tokenized question, the engines' input; also rollout.Prompt for callers)
+
 
 @dataclass
 class Rollout:
@@ -40,13 +43,6 @@ class Rollout:
 
 
 @dataclass
-class Prompt:
-    prompt_id: int
-    ids: list[int]
-    answer: str = ""
-
-
-@dataclass
 class Sampling:
     temperature: float = 1.0       # 0 means greedy
     top_p: float = 1.0
@@ -54,14 +50,16 @@ class Sampling:
     seed: int = 0
 
 
-def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]] | None = None) -> dict:
+def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]] | None = None,
+            mask_truncated: bool = False) -> dict:
     """Right-padded tensors for a forward pass over prompt + completion.
 
     Every per-token tensor is aligned with `input_ids[:, 1:]` (the token each position predicts), so T = L - 1:
     `completion_mask[b, t]` is 1 where input_ids[b, t + 1] is a completion token, `behaviour_logprobs[b, t]` its
     behaviour log-prob (the engine's, at generation). `old_logprobs` (the ratio's denominator) is the same tensor
     unless other per-rollout log-probs are given (train.py's --tis-cap: recomputed by the trainer). EOS, when
-    generated, is a completion token and is in the mask (the policy chose to stop).
+    generated, is a completion token and is in the mask (the policy chose to stop). `mask_truncated`: DAPO's overlong
+    filter (grpo.overlong_filter), a truncated rollout's completion mask is all zero.
     """
     B = len(rollouts)
     L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
@@ -79,8 +77,25 @@ def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]
         if old_logprobs is not None:
             old[b, P - 1:P - 1 + T] = torch.tensor(old_logprobs[b], dtype=torch.float)
     advantages = torch.tensor([r.advantage for r in rollouts], dtype=torch.float)  # [B]
+    if mask_truncated:
+        completion_mask = grpo.overlong_filter(completion_mask, torch.tensor([r.truncated for r in rollouts]))
     return dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
                 behaviour_logprobs=behaviour, old_logprobs=old, advantages=advantages)
+
+
+def micro_batches(rollouts: list[Rollout], size: int, pad_id: int, device, old_logprobs: list | None = None,
+                  mask_truncated: bool = False) -> list[dict]:
+    """`rollouts` in consecutive micro-batches of at most `size`, each collated once and moved to `device`."""
+    old = old_logprobs or None
+    return [{k: v.to(device) for k, v in collate(rollouts[i:i + size], pad_id, old and old[i:i + size],
+                                                 mask_truncated).items()} for i in range(0, len(rollouts), size)]
+
+
+def forward_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [B, T, V], log pi of each next token [B, T]) of a collated batch, aligned with its masks: the one
+    forward through which the trainer (loss, TIS, canary) scores rollouts."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    return logits, grpo.token_logprobs(logits, batch["input_ids"][:, 1:], temperature)
 
 
 def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
@@ -154,6 +169,12 @@ class TorchEngine:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.device = next(self.model.parameters()).device
+
+    def sleep(self) -> None:        # VLLMEngine's interface; the copy is small next to the trainer's state
+        pass
+
+    def close(self) -> None:
+        pass
 
     @torch.no_grad()
     def load_weights(self, named_tensors) -> None:
@@ -466,6 +487,24 @@ class VLLMEngine:
 ENGINES = ("auto", "torch", "vllm")
 
 
+def engine_kind(kind: str) -> str:
+    """--engine resolved to "torch" or "vllm": "auto" is vLLM when CUDA is available and vllm imports, else torch;
+    "vllm" without a working vllm is a ValueError saying how to install it."""
+    if kind not in ENGINES:
+        raise ValueError(f"--engine: {kind!r} is not one of {', '.join(ENGINES)}")
+    if kind == "auto":
+        if not torch.cuda.is_available() or vllm_problem() is not None:
+            return "torch"
+        try:
+            _import_vllm()
+            return "vllm"
+        except ValueError:
+            return "torch"
+    if kind == "vllm":
+        _import_vllm()
+    return kind
+
+
 def make_engine(kind: str, model, tokenizer, model_path: str, device, *, seed: int = 0, max_model_len: int = 2048,
                 gpu_memory_utilization: float = 0.3, distributed: bool = False):
     """The rollout engine for `--engine`: "torch" (TorchEngine), "vllm" (VLLMEngine; a ValueError saying how to
@@ -475,17 +514,7 @@ def make_engine(kind: str, model, tokenizer, model_path: str, device, *, seed: i
     starting vLLM in one process initialises torch.distributed (gloo, world size 1), which code that asks
     dist.is_initialized() would take for torchrun. At the end, `engine.close()` (VLLMEngine) replaces
     dist.destroy_process_group()."""
-    if kind not in ENGINES:
-        raise ValueError(f"--engine: {kind!r} is not one of {', '.join(ENGINES)}")
-    if kind == "auto":
-        kind = "torch"
-        if torch.cuda.is_available() and vllm_problem() is None:
-            try:
-                _import_vllm()
-                kind = "vllm"
-            except ValueError:
-                pass
-    if kind == "torch":
+    if engine_kind(kind) == "torch":
         return TorchEngine(model, tokenizer)
     cuda = torch.device(device).type == "cuda"
     engine = VLLMEngine(model_path, tokenizer, seed=seed, max_model_len=max_model_len,
@@ -495,21 +524,30 @@ def make_engine(kind: str, model, tokenizer, model_path: str, device, *, seed: i
     return engine
 
 
+class EngineMismatchError(RuntimeError):
+    pass
+
+
+def check_canary(diff: float, limit: float, step: int) -> None:
+    """Raise EngineMismatchError when the engine's log-probs are further from the trainer's than `limit`."""
+    if diff > limit:
+        raise EngineMismatchError(f"step {step}: rollout/logprob_diff {diff:.3g} > --max-logprob-diff {limit:g}: the "
+                                  f"engine does not sample from the trainer's weights (stale or wrongly loaded)")
+
+
 @torch.no_grad()
 def logprob_diff(model, rollouts: list[Rollout], temperature: float, pad_id: int) -> float:
     """The canary: mean over completion tokens of |engine log-prob - trainer log-prob|, the trainer's from one
     forward of `model` through the trainer's own path (collate, grpo.token_logprobs). An engine that samples from
     stale or wrongly loaded weights shows here at once (fp32, same weights: about 1e-6; bf16 engine: about 1e-2).
     Under FSDP every rank must call it (the forward is a collective). 0.0 for no tokens."""
-    import grpo
     if not rollouts:
         return 0.0
     device = next(model.parameters()).device
     b = {k: v.to(device) for k, v in collate(rollouts, pad_id).items()}
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
-    logp = grpo.token_logprobs(logits, b["input_ids"][:, 1:], temperature or 1.0)        # greedy: log softmax
+    logp = forward_logprobs(model, b, temperature or 1.0)[1]                              # greedy: log softmax
     mask = b["completion_mask"]
-    return ((logp - b["old_logprobs"]).abs() * mask).sum().item() / max(mask.sum().item(), 1.0)
+    return ((logp - b["behaviour_logprobs"]).abs() * mask).sum().item() / max(mask.sum().item(), 1.0)
 
 
 if __name__ == "__main__":

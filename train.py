@@ -32,7 +32,6 @@ at the start of the step (the proximal policy) and each token weighted by min(pi
 """
 import dataclasses
 import json
-import math
 import os
 import random
 import sys
@@ -51,8 +50,8 @@ import flags
 import grpo
 import parallel
 import verify
-from parallel import print0
-from rollout import Prompt, Sampling, TorchEngine, collate, load_model
+import rollout
+from rollout import Prompt, Sampling, TorchEngine, forward_logprobs, load_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -160,10 +159,14 @@ class Args:
     """a checkpoint directory to continue from, or 'auto' = the newest complete one in out_dir/checkpoints"""
     threads: int = 0
     """torch CPU threads (0 = torch's default)"""
-
-
-def parse_args(argv=None) -> Args:
-    return flags.parse(Args, argv, __doc__)
+    engine: Literal[rollout.ENGINES] = "auto"
+    """rollout engine: torch (TorchEngine) | vllm (colocated vLLM, see README) | auto (vllm on CUDA if installed)"""
+    gpu_memory_utilization: float = 0.3
+    """vLLM: share of GPU memory for its weights and KV cache (it sleeps while the trainer updates)"""
+    check_every: int = 10
+    """log rollout/logprob_diff (mean |engine - trainer| log-prob, 16 rollouts) every N steps (0 = never)"""
+    max_logprob_diff: float = 0.1
+    """stop with an error when rollout/logprob_diff exceeds this (fp32 engines agree to ~1e-6, bf16 to ~1e-2)"""
 
 
 # ---- seeds: every random stream of a run comes from --seed here, and nowhere else -----------------------------------
@@ -220,18 +223,6 @@ def shard_model(model, device: str):
     return model
 
 
-def load_eval_sets(args: Args) -> dict:
-    return eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k, args.eval_temperature,
-                                    args.prompt_template, args.data_dir)
-
-
-def evaluate(engine, tok, args: Args, eval_sets: dict, m: parallel.Metrics, rank: int, world: int) -> None:
-    """eval/<key>: each rank's share of each set's accuracy (eval.evaluate_shard), summed over ranks."""
-    for key, share in eval_lib.evaluate_shard(engine, tok, eval_sets, top_p=args.top_p, seed=args.seed, rank=rank,
-                                              max_new_tokens=args.max_new_tokens, world=world).items():
-        m.total(f"eval/{key}", share)
-
-
 # ---- 1. generate and 2. score ------------------------------------------------------------------------------------
 
 def score(rollouts, args: Args) -> torch.Tensor:
@@ -242,11 +233,14 @@ def score(rollouts, args: Args) -> torch.Tensor:
     if args.overlong_buffer:
         lengths = torch.tensor([len(r.completion_ids) for r in rollouts])
         rewards = rewards + grpo.overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer)
-    group = torch.tensor([r.prompt_id for r in rollouts])                                       # [B]
-    adv = grpo.ADVANTAGES[args.adv](rewards, group)                                             # [B]
+    adv = grpo.ADVANTAGES[args.adv](rewards, groups(rollouts))                                  # [B]
     for r, rew, A in zip(rollouts, rewards.tolist(), adv.tolist()):
         r.reward, r.advantage = rew, A
     return correct
+
+
+def groups(rollouts) -> torch.Tensor:
+    return torch.tensor([r.prompt_id for r in rollouts])                  # [B] the GRPO group of each rollout
 
 
 def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, step: int, rank: int, world: int):
@@ -262,32 +256,15 @@ def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, s
         new = engine.generate(batch_prompts, args.group_size, sampling, version=step)
         correct = score(new, args)
         generated += new
-        fresh += keep_informative(new, correct) if args.dynamic_sampling else new
+        if args.dynamic_sampling:  # DAPO: drop all-correct / all-wrong groups, by the verdicts (not shaped rewards)
+            new = [r for r, k in zip(new, grpo.dynamic_sampling_keep(correct, groups(new)).tolist()) if k]
+        fresh += new
         if len({r.prompt_id for r in fresh}) >= per_rank:
             break
     return fresh, generated, pos
 
 
-def keep_informative(rollouts, correct: torch.Tensor) -> list:
-    """DAPO dynamic sampling: only rollouts whose group is neither all correct nor all wrong (by the verifier's
-    verdicts `correct` [B], not the shaped reward: an all-correct group is not trained on its lengths alone)."""
-    keep = grpo.dynamic_sampling_keep(correct, torch.tensor([r.prompt_id for r in rollouts]))
-    return [r for r, k in zip(rollouts, keep.tolist()) if k]
-
-
-def storable(fresh, args: Args) -> list:
-    """What the replay buffer keeps of the fresh rollouts: under --overlong-filter a truncated rollout has no loss
-    token, so it would only take a replay slot; it is not stored."""
-    return [r for r in fresh if not r.truncated] if args.overlong_filter else fresh
-
-
 # ---- 5. the update -----------------------------------------------------------------------------------------------
-
-def forward_logprobs(model, mb: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [b, T, V], log pi of each next token [b, T]) of a collated micro-batch, aligned with its masks."""
-    logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, :-1]
-    return logits, grpo.token_logprobs(logits, mb["input_ids"][:, 1:], temperature)
-
 
 def micro_batch_loss(model, ref_model, mb: dict, args: Args, normaliser: float,
                      metrics: parallel.Metrics) -> torch.Tensor:
@@ -318,50 +295,20 @@ def micro_batch_loss(model, ref_model, mb: dict, args: Args, normaliser: float,
     return loss
 
 
-def collate_step(rollouts, args: Args, pad_id: int, device, old_logprobs=None) -> dict:
-    """rollout.collate on `device`, with DAPO's overlong filter applied to the completion mask."""
-    b = collate(rollouts, pad_id, old_logprobs)
-    if args.overlong_filter:
-        b["completion_mask"] = grpo.overlong_filter(b["completion_mask"], torch.tensor([r.truncated for r in rollouts]))
-    return {k: v.to(device) for k, v in b.items()}
-
-
-def global_normaliser(micro_batches: list[dict], args: Args, world: int) -> float | None:
-    """N of one optimizer step over every rank's micro-batches (grpo.loss_normaliser; every mode's N is a count, so
-    the global N is the sum of the ranks' counts, floored at 1 once), or None when no rank has a rollout in it (then
-    there is no optimizer step)."""
-    n = sum(grpo.loss_normaliser(mb["completion_mask"], args.agg, max_len=args.max_new_tokens, floor=0)
-            for mb in micro_batches)
-    total, rollouts = parallel.all_reduce([n, float(len(micro_batches))], world)
-    return max(total, 1.0) if rollouts else None
-
-
-@torch.no_grad()
-def proximal_logprobs(model, batch, args: Args, pad_id: int, world: int) -> list[list[float]]:
-    """Log-probs of each rollout's completion under the weights at the start of this step (for --tis-cap)."""
-    device, out, chunks = next(model.parameters()).device, [], parallel.split(batch, args.micro_batch_size)
-    mbs = [collate_step(chunk, args, pad_id, device) for chunk in chunks]
-    for i, mb in enumerate(parallel.lockstep(mbs, model, pad_id, world, backward=False)):
-        logp = forward_logprobs(model, mb, args.temperature)[1]                                 # [b, T]
-        out += [logp[b, len(r.prompt_ids) - 1:len(r.prompt_ids) - 1 + len(r.completion_ids)].tolist()
-                for b, r in enumerate(chunks[i])]
-    return out
-
-
 def update(model, ref_model, opt, fresh, replayed, args: Args, step: int, pad_id: int, world: int = 1,
            guard: parallel.StepGuard | None = None) -> parallel.Metrics:
     """`epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts. Each one: the global
     normaliser, then forward/backward over the micro-batches (in lockstep with the other ranks), then clip and step.
     Returns this rank's metrics."""
     guard, metrics, batch = guard or parallel.StepGuard(args.max_bad_steps), parallel.Metrics(), fresh + replayed
-    device = next(model.parameters()).device
-    old = proximal_logprobs(model, batch, args, pad_id, world) if args.tis_cap else None
+    device, size = next(model.parameters()).device, args.micro_batch_size
+    old = parallel.lockstep_logprobs(model, batch, size, args.temperature, pad_id, world) if args.tis_cap else None
     for epoch in range(args.epochs):
         for idx in buffer.mini_batches(len(fresh), len(replayed), args.mini_batches,  # fresh-anchored
                                        shuffle_seed(args.seed, step, epoch) if epoch else None):
-            mbs = [collate_step([batch[i] for i in chunk], args, pad_id, device, old and [old[i] for i in chunk])
-                   for chunk in parallel.split(idx, args.micro_batch_size)]
-            normaliser = global_normaliser(mbs, args, world)
+            mbs = rollout.micro_batches([batch[i] for i in idx], size, pad_id, device, old and [old[i] for i in idx],
+                                        mask_truncated=args.overlong_filter)   # collated once; TIS: proximal old
+            normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, world)
             if normaliser is None:
                 continue
             loss = 0.0
@@ -381,85 +328,91 @@ def update(model, ref_model, opt, fresh, replayed, args: Args, step: int, pad_id
 
 # ---- the loop --------------------------------------------------------------------------------------------------
 
-def setup(args: Args, model, tok, rank: int, device: str):
-    """(engine, sharded policy, reference model or None, optimizer, replay buffer or None)."""
+def setup(args: Args, model, tok, rank: int, world: int, device: str, max_len: int):
+    """(engine, sharded policy, reference model or None, optimizer, replay buffer or None). TorchEngine copies the
+    model before sharding; vLLM starts after it (in one process it initialises torch.distributed itself) and takes
+    the gathered weights."""
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.kl_coef > 0 else None
-    engine = TorchEngine(model, tok)               # a private full copy, made before sharding
+    engine = TorchEngine(model, tok) if args.engine == "torch" else None    # main() resolved "auto"
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = shard_model(model, device).train()
+    if engine is None:
+        engine = rollout.VLLMEngine(args.model, tok, seed=replay_seed(args.seed, rank), max_model_len=max_len,
+                                    gpu_memory_utilization=args.gpu_memory_utilization, distributed=world > 1,
+                                    dtype="bfloat16" if torch.device(device).type == "cuda" else "float32")
+        engine.load_weights(parallel.full_parameters(model))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     replay = buffer.make_replay(args.replay, args.tau_max, args.priority_alpha, args.replay_capacity or None,
                                 replay_seed(args.seed, rank))
     return engine, model, ref_model, opt, replay
 
 
-def train(args: Args, model, tok, prompts: list[Prompt], rank: int = 0, world: int = 1, device: str = "cpu",
-          resume: str | None = None, eval_sets: dict | None = None) -> dict:
+def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_len: int, rank: int = 0,
+          world: int = 1, device: str = "cpu", resume: str | None = None) -> dict:
     """The loop of the module docstring, from step 0 or from the checkpoint `resume`; returns the last step's
     metrics."""
     torch.manual_seed(args.seed)
-    eval_sets = eval_sets or load_eval_sets(args)
-    engine, model, ref_model, opt, replay = setup(args, model, tok, rank, device)
+    engine, model, ref_model, opt, replay = setup(args, model, tok, rank, world, device, max_len)
     order = list(range(len(prompts)))
     random.Random(args.seed).shuffle(order)
     mine, guard = order[rank::world], parallel.StepGuard(args.max_bad_steps)     # this rank's share of the prompts
     start, pos = checkpoint.restore(resume, model, opt, replay, guard, rank, args) if resume else (0, 0)
     logs = parallel.open_logs(args.out_dir, rank, start)
-    print0(json.dumps(dataclasses.asdict(args)))
-    print0(f"world size {world} | {args.prompts_per_step // world} prompts x {args.group_size} completions per rank "
-           f"per step | device {device}")
-    if start == 0:
-        evaluate(engine, tok, args, eval_sets, m := parallel.Metrics(), rank, world)
-        row = {"step": 0, **m.reduce(world)}
-        print0("step    0 | " + " | ".join(f"{k[5:]} {v:.3f}" for k, v in row.items() if k != "step"))
-        logs[0] and logs[0].write(json.dumps(row) + "\n")
+    parallel.print0(f"{json.dumps(dataclasses.asdict(args))}\nworld size {world} | {args.prompts_per_step // world} "
+                    f"prompts x {args.group_size} completions per rank per step | device {device}")
+    if start == 0:                                       # step 0: the model before training
+        eval_lib.evaluate_shard(engine, tok, eval_sets, m := parallel.Metrics(), top_p=args.top_p, seed=args.seed,
+                                max_new_tokens=args.max_new_tokens, rank=rank, world=world)
+        parallel.write_logs(logs, {"step": 0, **m.reduce(world)})
 
     row, ckpt = {}, resume
     for step in range(start, args.steps):
         t0, verified = time.perf_counter(), verify.stats()
         fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, args, step, rank, world)  # 1., 2.
+        canary = args.check_every and step % args.check_every == 0 and \
+            rollout.logprob_diff(model, generated[:16], args.temperature, tok.pad_token_id)  # engine = trainer?
         t1 = time.perf_counter()
+        engine.sleep()                                   # vLLM on CUDA frees its memory while the trainer updates
         replayed = []
         if replay is not None:
             replayed = replay.sample(round(args.replay_ratio * len(fresh)), step)                      # 3. sample
-            replay.add(storable(fresh, args), step)                                                    # 4. store
+            replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)         # 4. store
+            # (under --overlong-filter a truncated rollout has no loss token: it would only take a replay slot)
         m = update(model, ref_model, opt, fresh, replayed, args, step, tok.pad_token_id, world, guard)  # 5. update
         engine.load_weights(parallel.full_parameters(model))                                           # 6. sync
         t2 = time.perf_counter()
         parallel.rollout_metrics(m, fresh, generated, replay)
+        if canary is not False:
+            m.mean("rollout/logprob_diff", canary, 1)
         for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
             m.max(f"time/{key}", seconds)
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
-            evaluate(engine, tok, args, eval_sets, m, rank, world)                                     # eval
+            eval_lib.evaluate_shard(engine, tok, eval_sets, m, top_p=args.top_p, seed=args.seed,      # eval
+                                    max_new_tokens=args.max_new_tokens, rank=rank, world=world)
         for key, count in verify.stats().items():      # this step's scoring and eval: errors would zero rewards
             m.total(f"verify/{key}", count - verified[key])
         row = {"step": step + 1, **m.reduce(world)}
-        print0(parallel.log_line(row), flush=True)                                                     # log
-        parallel.write_logs(logs, row, [{"step": step + 1, "prompt": tok.decode(r.prompt_ids), "completion": r.text,
-                                         "answer": r.answer, "reward": r.reward, "advantage": r.advantage}
-                                        for r in generated[:args.log_samples]])
+        parallel.write_logs(logs, row, generated[:args.log_samples], tok)                              # log
+        rollout.check_canary(row.get("rollout/logprob_diff", 0.0), args.max_logprob_diff, step + 1)
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps:
             ckpt = checkpoint.save(os.path.join(args.out_dir, "checkpoints"), step + 1, model, opt, tok,
                                    dataclasses.asdict(args),
                                    {"step": step + 1, "skipped": guard.skipped, "in_row": guard.in_row},
                                    {"pos": pos, "replay": replay.state_dict() if replay is not None else None,
                                     "rng": checkpoint.rng_state()}, rank, world)
-            print0(f"saved {ckpt}", flush=True)
-    if logs[0]:
-        for f in logs:
-            f.close()
-        if ckpt:
-            print(f"final -> {checkpoint.point_final(args.out_dir, ckpt)}" +
-                  "".join(f" | {k[5:]} {v:.3f}" for k, v in row.items() if k.startswith("eval/")))
+            parallel.print0(f"saved {ckpt}", flush=True)
+    engine.close()                                       # vLLM: after the trainer's last collective
+    parallel.close_logs(logs, row, ckpt and rank == 0 and checkpoint.point_final(args.out_dir, ckpt))
     return row
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = flags.parse(Args, argv, __doc__)
     rank, world, device = setup_distributed()
     try:
         try:  # bad input ends in one line and exit status 2; a bug past this point still shows its traceback
+            args.engine = rollout.engine_kind(args.engine)      # auto -> torch | vllm
             flags.check_args(args, world)
             if args.threads:
                 torch.set_num_threads(args.threads)
@@ -469,17 +422,21 @@ def main(argv=None) -> int:
             prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),
                                         data.template_for(name, args.prompt_template), tok)
             flags.check_sizes(args, model, prompts, world)
-            eval_sets = load_eval_sets(args)
+            eval_sets = eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k,
+                                                 args.eval_temperature, args.prompt_template, args.data_dir)
+            max_len = args.max_new_tokens + max(len(p.ids) for p in prompts + [  # vLLM's max_model_len
+                q for examples, template, _, _ in eval_sets.values()
+                for q in data.make_prompts(examples, template, tok)])
         except (ValueError, OSError) as e:
-            print0(f"error: {e}", file=sys.stderr)
+            parallel.print0(f"error: {e}", file=sys.stderr)
             return 2
         if args.resume and not resume:
-            print0(f"--resume auto: no complete checkpoint in {os.path.join(args.out_dir, 'checkpoints')}; "
+            parallel.print0(f"--resume auto: no complete checkpoint in {os.path.join(args.out_dir, 'checkpoints')}; "
                    f"starting from step 0")
         try:
-            train(args, model, tok, prompts, rank, world, device, resume, eval_sets)
-        except parallel.NonFiniteError as e:
-            print0(f"error: {e}", file=sys.stderr)
+            train(args, model, tok, prompts, eval_sets, max_len, rank, world, device, resume)
+        except (parallel.NonFiniteError, rollout.EngineMismatchError) as e:
+            parallel.print0(f"error: {e}", file=sys.stderr)
             return 1
         return 0
     finally:

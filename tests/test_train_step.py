@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "assets"))
 import buffer  # noqa: E402
 import flags  # noqa: E402
 import parallel  # noqa: E402
+import rollout  # noqa: E402
 import train  # noqa: E402
 from make_tiny_model import make_model, make_tokenizer  # noqa: E402
 from rollout import Rollout  # noqa: E402
@@ -63,7 +64,7 @@ def test_veto_uses_behaviour_logprobs_under_tis():
     r = Rollout(prompt_id=0, prompt_ids=tok.encode("7*6="), completion_ids=tok.encode("42"), logprobs=[0.0, 0.0],
                 advantage=-1.0)
     a = train.Args(veto_scope="suffix", veto_threshold=1e-4, tis_cap=2.0)
-    mb = train.collate_step([r], a, tok.pad_token_id, "cpu")
+    mb = rollout.micro_batches([r], 256, tok.pad_token_id, "cpu")[0]
     with torch.no_grad():
         logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, :-1]
         current = train.grpo.token_logprobs(logits, mb["input_ids"][:, 1:])                         # [1, T]
@@ -84,25 +85,27 @@ def _rollout(pid, text, answer, n_tokens):
                    text=text, answer=answer)
 
 
+class FixedEngine:
+    """An engine that returns the same rollouts (copies) for every call, whatever the prompts."""
+
+    def __init__(self, rollouts):
+        self.rollouts = rollouts
+
+    def generate(self, prompts, n, sampling, version=0):
+        return [dataclasses.replace(r, version=version) for r in self.rollouts]
+
+
 def test_dynamic_sampling_drops_all_correct_groups_whatever_their_lengths():
-    a = train.Args(max_new_tokens=8, overlong_buffer=4, dynamic_sampling=True)
+    """Through generate_and_score: with the overlong penalty an all-correct group of different lengths has
+    different shaped rewards and non-zero advantages, yet DAPO drops it: it filters on the verifier's verdicts."""
+    a = train.Args(max_new_tokens=8, overlong_buffer=4, dynamic_sampling=True, prompts_per_step=2, group_size=4)
     group0 = [_rollout(0, "5", "5", n) for n in (2, 6, 7, 8)]             # all correct, lengths differ
     group1 = [_rollout(1, t, "5", 2) for t in ("5", "4", "4", "4")]          # one correct
-    rollouts = group0 + group1
-    correct = train.score(rollouts, a)
-    assert correct.tolist() == [1.0] * 5 + [0.0] * 3
-    assert len({r.reward for r in group0}) > 1                              # shaped rewards differ in group 0...
-    assert any(r.advantage != 0 for r in group0)
-    kept = train.keep_informative(rollouts, correct)
-    assert kept == group1                                                   # ...but it is all correct: dropped
-
-
-# ---- 7. what cannot carry a loss is not stored -------------------------------------------------------------------
-
-def test_truncated_rollouts_are_not_stored_under_overlong_filter():
-    rs = [dataclasses.replace(_rollout(0, "5", "5", 2), truncated=t) for t in (True, False, True, False)]
-    assert train.storable(rs, train.Args(overlong_filter=True)) == [rs[1], rs[3]]
-    assert train.storable(rs, train.Args()) == rs
+    fresh, generated, _ = train.generate_and_score(FixedEngine(group0 + group1), prompts=[None] * 2, mine=[0, 1],
+                                                   pos=0, args=a, step=0, rank=0, world=1)
+    shaped = [r for r in generated if r.prompt_id == 0]
+    assert len({r.reward for r in shaped}) > 1 and any(r.advantage != 0 for r in shaped)   # shaped rewards differ
+    assert [r.prompt_id for r in fresh] == [1] * 4                          # ...but group 0 is all correct: dropped
 
 
 # ---- 8. every numeric flag: nan, -1 and an absurdly large value --------------------------------------------------

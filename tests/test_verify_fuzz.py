@@ -10,7 +10,6 @@ import random
 import threading
 import time
 
-import pytest
 
 import verify
 
