@@ -370,8 +370,8 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
     for step in range(start, args.steps):
         t0, verified = time.perf_counter(), verify.stats()
         fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, args, step, rank, world)  # 1., 2.
-        canary = args.check_every and step % args.check_every == 0 and \
-            rollout.logprob_diff(model, generated[:16], args.temperature, tok.pad_token_id)  # engine = trainer?
+        canary = rollout.logprob_diff(model, generated[:16], args.temperature, tok.pad_token_id) \
+            if args.check_every and step % args.check_every == 0 else None   # does the engine hold our weights?
         t1 = time.perf_counter()
         engine.sleep()                                   # vLLM on CUDA frees its memory while the trainer updates
         replayed = []
@@ -383,7 +383,7 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
         engine.load_weights(parallel.full_parameters(model))                                           # 6. sync
         t2 = time.perf_counter()
         parallel.rollout_metrics(m, fresh, generated, replay)
-        if canary is not False:
+        if canary is not None:
             m.mean("rollout/logprob_diff", canary, 1)
         for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
             m.max(f"time/{key}", seconds)

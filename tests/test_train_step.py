@@ -228,3 +228,26 @@ def test_verifier_errors_are_logged_and_warned(tmp_path, monkeypatch):
     line = next(ln for ln in stdout.splitlines() if ln.startswith("step    1"))
     assert "WARNING verifier: 40 internal errors" in line
     assert m["reward/mean"] == 0.0                                          # what the warning is there to explain
+
+
+# ---- the canary (issue 11): every engine's log-probs against the trainer's ----------------------------------------
+
+def test_canary_is_logged_every_check_every_steps(tmp_path):
+    rc, steps, _ = run_steps(["--steps", "3", "--check-every", "2"], tmp_path)
+    assert rc == 0
+    assert ["rollout/logprob_diff" in m for m in steps] == [True, False, True]       # steps 1 and 3 (step 0, 2 of 0..)
+    assert all(m["rollout/logprob_diff"] < 1e-5 for m in steps if "rollout/logprob_diff" in m)   # fp32: ~1e-7
+    rc, steps, _ = run_steps(["--steps", "2", "--check-every", "0"], tmp_path / "off")
+    assert rc == 0 and not any("rollout/logprob_diff" in m for m in steps)
+
+
+def test_a_stale_engine_stops_the_run(tmp_path, monkeypatch):
+    """An engine whose weight sync silently does nothing samples from the base model; the canary ends the run."""
+    monkeypatch.setattr(rollout.TorchEngine, "load_weights", lambda self, named: None)
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        rc = train.main([*BASE, "--steps", "3", "--check-every", "1", "--lr", "1e-2", "--max-logprob-diff", "1e-3",
+                         "--eval-every", "0", "--out-dir", str(tmp_path / "run")])
+    assert rc == 1
+    lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "rollout/logprob_diff" in lines[0] and "step 2" in lines[0], err.getvalue()
