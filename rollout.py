@@ -14,6 +14,7 @@ Log-prob convention (the trainer must use the same, or ratios are biased): log s
 full vocabulary, before top-p truncation (as vLLM reports by default). Greedy decoding (temperature 0) records
 log softmax(logits). Shapes: B sequences, P prompt tokens, T completion tokens, L = P + T, V vocabulary.
 """
+import collections
 import copy
 import functools
 import inspect
@@ -485,6 +486,61 @@ class VLLMEngine:
 
 
 ENGINES = ("auto", "torch", "vllm")
+
+
+# ---- rollout allocation: how many completions each prompt gets ------------------------------------------------------
+
+ALLOCATIONS = ("fixed", "vigor")
+
+
+def group_variance(rollouts: list[Rollout]) -> dict[int, float]:
+    """{prompt_id: population variance of its rollouts' rewards} (for 0/1 rewards p(1 - p))."""
+    by_prompt: dict[int, list[float]] = {}
+    for r in rollouts:
+        by_prompt.setdefault(r.prompt_id, []).append(r.reward)
+    return {pid: sum((x - sum(rs) / len(rs)) ** 2 for x in rs) / len(rs) for pid, rs in by_prompt.items()}
+
+
+def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, reward, *, n_init: int, n_step: int,
+                   top: int, budget: int) -> tuple[list[Rollout], dict]:
+    """VIGOR's variance-guided allocation. The paper was not available; this is the reading of its abstract ("begins
+    with a small number of rollouts for all examples in a batch and iteratively allocates additional rollouts to
+    those with the highest group reward variance until a fixed total rollout budget is reached"):
+
+        round 0:  every prompt gets n_init completions;
+        round k:  the `top` prompts with the highest reward variance (population variance of their group so far,
+                  > 0 only: a prompt whose completions all agree gets no more) get n_step more each, in one engine
+                  call; the last round is cut to fit, so exactly `budget` completions are generated in all
+                  (fewer only when every prompt's variance is 0: nothing is left to learn from them this step).
+    `sampling_for(k)` is round k's Sampling (its own seed); `reward(rollouts)` sets each one's r.reward (the
+    variance is of those). A prompt's completions keep its prompt_id, so its whole variable-size group is one GRPO
+    group. Returns (rollouts grouped by prompt in prompt order, stats)."""
+    if budget < n_init * len(prompts):
+        raise ValueError(f"VIGOR: budget {budget} < n_init {n_init} x {len(prompts)} prompts")
+    out = engine.generate(prompts, n_init, sampling_for(0), version=version)
+    reward(out)
+    zero_before = sum(v == 0 for v in group_variance(out).values()) / len(prompts)
+    rounds = 0
+    while len(out) < budget:
+        var = group_variance(out)
+        ranked = sorted((p for p in prompts if var[p.prompt_id] > 0), key=lambda p: -var[p.prompt_id])[:top]
+        if not ranked:
+            break
+        left, extra = budget - len(out), []
+        for p in ranked:                               # n_step each, highest variance first, the last one cut
+            extra += [p] * min(n_step, left - len(extra))
+            if len(extra) == left:
+                break
+        rounds += 1
+        new = engine.generate(extra, 1, sampling_for(rounds), version=version)
+        reward(new)
+        out += new
+    order = {p.prompt_id: i for i, p in enumerate(prompts)}
+    out.sort(key=lambda r: order[r.prompt_id])         # stable: each group's completions in generation order
+    count = collections.Counter(r.prompt_id for r in out)
+    sizes = [count[p.prompt_id] for p in prompts]
+    return out, {"vigor/rounds": rounds, "vigor/group_size_min": min(sizes), "vigor/group_size_max": max(sizes),
+                 "vigor/group_size_mean": sum(sizes) / len(sizes), "vigor/zero_std_frac_before": zero_before}
 
 
 def engine_kind(kind: str) -> str:

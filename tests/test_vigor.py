@@ -1,0 +1,97 @@
+"""VIGOR's variance-guided allocation (rollout.vigor_generate): the budget, who gets the extra completions, and
+variable-size groups through the advantages, the loss's normaliser and the replay buffer."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import buffer  # noqa: E402
+import grpo  # noqa: E402
+from rollout import Prompt, Rollout, Sampling, vigor_generate  # noqa: E402
+
+# prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2 right 1 in 4,
+# 3 always wrong. Variances after 2 completions: 0, 0.25, 0 or 0.25 (...) , 0.
+PATTERNS = {0: [1], 1: [1, 0], 2: [0, 1, 0, 0], 3: [0]}
+
+
+class PatternEngine:
+    def __init__(self):
+        self.calls, self.made = [], {p: 0 for p in PATTERNS}
+
+    def generate(self, prompts, n, sampling, version=0):
+        self.calls.append((len(prompts), n, sampling.seed))
+        out = []
+        for p in prompts:
+            for _ in range(n):
+                pattern = PATTERNS[p.prompt_id]
+                out.append(Rollout(prompt_id=p.prompt_id, prompt_ids=[1], completion_ids=[2, 3], logprobs=[-1.0, -1.0],
+                                   text=str(pattern[self.made[p.prompt_id] % len(pattern)]), version=version))
+                self.made[p.prompt_id] += 1
+        return out
+
+
+def reward(rollouts):
+    for r in rollouts:
+        r.reward = float(r.text == "1")
+
+
+def run(budget, n_init=2, n_step=2, top=2):
+    engine, prompts = PatternEngine(), [Prompt(i, [1]) for i in PATTERNS]
+    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=100 + k), 0, reward, n_init=n_init,
+                                n_step=n_step, top=top, budget=budget)
+    sizes = {p: sum(r.prompt_id == p for r in out) for p in PATTERNS}
+    return out, stats, sizes, engine
+
+
+@pytest.mark.parametrize("budget", [8, 13, 16, 17, 21])
+def test_budget_spent_exactly_and_only_on_prompts_with_variance(budget):
+    out, stats, sizes, engine = run(budget)
+    assert len(out) == budget                                  # also when budget - 8 is not a multiple of n_step
+    assert sizes[0] == sizes[3] == 2                           # zero variance after n_init: nothing more
+    assert sizes[1] + sizes[2] == budget - 4
+    assert stats["vigor/group_size_min"] == 2 and stats["vigor/group_size_max"] == max(sizes.values())
+    assert stats["vigor/group_size_mean"] == pytest.approx(budget / 4)
+    assert [n for _, n, _ in engine.calls] == [2] + [1] * stats["vigor/rounds"]  # each round: one engine call
+    assert len({seed for _, _, seed in engine.calls}) == len(engine.calls)       # its own seed per round
+    assert [r.prompt_id for r in out] == sorted(r.prompt_id for r in out)         # grouped by prompt
+
+
+def test_highest_variance_first():
+    """n_init = 4: prompt 1 has (1, 0, 1, 0), variance 0.25; prompt 2 has (0, 1, 0, 0), variance 0.1875; prompts 0
+    and 3 have 0. With top = 1 every round goes to prompt 1 (its variance stays 0.25); with top = 2 and a budget
+    of 16 + 3 the one round is cut to fit: 2 to prompt 1 (the higher), the last 1 to prompt 2."""
+    _, stats, sizes, _ = run(budget=20, n_init=4, top=1)
+    assert sizes == {0: 4, 1: 8, 2: 4, 3: 4} and stats["vigor/rounds"] == 2
+    _, stats, sizes, _ = run(budget=19, n_init=4, top=2)
+    assert sizes == {0: 4, 1: 6, 2: 5, 3: 4} and stats["vigor/rounds"] == 1
+    assert stats["vigor/zero_std_frac_before"] == 0.5
+
+
+def test_all_zero_variance_stops_early():
+    engine, prompts = PatternEngine(), [Prompt(0, [1]), Prompt(3, [1])]
+    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, reward, n_init=2, n_step=2, top=2,
+                                budget=12)
+    assert len(out) == 4 and stats["vigor/rounds"] == 0 and stats["vigor/zero_std_frac_before"] == 1.0
+
+
+def test_variable_size_groups_advantages_normaliser_and_replay():
+    """Groups of 2 and 6: GRPO's advantage per group by hand; the token-mean normaliser counts every token; the
+    rollout-level buffer stores and replays them with their advantages."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0])
+    group = torch.tensor([7, 7, 9, 9, 9, 9, 9, 9])
+    adv = grpo.grpo_advantages(rewards, group)
+    # group 7: mean 0.5, Bessel std sqrt(0.5); group 9: mean 4/6, std sqrt((4 (1/3)^2 + 2 (2/3)^2) / 5) = sqrt(4/15)
+    s7, s9 = 0.5 ** 0.5, (4 / 15) ** 0.5
+    expected = [0.5 / (s7 + 1e-6), -0.5 / (s7 + 1e-6)] + [(r - 2 / 3) / (s9 + 1e-6) for r in (1, 0, 1, 1, 1, 0)]
+    torch.testing.assert_close(adv, torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    mask = torch.ones(8, 3)
+    assert grpo.loss_normaliser(mask, "token-mean") == 24.0 and grpo.loss_normaliser(mask, "seq-mean-token-mean") == 8
+    replay = buffer.make_replay("prioritized", tau_max=2, alpha=1.0, capacity=None, seed=0)
+    rs = [Rollout(prompt_id=int(g), prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], advantage=float(a), version=0)
+          for g, a in zip(group, adv)]
+    replay.add(rs, step=0)
+    drawn = replay.sample(8, step=1)
+    assert sorted(r.advantage for r in drawn) == sorted(float(a) for a in adv)      # all 8 have |A| > 0
+    assert {r.prompt_id for r in drawn} == {7, 9}
