@@ -1,4 +1,5 @@
-"""Replay: a rollout-level, advantage-prioritized, age-bounded buffer for GRPO.
+"""Replay: a rollout-level, advantage-prioritized, age-bounded buffer for GRPO (`RolloutReplay`), and Headroom-Drift's
+group-level replay (`GroupReplay`, its own docstring below).
 
     python buffer.py          # fills a toy buffer, samples from it, prints the stats
 
@@ -53,7 +54,8 @@ import numpy as np
 
 from rollout import Rollout
 
-REPLAY_KINDS = ("none", "uniform", "prioritized")
+REPLAY_KINDS = ("none", "uniform", "prioritized", "headroom-drift")
+HEADROOMS = ("variance", "failure", "abs-adv")
 
 
 class RolloutReplay:
@@ -191,6 +193,113 @@ class RolloutReplay:
         self._last = dict(sd["last"])
 
 
+class GroupReplay:
+    """Headroom-Drift group replay (`--replay headroom-drift`). No paper text was available: this implements the
+    reading of its abstract ("a group-level replay control primitive for GRPO that separates reuse into two
+    decisions. Headroom ranks stored groups by remaining learning value, while Drift gates them by compatibility with
+    the current policy. The fresh on-policy stream remains unchanged, and the method adds no auxiliary generation or
+    training machinery") given in issue 12; every choice below is a flag or stated here.
+
+    - Store: whole fresh groups (rollouts sharing prompt_id and version), each rollout with its stored advantage and
+      behaviour log-probs, as references never written to. A group whose rewards are all equal carries no signal
+      (every A = 0) and is not stored. Age eviction as RolloutReplay: age = step - version > tau_max is gone.
+    - Headroom h(g), with p = the group's success rate (mean reward, clamped to [0, 1]):
+      variance p (1 - p) | failure 1 - p | abs-adv mean |A| over the group.
+    - Candidates: the eligible groups (version < step: fresh-anchored) in headroom order (ties: newer first, then
+      earlier stored), at most `drift_candidates` of them, so the drift pass has a bounded cost.
+    - Drift D(g) = mean over g's rollouts of |mean_t log rho_t|, log rho_t = log pi_theta - log pi_behaviour: computed
+      by the caller's `drift_fn(candidate groups) -> [D(g)]` (train.group_drift: one no-grad forward). Under torchrun
+      it is called on every rank at every sample, also with no candidate, so the ranks make equal forward passes.
+    - Gate: groups with D(g) > drift_max are skipped this step (kept, not deleted: they may pass again later);
+      the first `replay_groups` passing candidates are replayed, all their rollouts, with their stored advantages.
+    """
+
+    def __init__(self, tau_max: int, headroom: str = "variance", replay_groups: int = 32, drift_candidates: int = 64,
+                 drift_max: float = 0.05):
+        _check_args(tau_max, 0.0, None)
+        if headroom not in HEADROOMS:
+            raise ValueError(f"replay: headroom must be one of {', '.join(HEADROOMS)}, got {headroom!r}")
+        if replay_groups < 1 or drift_candidates < 1 or not drift_max >= 0 or not np.isfinite(drift_max):
+            raise ValueError("replay: need replay_groups >= 1, drift_candidates >= 1 and a finite drift_max >= 0")
+        self.tau_max, self.headroom, self.replay_groups = int(tau_max), headroom, int(replay_groups)
+        self.drift_candidates, self.drift_max = int(drift_candidates), float(drift_max)
+        self._groups: list[list[Rollout]] = []          # insertion order; each a whole fresh group
+        self._last = {"replay/evicted": 0, "replay/unstored_groups": 0, **_empty_group_stats()}
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._groups)
+
+    def add(self, rollouts: list[Rollout], step: int) -> None:
+        """Split `rollouts` into groups by (prompt_id, version) and store those whose rewards are not all equal."""
+        if any(r.version > step for r in rollouts):
+            raise ValueError(f"replay: add at step {step} got a rollout with version > step")
+        by_key: dict = {}
+        for r in rollouts:
+            by_key.setdefault((r.prompt_id, r.version), []).append(r)
+        kept = [g for g in by_key.values() if len({r.reward for r in g}) > 1]
+        self._groups += kept
+        self._last["replay/unstored_groups"] = len(by_key) - len(kept)
+
+    def evict(self, step: int) -> int:
+        before = len(self._groups)
+        self._groups = [g for g in self._groups if step - g[0].version <= self.tau_max]
+        self._last["replay/evicted"] = before - len(self._groups)
+        return self._last["replay/evicted"]
+
+    def headroom_of(self, group: list[Rollout]) -> float:
+        if self.headroom == "abs-adv":
+            return sum(abs(r.advantage) for r in group) / len(group)
+        p = min(max(sum(r.reward for r in group) / len(group), 0.0), 1.0)
+        return p * (1 - p) if self.headroom == "variance" else 1 - p
+
+    def candidates(self, step: int) -> list[list[Rollout]]:
+        """Evict by age, then the eligible groups (version < step) in headroom order, at most drift_candidates."""
+        self.evict(step)
+        order = sorted((g for g in self._groups if g[0].version < step),
+                       key=lambda g: (-self.headroom_of(g), -g[0].version))       # stable: then stored order
+        return order[:self.drift_candidates]
+
+    def sample(self, step: int, drift_fn) -> list[Rollout]:
+        """Headroom ranks, Drift gates: the rollouts of the top `replay_groups` candidates with D(g) <= drift_max."""
+        cands = self.candidates(step)
+        drift = list(drift_fn(cands))                    # called also with no candidate (lockstep under torchrun)
+        passing = [g for g, d in zip(cands, drift) if d <= self.drift_max][:self.replay_groups]
+        out = [r for g in passing for r in g]
+        self._last.update(_empty_group_stats())
+        if cands:
+            self._last.update({"replay/drift_candidates": len(cands), "replay/drift_mean": float(np.mean(drift)),
+                               "replay/drift_gated_frac": sum(d > self.drift_max for d in drift) / len(cands)})
+        if passing:
+            age = [step - g[0].version for g in passing for _ in g]
+            self._last.update({"replay/groups": len(passing), "replay/sampled": len(out),
+                               "replay/headroom_mean": float(np.mean([self.headroom_of(g) for g in passing])),
+                               "replay/age_mean": float(np.mean(age)), "replay/age_max": int(max(age)),
+                               "replay/abs_adv_sampled": float(np.mean([abs(r.advantage) for r in out]))})
+        return out
+
+    def stats(self) -> dict:
+        """replay/size (rollouts stored) and replay/stored_groups now, replay/evicted (groups) at the last evict,
+        replay/unstored_groups (all-equal groups) at the last add, the rest at the last sample."""
+        return {"replay/size": len(self), "replay/stored_groups": len(self._groups), **self._last}
+
+    def state_dict(self) -> dict:
+        """Plain Python data (groups as lists of rollout dicts); sampling is deterministic, so no RNG."""
+        return {"kind": "headroom-drift", "tau_max": self.tau_max, "headroom": self.headroom,
+                "groups": [[asdict(r) for r in g] for g in self._groups], "last": dict(self._last)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for name in ("tau_max", "headroom"):
+            if sd[name] != getattr(self, name):
+                raise ValueError(f"replay: checkpoint has {name}={sd[name]!r}, this run has {getattr(self, name)!r}")
+        self._groups = [[Rollout(**d) for d in g] for g in sd["groups"]]
+        self._last = dict(sd["last"])
+
+
+def _empty_group_stats() -> dict:
+    return {**_empty_sample_stats(), "replay/groups": 0, "replay/headroom_mean": 0.0, "replay/drift_mean": 0.0,
+            "replay/drift_gated_frac": 0.0, "replay/drift_candidates": 0}
+
+
 def _empty_sample_stats() -> dict:
     return {"replay/sampled": 0, "replay/age_mean": 0.0, "replay/age_max": 0, "replay/abs_adv_sampled": 0.0}
 
@@ -219,15 +328,19 @@ def mini_batches(n_fresh: int, n_replayed: int, parts: int, shuffle_seed: int | 
     return [piece(fresh, j) + piece(replayed, j) for j in range(parts)]
 
 
-def make_replay(kind: str, tau_max: int, alpha: float, capacity: int | None, seed: int) -> RolloutReplay | None:
-    """The buffer behind `--replay {none,uniform,prioritized}`: None (no replay), RolloutReplay with alpha = 0
-    (naive uniform replay), or RolloutReplay with the given alpha. Arguments are validated whatever the kind, so a
-    bad flag is an error even when replay is off."""
+def make_replay(kind: str, tau_max: int, alpha: float, capacity: int | None, seed: int,
+                **group_kw) -> RolloutReplay | GroupReplay | None:
+    """The buffer behind `--replay {none,uniform,prioritized,headroom-drift}`: None (no replay), RolloutReplay with
+    alpha = 0 (naive uniform replay), RolloutReplay with the given alpha, or GroupReplay(tau_max, **group_kw)
+    (headroom, replay_groups, drift_candidates, drift_max). Arguments are validated whatever the kind, so a bad flag
+    is an error even when replay is off."""
     if kind not in REPLAY_KINDS:
         raise ValueError(f"replay: kind must be one of {', '.join(REPLAY_KINDS)}, got {kind!r}")
     _check_args(tau_max, alpha, capacity)
     if kind == "none":
         return None
+    if kind == "headroom-drift":
+        return GroupReplay(tau_max, **group_kw)
     return RolloutReplay(tau_max, alpha=0.0 if kind == "uniform" else alpha, capacity=capacity, seed=seed)
 
 

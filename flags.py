@@ -32,10 +32,15 @@ def choices(cls, name: str) -> tuple | None:
     return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
 
 
-def parse(cls, argv=None, description: str = "", formatter=argparse.RawDescriptionHelpFormatter):
+def parse(cls, argv=None, description: str = "", formatter=argparse.RawDescriptionHelpFormatter,
+          presets: dict | None = None):
     """An instance of the flags dataclass `cls` from the command line; bools are --flag / --no-flag. A bad value
-    (unknown choice, not a number) ends in argparse's one `error:` line and exit status 2."""
-    ap = argparse.ArgumentParser(description=description, formatter_class=formatter)
+    (unknown choice, not a number) ends in argparse's one `error:` line and exit status 2. With `presets` ({name:
+    (description, {field: value})}, `cls` has a `preset` field): the command line is parsed twice, the second time
+    with the chosen preset's values as the defaults, so a flag given explicitly wins over its preset."""
+    epilog = "presets (--preset NAME):\n" + "\n".join(f"  {name:15s} {text}" for name, (text, _) in presets.items()) \
+        if presets else None
+    ap = argparse.ArgumentParser(description=description, formatter_class=formatter, epilog=epilog)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         kw = dict(default=f.default, help=f"{docs[f.name]} (default: {f.default!r})", choices=choices(cls, f.name))
@@ -44,16 +49,53 @@ def parse(cls, argv=None, description: str = "", formatter=argparse.RawDescripti
         else:
             kw["type"] = type(f.default)
         ap.add_argument("--" + f.name.replace("_", "-"), **kw)
-    return cls(**vars(ap.parse_args(argv)))
+    ns = ap.parse_args(argv)
+    if presets and ns.preset in presets:
+        ap.set_defaults(**presets[ns.preset][1])
+        ns = ap.parse_args(argv)
+    return cls(**vars(ns))
+
+
+# ---- train.py's presets: one per paper (README's Methods table says what was read and what inferred) -----------------
+
+PRESETS = {
+    "grpo": ("original GRPO (DeepSeekMath, arXiv 2402.03300): no replay, symmetric clip 0.2, per-sequence token mean",
+             dict(replay="none", adv="grpo", ratio="token", agg="seq-mean-token-mean", eps_low=0.2, eps_high=0.2)),
+    "dapo": ("DAPO (arXiv 2503.14476): clip-higher 0.2/0.28, token mean, dynamic sampling, overlong shaping and "
+             "filter, 16 updates per step",
+             dict(replay="none", adv="grpo", ratio="token", agg="token-mean", eps_low=0.2, eps_high=0.28,
+                  dynamic_sampling=True, dynamic_sampling_rounds=3, overlong_buffer=2, overlong_filter=True,
+                  mini_batches=16)),
+    "drgrpo": ("Dr. GRPO (arXiv 2503.20783): advantage r - mean (no std), token sum / (G L_max), no replay",
+               dict(replay="none", adv="drgrpo", ratio="token", agg="seq-mean-token-sum-norm", eps_low=0.2,
+                    eps_high=0.2)),
+    "gspo": ("GSPO (arXiv 2507.18071): sequence ratio, clip 3e-4/4e-4, 4 mini-batches per step, no replay",
+             dict(replay="none", ratio="gspo", agg="seq-mean-token-mean", eps_low=3e-4, eps_high=4e-4,
+                  mini_batches=4)),
+    "pnpo": ("PNPO (arXiv 2608.01418): prefix geometric-mean ratio, 4 epochs per batch (off-policy regime)",
+             dict(replay="none", ratio="pnpo", epochs=4)),
+    "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults",
+                       dict(replay="prioritized", priority_alpha=1.0, tau_max=4, replay_ratio=0.5)),
+    "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560",
+                     dict(replay="uniform", tau_max=4, replay_ratio=0.5)),
+    "headroom-drift": ("Headroom-Drift group replay (abstract only): rank groups by p(1-p), gate by drift",
+                       dict(replay="headroom-drift", headroom="variance", tau_max=4, replay_groups=32,
+                            drift_candidates=64, drift_max=0.05)),
+    "mu-grpo": ("mu-GRPO (arXiv 2605.17570, project page): 4 stages of 512 prompts x 64 updates, clip [0, 5], veto",
+                dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix", veto_threshold=1e-4, steps=4,
+                     prompts_per_step=512, mini_batches=64, eval_every=1)),
+}
 
 
 # ---- train.py's bounds ---------------------------------------------------------------------------------------
 
 AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "epochs",
+              "replay_groups", "drift_candidates",
               "mini_batches", "max_bad_steps", "eval_k")
 AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap", "dual_clip",
               "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay", "max_grad_norm", "eval_every",
-              "save_every", "log_samples", "threads", "eval_temperature", "seed", "check_every", "max_logprob_diff")
+              "save_every", "log_samples", "threads", "eval_temperature", "seed", "check_every", "max_logprob_diff",
+              "drift_max")
 
 
 def check_args(args, world: int = 1) -> None:

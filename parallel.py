@@ -153,22 +153,36 @@ class Metrics:
             elif n:
                 (self.min if extremes[key] == "min" else self.max)(key, float(value))
 
+    def merge(self, other: "Metrics") -> None:
+        """Add every entry of `other` (e.g. one optimizer step's metrics into the loop step's)."""
+        for key, (kind, values) in other.stats.items():
+            self.stats.setdefault(key, (kind, []))[1].extend(values)
+
     def reduce(self, world: int) -> dict:
-        parts = [self.stats]
-        if world > 1:
-            parts = [None] * world
-            dist.all_gather_object(parts, self.stats)
-        out = {}
-        for key in dict.fromkeys(k for p in parts for k in p):           # union, in first-seen order
-            kind = next(p[key][0] for p in parts if key in p)
-            values = [v for p in parts if key in p for v in p[key][1]]
-            if kind == "mean":
-                out[key] = _weighted_mean(values)
-            elif kind == "sum":
-                out[key] = sum(values)
-            else:
-                out[key] = (max if kind == "max" else min)(values)
-        return out
+        return reduce_all([self], world)[0]
+
+
+def reduce_all(metrics: list[Metrics], world: int) -> list[dict]:
+    """Metrics.reduce of each of `metrics` (the same number on every rank), in one collective."""
+    gathered = [[m.stats for m in metrics]]
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, [m.stats for m in metrics])
+    return [_combine([rank[i] for rank in gathered]) for i in range(len(metrics))]
+
+
+def _combine(parts: list[dict]) -> dict:
+    out = {}
+    for key in dict.fromkeys(k for p in parts for k in p):           # union, in first-seen order
+        kind = next(p[key][0] for p in parts if key in p)
+        values = [v for p in parts if key in p for v in p[key][1]]
+        if kind == "mean":
+            out[key] = _weighted_mean(values)
+        elif kind == "sum":
+            out[key] = sum(values)
+        else:
+            out[key] = (max if kind == "max" else min)(values)
+    return out
 
 
 def _weighted_mean(parts: list[tuple[float, float]]) -> float:
@@ -192,6 +206,10 @@ def rollout_metrics(m: Metrics, fresh, generated, replay) -> None:
     for key, value in s.items():
         if key in ("replay/age_mean", "replay/abs_adv_sampled"):
             m.mean(key, value, s["replay/sampled"])
+        elif key == "replay/headroom_mean":                            # Headroom-Drift: over the replayed groups
+            m.mean(key, value, s["replay/groups"])
+        elif key in ("replay/drift_mean", "replay/drift_gated_frac"):   # ... over the drift pass's candidates
+            m.mean(key, value, s["replay/drift_candidates"])
         elif key == "replay/abs_adv_stored":
             m.mean(key, value, s["replay/size"])
         elif key == "replay/age_max":
@@ -215,26 +233,34 @@ def log_line(m: dict) -> str:
 
 # ---- rank 0's files ------------------------------------------------------------------------------------------------
 
+LOG_FILES = ("metrics.jsonl", "samples.jsonl", "updates.jsonl")   # updates.jsonl: one line per optimizer step
+
+
 def open_logs(out_dir: str, rank: int, start: int):
-    """(metrics.jsonl, samples.jsonl) on rank 0, continued after step `start` on resume; (None, None) elsewhere."""
+    """(metrics.jsonl, samples.jsonl, updates.jsonl) on rank 0, continued after step `start` on resume; Nones
+    elsewhere."""
     if rank != 0:
-        return None, None
+        return (None,) * len(LOG_FILES)
     os.makedirs(out_dir, exist_ok=True)
-    return tuple(checkpoint.open_log(os.path.join(out_dir, name), start) for name in ("metrics.jsonl", "samples.jsonl"))
+    return tuple(checkpoint.open_log(os.path.join(out_dir, name), start) for name in LOG_FILES)
 
 
-def write_logs(files, row: dict, rollouts: list = (), tokenizer=None) -> None:
-    """Print the step's line (rank 0) and write it to metrics.jsonl, with a few decoded rollouts to samples.jsonl.
-    Step 0 (the evaluation before training) prints its eval/* numbers only."""
+def write_logs(files, row: dict, rollouts: list = (), tokenizer=None, updates: list = ()) -> None:
+    """Print the step's line (rank 0) and write it to metrics.jsonl, with a few decoded rollouts to samples.jsonl
+    and each optimizer step's reduced metrics to updates.jsonl ({"step", "update": 1.., loss/clip_frac,
+    loss/veto_frac, ...}: in a mu-GRPO stage they change across its updates). Step 0 (the evaluation before
+    training) prints its eval/* numbers only."""
     if row["step"] == 0:
         print0("step    0 | " + " | ".join(f"{k[5:]} {v:.3f}" for k, v in row.items() if k != "step"))
     else:
         print0(log_line(row), flush=True)
-    metrics_f, samples_f = files
+    metrics_f, samples_f, updates_f = files
     if metrics_f is None:
         return
     metrics_f.write(json.dumps(row) + "\n")
     metrics_f.flush()
+    updates_f.writelines(json.dumps({"step": row["step"], "update": j + 1, **u}) + "\n" for j, u in enumerate(updates))
+    updates_f.flush()
     samples_f.writelines(json.dumps({"step": row["step"], "prompt": tokenizer.decode(r.prompt_ids),
                                      "completion": r.text, "answer": r.answer, "reward": r.reward,
                                      "advantage": r.advantage}) + "\n" for r in rollouts)

@@ -58,6 +58,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @dataclass
 class Args:
+    preset: Literal["none", *flags.PRESETS] = "none"
+    """a paper's method (flags.PRESETS, listed below and in README's Methods): sets its flags; flags given explicitly
+    win"""
     model: str = os.path.join(HERE, "assets", "tiny-arith")
     """local Hugging Face model directory (the default is the built-in tiny model)"""
     train_data: str = "builtin"
@@ -129,7 +132,7 @@ class Args:
     overlong_filter: bool = False
     """DAPO overlong filtering: truncated responses get no loss"""
     replay: Literal[buffer.REPLAY_KINDS] = "prioritized"
-    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha)"""
+    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha) | headroom-drift (group replay)"""
     tau_max: int = 4
     """evict rollouts older than this many loop steps (age = step - version; one loop step holds epochs x
     mini_batches optimizer steps)"""
@@ -139,6 +142,14 @@ class Args:
     """priority exponent alpha in P(j) ∝ |A_j|^alpha"""
     replay_capacity: int = 0
     """maximum rollouts stored, oldest out first (0 = unbounded)"""
+    headroom: Literal[buffer.HEADROOMS] = "variance"
+    """headroom-drift: rank stored groups by variance p(1 - p) | failure 1 - p | abs-adv mean |A| (p = success rate)"""
+    replay_groups: int = 32
+    """headroom-drift: stored groups replayed per step (the top ones that pass the drift gate)"""
+    drift_candidates: int = 64
+    """headroom-drift: at most this many groups, in headroom order, get the no-grad drift forward each step"""
+    drift_max: float = 0.05
+    """headroom-drift: skip (keep) a group whose drift mean_i |mean_t log(pi_theta / pi_behaviour)| is above this"""
     eval_every: int = 20
     """evaluate every N steps and at the end (0 = only at the end)"""
     eval_size: int = 500
@@ -264,6 +275,19 @@ def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, s
     return fresh, generated, pos
 
 
+# ---- 3. sample: Headroom-Drift's drift pass ----------------------------------------------------------------------
+
+def group_drift(model, groups: list, args: Args, pad_id: int, world: int) -> list[float]:
+    """D(g) = mean over g's rollouts of |mean_t (log pi_theta - log pi_behaviour)| for each candidate group (buffer.
+    GroupReplay), from one no-grad forward over their rollouts in lockstep micro-batches (every rank the same number
+    of passes, also with no candidate)."""
+    flat = [r for g in groups for r in g]
+    logps = parallel.lockstep_logprobs(model, flat, args.micro_batch_size, args.temperature, pad_id, world)
+    per_rollout = iter([abs(sum(a - b for a, b in zip(lp, r.logprobs))) / max(len(lp), 1)
+                        for lp, r in zip(logps, flat)])
+    return [sum(next(per_rollout) for _ in g) / len(g) for g in groups]
+
+
 # ---- 5. the update -----------------------------------------------------------------------------------------------
 
 def micro_batch_loss(model, ref_model, mb: dict, args: Args, normaliser: float,
@@ -295,13 +319,29 @@ def micro_batch_loss(model, ref_model, mb: dict, args: Args, normaliser: float,
     return loss
 
 
+def optimizer_step(model, ref_model, opt, mbs: list, args: Args, normaliser: float, pad_id: int, world: int,
+                   guard: parallel.StepGuard, step: int, metrics: parallel.Metrics) -> None:
+    """One optimizer step: forward/backward over the micro-batches (in lockstep with the other ranks), clip, step."""
+    loss = 0.0
+    for mb in parallel.lockstep(mbs, model, pad_id, world, backward=True):
+        mb_loss = micro_batch_loss(model, ref_model, mb, args, normaliser, metrics)
+        (mb_loss * world).backward()      # FSDP averages over ranks; N is global: the sum is the step's gradient
+        loss += mb_loss.item()
+    grad_norm = parallel.clip_gradients(model, args.max_grad_norm)
+    if guard.allow(loss, grad_norm, world, step):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    metrics.mean("loss/policy", loss * world, 1)              # the whole step's loss: summed over ranks
+    metrics.mean("loss/grad_norm", grad_norm, 1)              # the global norm: the same on every rank
+
+
 def update(model, ref_model, opt, fresh, replayed, args: Args, step: int, pad_id: int, world: int = 1,
-           guard: parallel.StepGuard | None = None) -> parallel.Metrics:
-    """`epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts. Each one: the global
-    normaliser, then forward/backward over the micro-batches (in lockstep with the other ranks), then clip and step.
-    Returns this rank's metrics."""
+           guard: parallel.StepGuard | None = None, per_update: list | None = None) -> parallel.Metrics:
+    """`epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts (mu-GRPO's stage: many),
+    each with the global normaliser fixed first. Returns this rank's metrics; each optimizer step's own metrics are
+    also appended to `per_update` when given (train() writes them to updates.jsonl)."""
     guard, metrics, batch = guard or parallel.StepGuard(args.max_bad_steps), parallel.Metrics(), fresh + replayed
-    device, size = next(model.parameters()).device, args.micro_batch_size
+    device, size, updates = next(model.parameters()).device, args.micro_batch_size, []
     old = parallel.lockstep_logprobs(model, batch, size, args.temperature, pad_id, world) if args.tis_cap else None
     for epoch in range(args.epochs):
         for idx in buffer.mini_batches(len(fresh), len(replayed), args.mini_batches,  # fresh-anchored
@@ -309,20 +349,14 @@ def update(model, ref_model, opt, fresh, replayed, args: Args, step: int, pad_id
             mbs = rollout.micro_batches([batch[i] for i in idx], size, pad_id, device, old and [old[i] for i in idx],
                                         mask_truncated=args.overlong_filter)   # collated once; TIS: proximal old
             normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, world)
-            if normaliser is None:
-                continue
-            loss = 0.0
-            for mb in parallel.lockstep(mbs, model, pad_id, world, backward=True):
-                mb_loss = micro_batch_loss(model, ref_model, mb, args, normaliser, metrics)
-                (mb_loss * world).backward()  # FSDP averages over ranks; N is global: the sum is the step's gradient
-                loss += mb_loss.item()
-            grad_norm = parallel.clip_gradients(model, args.max_grad_norm)
-            if guard.allow(loss, grad_norm, world, step):
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            metrics.mean("loss/policy", loss * world, 1)              # the whole step's loss: summed over ranks
-            metrics.mean("loss/grad_norm", grad_norm, 1)              # the global norm: the same on every rank
+            if normaliser is not None:                                 # None: no rank has a rollout in it
+                updates.append(parallel.Metrics())
+                optimizer_step(model, ref_model, opt, mbs, args, normaliser, pad_id, world, guard, step, updates[-1])
+                metrics.merge(updates[-1])
+    metrics.max("stage/updates", len(updates))                         # optimizer steps in this loop step
     metrics.max("train/skipped_steps", guard.skipped)
+    if per_update is not None:
+        per_update += updates
     return metrics
 
 
@@ -344,7 +378,8 @@ def setup(args: Args, model, tok, rank: int, world: int, device: str, max_len: i
         engine.load_weights(parallel.full_parameters(model))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     replay = buffer.make_replay(args.replay, args.tau_max, args.priority_alpha, args.replay_capacity or None,
-                                replay_seed(args.seed, rank))
+                                replay_seed(args.seed, rank), headroom=args.headroom, replay_groups=args.replay_groups,
+                                drift_candidates=args.drift_candidates, drift_max=args.drift_max)
     return engine, model, ref_model, opt, replay
 
 
@@ -374,12 +409,14 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
             if args.check_every and step % args.check_every == 0 else None   # does the engine hold our weights?
         t1 = time.perf_counter()
         engine.sleep()                                   # vLLM on CUDA frees its memory while the trainer updates
-        replayed = []
-        if replay is not None:
-            replayed = replay.sample(round(args.replay_ratio * len(fresh)), step)                      # 3. sample
+        replayed, per_update = [], []
+        if replay is not None:                                                                         # 3. sample
+            replayed = replay.sample(step, lambda groups: group_drift(model, groups, args, tok.pad_token_id, world)) \
+                if args.replay == "headroom-drift" else replay.sample(round(args.replay_ratio * len(fresh)), step)
             replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)         # 4. store
             # (under --overlong-filter a truncated rollout has no loss token: it would only take a replay slot)
-        m = update(model, ref_model, opt, fresh, replayed, args, step, tok.pad_token_id, world, guard)  # 5. update
+        m = update(model, ref_model, opt, fresh, replayed, args, step, tok.pad_token_id, world, guard,   # 5. update
+                   per_update)                                   # mu-GRPO: a stage = one step, many optimizer steps
         engine.load_weights(parallel.full_parameters(model))                                           # 6. sync
         t2 = time.perf_counter()
         parallel.rollout_metrics(m, fresh, generated, replay)
@@ -393,7 +430,7 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
         for key, count in verify.stats().items():      # this step's scoring and eval: errors would zero rewards
             m.total(f"verify/{key}", count - verified[key])
         row = {"step": step + 1, **m.reduce(world)}
-        parallel.write_logs(logs, row, generated[:args.log_samples], tok)                              # log
+        parallel.write_logs(logs, row, generated[:args.log_samples], tok, parallel.reduce_all(per_update, world))
         rollout.check_canary(row.get("rollout/logprob_diff", 0.0), args.max_logprob_diff, step + 1)
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps:
             ckpt = checkpoint.save(os.path.join(args.out_dir, "checkpoints"), step + 1, model, opt, tok,
@@ -408,7 +445,7 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
 
 
 def main(argv=None) -> int:
-    args = flags.parse(Args, argv, __doc__)
+    args = flags.parse(Args, argv, __doc__, presets=flags.PRESETS)
     rank, world, device = setup_distributed()
     try:
         try:  # bad input ends in one line and exit status 2; a bug past this point still shows its traceback
