@@ -80,7 +80,7 @@ PRESETS = {
                      dict(replay="uniform", tau_max=4, replay_ratio=0.5)),
     "headroom-drift": ("Headroom-Drift group replay (abstract only): rank groups by p(1-p), gate by drift",
                        dict(replay="headroom-drift", headroom="variance", tau_max=4, replay_groups=32,
-                            drift_candidates=64, drift_max=0.05)),
+                            drift_candidates=64, drift_max=0.25)),
     "mu-grpo": ("mu-GRPO (arXiv 2605.17570, project page): 4 stages of 512 prompts x 64 updates, clip [0, 5], veto",
                 dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix", veto_threshold=1e-4, steps=4,
                      prompts_per_step=512, mini_batches=64, eval_every=1)),

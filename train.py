@@ -11,10 +11,12 @@ Each step of `train()` reads top to bottom:
 1. generate  `prompts_per_step` prompts x `group_size` completions from the rollout engine (behaviour log-probs kept);
 2. score     each with verify.reward, then one advantage per rollout from its own group (grpo.py), set once;
 3. sample    `replay_ratio` x (number of fresh) rollouts from earlier steps, P(j) ∝ |A_j|^alpha among those no older
-             than `tau_max` steps (buffer.py, arXiv 2606.04560); every fresh rollout stays in the batch;
+             than `tau_max` steps (buffer.py, arXiv 2606.04560); every fresh rollout stays in the batch (Headroom-Drift:
+             whole earlier groups ranked by headroom, gated by drift, buffer.GroupReplay);
 4. store     the fresh rollouts, version = this step (after sampling: under a capacity bound, this step's rollouts
              cannot push out the replayable ones);
-5. update    `epochs` x `mini_batches` optimizer steps over fresh + replayed (each mini-batch holds its share of both),
+5. update    `epochs` x `mini_batches` optimizer steps over fresh + replayed (each mini-batch holds its share of both;
+             a mu-GRPO stage is one step with a large prompt set and mini_batches = mu),
              micro-batched, each step's loss normaliser fixed before its first micro-batch (grpo.loss_normaliser);
 6. sync      the engine gets the new weights, so the next step samples from the current policy;
 then eval every `eval_every` steps, the log line and metrics.jsonl (rank 0), a checkpoint every `save_every` steps.
@@ -59,8 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 @dataclass
 class Args:
     preset: Literal["none", *flags.PRESETS] = "none"
-    """a paper's method (flags.PRESETS, listed below and in README's Methods): sets its flags; flags given explicitly
-    win"""
+    """a paper's method (flags.PRESETS; --help lists them, README's Methods their flags); explicit flags win"""
     model: str = os.path.join(HERE, "assets", "tiny-arith")
     """local Hugging Face model directory (the default is the built-in tiny model)"""
     train_data: str = "builtin"
@@ -148,7 +149,7 @@ class Args:
     """headroom-drift: stored groups replayed per step (the top ones that pass the drift gate)"""
     drift_candidates: int = 64
     """headroom-drift: at most this many groups, in headroom order, get the no-grad drift forward each step"""
-    drift_max: float = 0.05
+    drift_max: float = 0.25
     """headroom-drift: skip (keep) a group whose drift mean_i |mean_t log(pi_theta / pi_behaviour)| is above this"""
     eval_every: int = 20
     """evaluate every N steps and at the end (0 = only at the end)"""
@@ -275,12 +276,9 @@ def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, s
     return fresh, generated, pos
 
 
-# ---- 3. sample: Headroom-Drift's drift pass ----------------------------------------------------------------------
-
 def group_drift(model, groups: list, args: Args, pad_id: int, world: int) -> list[float]:
-    """D(g) = mean over g's rollouts of |mean_t (log pi_theta - log pi_behaviour)| for each candidate group (buffer.
-    GroupReplay), from one no-grad forward over their rollouts in lockstep micro-batches (every rank the same number
-    of passes, also with no candidate)."""
+    """3. Headroom-Drift's D(g) = mean over g's rollouts of |mean_t log(pi_theta / pi_behaviour)| per candidate group:
+    one no-grad forward over their rollouts, micro-batches in lockstep (equal passes on every rank, also for none)."""
     flat = [r for g in groups for r in g]
     logps = parallel.lockstep_logprobs(model, flat, args.micro_batch_size, args.temperature, pad_id, world)
     per_rollout = iter([abs(sum(a - b for a, b in zip(lp, r.logprobs))) / max(len(lp), 1)
