@@ -1,0 +1,235 @@
+"""One training step of train.py, split into its parts, against the machine's limit for the update.
+
+    python bench/step_time.py                                  # the built-in default (64 prompts x 8, replay 0.5)
+    python bench/step_time.py --repeats 5 -- --prompts-per-step 16 --threads 1     # train.py's flags after --
+
+Everything runs through train.py's own functions (train.setup, train.generate_and_score, the replay buffer,
+train.update, parallel.full_parameters + engine.load_weights): no step is re-implemented here. After `--warmup`
+whole steps (so the replay buffer holds `tau_max` steps of rollouts and sample() returns replay_ratio x fresh), each
+of `--repeats` steps is timed part by part and the medians are printed:
+
+    generate        engine.generate inside train.generate_and_score (the engine is wrapped to time its call)
+    score           the rest of train.generate_and_score (verify.reward, advantages)
+    sample+store    replay.sample + replay.add
+    update          train.update (collate, forward, loss, backward, clip, AdamW)
+    sync            engine.load_weights(parallel.full_parameters(model))
+
+then tokens/s (generated completion tokens per second of `generate`; real and padded tokens per second of `update`),
+the share of padded tokens in the update's forward passes (from the attention masks of the micro-batches that
+rollout.micro_batches collates for it), and a bare forward + backward of the same model over the same micro-batches
+(logits.sum().backward(), no loss, no optimizer: the machine's limit for this model and these shapes).
+
+`--bucket` also measures length-bucketed micro-batches (the proposal printed with it): the same rollouts sorted by
+length before they are cut into micro-batches. It checks that the gradient of train.micro_batch_loss summed over the
+bucketed micro-batches equals the one over the unbucketed (float rounding), then times the bare pass and train.update
+with rollout.micro_batches replaced by the bucketed one for the duration of the measurement only.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import buffer  # noqa: E402
+import data  # noqa: E402
+import flags  # noqa: E402
+import parallel  # noqa: E402
+import rollout  # noqa: E402
+import train  # noqa: E402
+
+PARTS = ("generate", "score", "sample+store", "update", "sync")
+TARGET_PAD, TARGET_RATIO = 0.15, 1.15                 # issue 14's targets on the built-in default
+
+
+class TimedEngine:
+    """The run's engine, with the seconds and completion tokens of its last generate() call recorded."""
+
+    def __init__(self, engine):
+        self.engine, self.seconds, self.tokens = engine, 0.0, 0
+
+    def generate(self, *a, **kw):
+        t0 = time.perf_counter()
+        out = self.engine.generate(*a, **kw)
+        self.seconds += time.perf_counter() - t0
+        self.tokens += sum(len(r.completion_ids) for r in out)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def update_micro_batches(args, fresh, replayed, pad_id, device) -> list[dict]:
+    """The micro-batches train.update collates in its first epoch (same mini-batch split, same call)."""
+    batch = fresh + replayed
+    return [mb for idx in buffer.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
+            for mb in rollout.micro_batches([batch[i] for i in idx], args.micro_batch_size, pad_id, device,
+                                            mask_truncated=args.overlong_filter)]
+
+
+def padding(mbs: list[dict]) -> tuple[int, int]:
+    """(real tokens, padded positions) over the micro-batches' forward passes."""
+    real = sum(int(mb["attention_mask"].sum()) for mb in mbs)
+    return real, sum(mb["attention_mask"].numel() for mb in mbs) - real
+
+
+def bare_forward_backward(model, mbs: list[dict]) -> float:
+    """Seconds of forward + backward of the model over the micro-batches, nothing else (gradients dropped)."""
+    t0 = time.perf_counter()
+    for mb in mbs:
+        model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits.sum().backward()
+    seconds = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def bucketed_micro_batches(rollouts, size, pad_id, device, old_logprobs=None, mask_truncated=False):
+    """The proposal: rollout.micro_batches over the rollouts sorted by length (prompt + completion; stable), so each
+    micro-batch pads to a length close to its own rows'. Same number of micro-batches of the same sizes."""
+    order = sorted(range(len(rollouts)), key=lambda i: len(rollouts[i].prompt_ids) + len(rollouts[i].completion_ids))
+    old = old_logprobs and [old_logprobs[i] for i in order]
+    return _plain_micro_batches([rollouts[i] for i in order], size, pad_id, device, old, mask_truncated)
+
+
+_plain_micro_batches = rollout.micro_batches
+
+
+def gradient(model, args, mbs, normaliser) -> list[torch.Tensor]:
+    """Sum over micro-batches of d train.micro_batch_loss / d params (no optimizer step)."""
+    model.zero_grad(set_to_none=True)
+    for mb in mbs:
+        train.micro_batch_loss(model, None, mb, args, normaliser, parallel.Metrics()).backward()
+    grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def build(argv: list[str]):
+    """(train args, engine, model, optimizer, replay, prompts, tokenizer) as train.main / train.train set them up."""
+    args = flags.parse(train.Args, argv, "train.py flags")
+    args.engine = rollout.engine_kind(args.engine)
+    flags.check_args(args, 1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model, tok = rollout.load_model(args.model, "cpu")
+    name = "builtin_train" if args.train_data == data.BUILTIN else args.train_data
+    prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),
+                                data.template_for(name, args.prompt_template), tok)
+    max_len = args.max_new_tokens + max(len(p.ids) for p in prompts)
+    engine, model, _, opt, replay = train.setup(args, model, tok, 0, 1, "cpu", max_len)
+    return args, engine, model, opt, replay, prompts, tok
+
+
+def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, bucket: bool = False) -> dict:
+    """Time `repeats` steps after `warmup` steps of the run train.py would make with flags `argv`; medians."""
+    args, engine, model, opt, replay, prompts, tok = build(list(argv))
+    timed, pad_id, device = TimedEngine(engine), tok.pad_token_id, next(model.parameters()).device
+    mine, pos = list(range(len(prompts))), 0
+    rows = []
+    for step in range(warmup + repeats):
+        t = {}
+        timed.seconds, timed.tokens = 0.0, 0
+        t0 = time.perf_counter()
+        fresh, generated, pos = train.generate_and_score(timed, prompts, mine, pos, args, step, 0, 1)
+        t1 = time.perf_counter()
+        t["generate"], t["score"] = timed.seconds, (t1 - t0) - timed.seconds
+        replayed = []
+        if replay is not None:
+            replayed = replay.sample(round(args.replay_ratio * len(fresh)), step)
+            replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)
+        t2 = time.perf_counter()
+        t["sample+store"] = t2 - t1
+        mbs = update_micro_batches(args, fresh, replayed, pad_id, device)         # not timed: for the counts
+        t3 = time.perf_counter()
+        train.update(model, None, opt, fresh, replayed, args, step, pad_id)
+        t4 = time.perf_counter()
+        engine.load_weights(parallel.full_parameters(model))
+        t5 = time.perf_counter()
+        t["update"], t["sync"] = t4 - t3, t5 - t4
+        t["bare_fwd_bwd"] = bare_forward_backward(model, mbs)
+        real, padded = padding(mbs)
+        t.update(gen_tokens=timed.tokens, fresh=len(fresh), replayed=len(replayed), real_tokens=real,
+                 padded_tokens=padded, micro_batches=len(mbs), epochs=args.epochs)
+        if bucket:
+            bmbs = [mb for idx in buffer.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
+                    for mb in bucketed_micro_batches([(fresh + replayed)[i] for i in idx], args.micro_batch_size,
+                                                     pad_id, device, mask_truncated=args.overlong_filter)]
+            t["bucket_padded_tokens"] = padding(bmbs)[1]
+            t["bucket_bare_fwd_bwd"] = bare_forward_backward(model, bmbs)
+            rollout.micro_batches = bucketed_micro_batches           # train.update calls rollout.micro_batches
+            try:
+                t5 = time.perf_counter()
+                train.update(model, None, opt, fresh, replayed, args, step, pad_id)   # one more optimizer step:
+                t["bucket_update"] = time.perf_counter() - t5                         # same shapes, for the time
+            finally:
+                rollout.micro_batches = _plain_micro_batches
+            engine.load_weights(parallel.full_parameters(model))
+            if step == warmup:                          # gradient identity, once
+                normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, 1)
+                g0, g1 = gradient(model, args, mbs, normaliser), gradient(model, args, bmbs, normaliser)
+                t["bucket_grad_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(g0, g1))
+                t["grad_max_abs"] = max(float(a.abs().max()) for a in g0)
+        if step >= warmup:
+            rows.append(t)
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0] if not k.startswith("bucket_grad") and
+           k != "grad_max_abs"}
+    for k in ("bucket_grad_max_abs_diff", "grad_max_abs"):
+        if any(k in r for r in rows):
+            out[k] = next(r[k] for r in rows if k in r)
+    out["step"] = sum(out[p] for p in PARTS)
+    out["flags"] = " ".join(argv) or "(defaults)"
+    out["threads"] = torch.get_num_threads()
+    return out
+
+
+def report(m: dict) -> str:
+    lines = [f"train.py {m['flags']} | {m['fresh']:.0f} fresh + {m['replayed']:.0f} replayed rollouts | "
+             f"{m['micro_batches']:.0f} micro-batches | {m['threads']} threads | medians"]
+    for part in PARTS:
+        lines.append(f"  {part:13s} {1e3 * m[part]:9.1f} ms  {100 * m[part] / m['step']:5.1f}%")
+    lines.append(f"  {'step':13s} {1e3 * m['step']:9.1f} ms")
+    total = m["real_tokens"] + m["padded_tokens"]
+    pad = m["padded_tokens"] / total
+    ratio = m["update"] / (m["epochs"] * m["bare_fwd_bwd"])
+    lines += [
+        f"generation   {m['gen_tokens'] / m['generate']:10.0f} completion tokens/s ({m['gen_tokens']:.0f} tokens)",
+        f"update       {m['epochs'] * m['real_tokens'] / m['update']:10.0f} real tokens/s, "
+        f"{m['epochs'] * total / m['update']:.0f} padded positions/s",
+        f"padded share {100 * pad:9.1f}% of the update's forward positions ({m['padded_tokens']:.0f} of {total:.0f}); "
+        f"target <= {100 * TARGET_PAD:.0f}%: {'met' if pad <= TARGET_PAD else 'NOT met'}",
+        f"bare fwd+bwd {1e3 * m['bare_fwd_bwd']:9.1f} ms per epoch; update / bare = {ratio:.2f}x; "
+        f"target <= {TARGET_RATIO}x: {'met' if ratio <= TARGET_RATIO else 'NOT met'}"]
+    if "bucket_update" in m:
+        bpad = m["bucket_padded_tokens"] / total
+        lines += [
+            f"length-bucketed micro-batches (proposal): padded share {100 * bpad:.1f}% "
+            f"({m['bucket_padded_tokens']:.0f} positions); bare fwd+bwd {1e3 * m['bucket_bare_fwd_bwd']:.1f} ms "
+            f"({m['bare_fwd_bwd'] / m['bucket_bare_fwd_bwd']:.2f}x faster); update "
+            f"{1e3 * m['bucket_update']:.1f} ms ({m['update'] / m['bucket_update']:.2f}x faster, "
+            f"{m['bucket_update'] / (m['epochs'] * m['bucket_bare_fwd_bwd']):.2f}x its bare fwd+bwd)",
+            f"  gradient of the summed micro_batch_loss, bucketed vs not: max |diff| "
+            f"{m['bucket_grad_max_abs_diff']:.2e} (max |grad| {m['grad_max_abs']:.2e})"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="train.py's flags go after --, e.g. -- --prompts-per-step 16")
+    p.add_argument("--warmup", type=int, default=5, help="whole steps before timing (fills the replay buffer)")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps (medians reported)")
+    p.add_argument("--bucket", action="store_true", help="also measure length-bucketed micro-batches")
+    argv = sys.argv[1:] if argv is None else argv
+    ours, train_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = p.parse_args(ours)
+    print(report(measure(train_flags, args.warmup, args.repeats, args.bucket)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""bench/: each script runs at tiny sizes and prints (or draws) what its docstring promises. The PNG tests skip with
+the reason where matplotlib is absent (the main CI venv installs only requirements.txt); the rest needs nothing else."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+needs_mpl = pytest.mark.skipif(not HAS_MPL, reason="matplotlib is not installed (requirements-bench.txt)")
+TINY = ["--prompts-per-step", "4", "--group-size", "4", "--micro-batch-size", "8", "--threads", "1"]
+
+
+def run(*args, timeout=120) -> str:
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def fake_run(tmp_path: Path) -> Path:
+    """A metrics.jsonl in train.py's form: step 0 eval, then steps with every key plot_run draws."""
+    rows = [{"step": 0, "eval/accuracy": 0.3}]
+    for s in range(1, 6):
+        rows.append({"step": s, "reward/mean": 0.2 + 0.05 * s, "reward/zero_std_frac": 0.4, "loss/clip_frac": 0.05,
+                     "loss/veto_frac": 0.0, "replay/age_mean": min(s - 1, 2.5), "replay/age_max": min(s - 1, 4),
+                     "replay/size": 512 * min(s, 5), "response/len_mean": 2.7, "response/truncated_frac": 0.0,
+                     "time/generate": 0.1, "time/update": 0.4, "time/step": 0.5,
+                     **({"eval/accuracy": 0.3 + 0.02 * s} if s % 5 == 0 else {})})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_plot_run_reads_series_without_matplotlib(tmp_path):
+    import plot_run
+    rows = plot_run.load_metrics(str(fake_run(tmp_path)))
+    assert plot_run.series(rows, "eval/accuracy") == ([0, 5], [0.3, 0.4])
+    assert plot_run.series(rows, "replay/size")[0] == [1, 2, 3, 4, 5]
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        plot_run.load_metrics(str(tmp_path / "nope"))
+
+
+def test_plot_run_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    import plot_run
+    monkeypatch.setitem(sys.modules, "matplotlib", None)                  # import matplotlib -> ImportError
+    assert plot_run.main([str(fake_run(tmp_path))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == plot_run.MISSING_MPL and "requirements-bench.txt" in err
+    assert not (tmp_path / "curves.png").exists()
+
+
+@needs_mpl
+def test_plot_run_writes_png_next_to_the_run(tmp_path):
+    out = run("bench/plot_run.py", str(fake_run(tmp_path)))
+    png = tmp_path / "curves.png"
+    assert f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_step_time_splits_a_real_step_and_checks_bucketing():
+    import step_time
+    m = step_time.measure(TINY, warmup=2, repeats=1, bucket=True)
+    assert m["fresh"] == 16 and m["replayed"] == 8                       # replay ratio 0.5 after the warm-up
+    assert all(m[p] > 0 for p in step_time.PARTS) and m["step"] == pytest.approx(sum(m[p] for p in step_time.PARTS))
+    assert m["micro_batches"] == 3 and m["real_tokens"] > 0 and m["padded_tokens"] >= 0
+    assert m["bucket_padded_tokens"] <= m["padded_tokens"]               # sorting by length never pads more
+    assert m["bucket_grad_max_abs_diff"] <= 1e-6 + 1e-4 * m["grad_max_abs"]   # same gradient up to rounding
+    text = step_time.report(m)
+    for needle in ("generate", "score", "sample+store", "update", "sync", "completion tokens/s", "real tokens/s",
+                   "padded share", "update / bare =", "length-bucketed", "max |diff|"):
+        assert needle in text
+
+
+def test_step_time_cli():
+    out = run("bench/step_time.py", "--warmup", "1", "--repeats", "1", "--", *TINY)
+    assert "padded share" in out and "update / bare" in out and "target <= 15%" in out
+
+
+def test_bench_buffer_overhead_table():
+    out = run("bench/bench_buffer.py", "--overhead", "--sizes", "1000,20000", "--step-seconds", "1.5",
+              "--repeats", "2")
+    assert "512 fresh rollouts per step, replay ratio 0.5 (sample 256)" in out and "training step 1500 ms" in out
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [int(r[0]) // 1000 for r in rows] == [1, 20] and all(r[-1].endswith("%") for r in rows)
