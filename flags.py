@@ -84,6 +84,8 @@ PRESETS = {
     "mu-grpo": ("mu-GRPO (arXiv 2605.17570, project page): 4 stages of 512 prompts x 64 updates, clip [0, 5], veto",
                 dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix", veto_threshold=1e-4, steps=4,
                      prompts_per_step=512, mini_batches=64, eval_every=1)),
+    "vigor": ("VIGOR (abstract only): variance-guided rollout allocation at the fixed allocation's budget, no replay",
+              dict(replay="none", allocation="vigor", n_init=2, n_step=2, vigor_top=16)),
 }
 
 
@@ -91,11 +93,11 @@ PRESETS = {
 
 AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "epochs",
               "replay_groups", "drift_candidates",
-              "mini_batches", "max_bad_steps", "eval_k")
+              "mini_batches", "max_bad_steps", "eval_k", "n_init", "n_step", "vigor_top")
 AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap", "dual_clip",
               "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay", "max_grad_norm", "eval_every",
               "save_every", "log_samples", "threads", "eval_temperature", "seed", "check_every", "max_logprob_diff",
-              "drift_max")
+              "drift_max", "rollout_budget")
 
 
 def check_args(args, world: int = 1) -> None:
@@ -128,6 +130,11 @@ def check_args(args, world: int = 1) -> None:
                                    f"got {args.veto_threshold}"),
         (args.overlong_buffer > args.max_new_tokens,
          f"--overlong-buffer ({args.overlong_buffer}) cannot exceed --max-new-tokens ({args.max_new_tokens})"),
+        (args.allocation == "vigor" and args.dynamic_sampling, "--allocation vigor and --dynamic-sampling are two "
+                                                                "ways to spend rollouts: choose one"),
+        (args.allocation == "vigor" and args.n_init < 2, "--n-init must be >= 2 (a group needs a baseline)"),
+        (args.allocation == "vigor" and (args.rollout_budget or args.prompts_per_step * args.group_size)
+         < args.n_init * args.prompts_per_step, "--rollout-budget must cover --n-init completions of every prompt"),
         (args.engine == "vllm" and args.top_p < 1, "--top-p < 1 needs --engine torch: vLLM returns log-probs "
                                                    "renormalised over the nucleus, not the full-vocabulary ones"),
         (not 0 < args.gpu_memory_utilization <= 1, f"--gpu-memory-utilization must be in (0, 1], "

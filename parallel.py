@@ -200,6 +200,7 @@ def rollout_metrics(m: Metrics, fresh, generated, replay) -> None:
     m.mean("reward/zero_std_frac", grpo.zero_std_fraction(rewards, torch.tensor([r.prompt_id for r in generated])),
            n_groups)
     m.total("batch/fresh", len(fresh))
+    m.total("rollout/generated", n)
     m.mean("response/len_mean", sum(len(r.completion_ids) for r in generated) / n, n)
     m.mean("response/truncated_frac", sum(r.truncated for r in generated) / n, n)
     s = replay.stats() if replay is not None else {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0}

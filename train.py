@@ -128,6 +128,16 @@ class Args:
     """DAPO dynamic sampling: drop zero-variance groups from the fresh batch"""
     dynamic_sampling_rounds: int = 0
     """with dynamic sampling: up to this many extra generation rounds to refill the batch"""
+    allocation: Literal[rollout.ALLOCATIONS] = "fixed"
+    """completions per prompt: fixed (group_size each) | vigor (variance-guided, same budget: --n-init, --n-step)"""
+    n_init: int = 2
+    """VIGOR: completions every prompt starts with"""
+    n_step: int = 2
+    """VIGOR: completions added to each chosen prompt per round"""
+    vigor_top: int = 16
+    """VIGOR: prompts (per rank) with the highest reward variance that get --n-step more each round"""
+    rollout_budget: int = 0
+    """VIGOR: completions per step over all ranks (0 = prompts_per_step x group_size, the fixed allocation's)"""
     overlong_buffer: int = 0
     """DAPO soft overlong penalty: the last L_cache tokens before max_new_tokens are penalised (0 = off)"""
     overlong_filter: bool = False
@@ -240,7 +250,8 @@ def shard_model(model, device: str):
 def score(rollouts, args: Args) -> torch.Tensor:
     """Reward from the verifier (plus DAPO's overlong penalty), then advantages within each group. Returns the
     verifier's verdicts [B] (1.0 = correct), which DAPO's dynamic sampling filters on (not the shaped reward)."""
-    correct = torch.tensor([verify.reward(r.text, r.answer) for r in rollouts])                # [B]
+    set_rewards(rollouts)
+    correct = torch.tensor([r.reward for r in rollouts])                                        # [B] the verdicts
     rewards = correct
     if args.overlong_buffer:
         lengths = torch.tensor([len(r.completion_ids) for r in rollouts])
@@ -255,17 +266,40 @@ def groups(rollouts) -> torch.Tensor:
     return torch.tensor([r.prompt_id for r in rollouts])                  # [B] the GRPO group of each rollout
 
 
-def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, step: int, rank: int, world: int):
+def generate(engine, prompts, args: Args, step: int, rank: int, round_: int, world: int, metrics) -> list:
+    """1. `group_size` completions per prompt, or VIGOR's variance-guided group sizes at the same budget
+    (rollout.vigor_generate, its rounds seeded round_ + 1, ...; its numbers go to `metrics`)."""
+    sampling = lambda k: Sampling(args.temperature, args.top_p, args.max_new_tokens,     # noqa: E731
+                                  seed=sampling_seed(args.seed, rank, step, round_ + k))
+    if args.allocation == "fixed":
+        return engine.generate(prompts, args.group_size, sampling(0), version=step)
+    new, stats = rollout.vigor_generate(engine, prompts, sampling, step, set_rewards, n_init=args.n_init,
+                                        n_step=args.n_step, top=args.vigor_top,
+                                        budget=(args.rollout_budget or args.prompts_per_step * args.group_size) // world)
+    if metrics is not None:
+        metrics.min("vigor/group_size_min", stats.pop("vigor/group_size_min"))
+        metrics.max("vigor/group_size_max", stats.pop("vigor/group_size_max"))
+        for key, value in stats.items():                       # rounds, mean group size, zero-std share before
+            metrics.mean(key, value, len(prompts))
+    return new
+
+
+def set_rewards(rollouts) -> None:
+    for r in rollouts:
+        r.reward = verify.reward(r.text, r.answer)
+
+
+def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, step: int, rank: int, world: int,
+                       metrics: parallel.Metrics | None = None):
     """1. generate and 2. score this rank's `prompts_per_step / world` prompts (`mine[pos:]`, wrapping around), with
-    DAPO's extra rounds when dynamic sampling drops groups. Returns (fresh, every generated rollout, new pos)."""
+    DAPO's extra rounds when dynamic sampling drops groups, or VIGOR's allocation of the same budget (its numbers go
+    to `metrics`). Returns (fresh, every generated rollout, new pos)."""
     fresh, generated, per_rank = [], [], args.prompts_per_step // world
     for round_ in range(1 + (args.dynamic_sampling_rounds if args.dynamic_sampling else 0)):
         need = per_rank - len({r.prompt_id for r in fresh})
         batch_prompts = [prompts[mine[(pos + i) % len(mine)]] for i in range(need)]
         pos += need
-        sampling = Sampling(args.temperature, args.top_p, args.max_new_tokens,
-                            seed=sampling_seed(args.seed, rank, step, round_))
-        new = engine.generate(batch_prompts, args.group_size, sampling, version=step)
+        new = generate(engine, batch_prompts, args, step, rank, round_, world, metrics)
         correct = score(new, args)
         generated += new
         if args.dynamic_sampling:  # DAPO: drop all-correct / all-wrong groups, by the verdicts (not shaped rewards)
@@ -402,7 +436,8 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
     row, ckpt = {}, resume
     for step in range(start, args.steps):
         t0, verified = time.perf_counter(), verify.stats()
-        fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, args, step, rank, world)  # 1., 2.
+        fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, args, step, rank, world,   # 1., 2.
+                                                   gen := parallel.Metrics())               # (VIGOR's numbers)
         canary = rollout.logprob_diff(model, generated[:16], args.temperature, tok.pad_token_id) \
             if args.check_every and step % args.check_every == 0 else None   # does the engine hold our weights?
         t1 = time.perf_counter()
@@ -418,6 +453,7 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
         engine.load_weights(parallel.full_parameters(model))                                           # 6. sync
         t2 = time.perf_counter()
         parallel.rollout_metrics(m, fresh, generated, replay)
+        m.merge(gen)
         if canary is not None:
             m.mean("rollout/logprob_diff", canary, 1)
         for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
