@@ -8,6 +8,9 @@ The built-in task: integer expressions of 2-3 single-digit operands joined by + 
 precedence (9,300 expressions in all). Deterministic given a seed. Train and test are disjoint by construction: an expression belongs to the
 test split iff crc32(expression) % 10 == 0, whatever the seed, so no test expression can ever appear in training.
 The prompt is the expression followed by "=" and the gold answer is the integer value, e.g. "3+4*2=" -> "11".
+The second built-in task (`builtin_steps`, long completions): 3-4 operands, answered step by step, one operation
+per step, e.g. "7+6*9-3*2=" -> "7+54-3*2=7+54-6=61-6=55" (about 20 tokens); the gold answer is the final value, and
+the same crc32 rule splits it.
 
 Benchmarks (`load_benchmark(name)`; files read in place from `data_dir`, default ../shared/data, in the layouts they
 are published in; a row without a gold answer is an error naming the file and line, never a silent skip):
@@ -16,6 +19,8 @@ are published in; a row without a gold answer is an error naming the file and li
 |---|---|---|---|
 | builtin | (generated) | expression | its value; the test split, BUILTIN_TEST_SIZE examples, seed 0 |
 | builtin_train | (generated) | expression | BUILTIN_TRAIN_SIZE train examples, seed 0 |
+| builtin_steps | (generated) | 3-4 operands | its value (worked step by step); STEPS_TEST_SIZE test examples |
+| builtin_steps_train | (generated) | same | STEPS_TRAIN_SIZE train examples, seed 0 |
 | gsm8k, gsm8k_test / gsm8k_train | gsm8k_test.jsonl / gsm8k_train.jsonl | question | after "#### " in answer, commas removed |
 | math500 | math500.jsonl | problem | answer |
 | aime24, amc23 | aime24.jsonl, amc23.jsonl | problem | answer (AMC's floats 27.0 -> "27") |
@@ -81,6 +86,69 @@ def arithmetic_examples(split: str, n: int | None = None, seed: int = 0) -> list
     return [Example(question=e, answer=str(eval(e))) for e in exprs[:n]]
 
 
+# ---- the second built-in task: the same arithmetic, worked step by step (long completions) --------------------------
+
+STEPS = "builtin_steps"      # its test split's name; "builtin_steps_train" its train split
+STEPS_TEST_SIZE = 500
+STEPS_TRAIN_SIZE = 20000     # of about 250,000 train expressions: enough for any run here, quick to tokenize
+STEPS_OPERANDS = (3, 4)
+
+
+def worked_solution(expr: str) -> str:
+    """The expression reduced one operation at a time, each intermediate form followed by "=", ending in its value:
+    the leftmost * first (precedence), then + and - left to right. "7+6*9-3*2" -> "7+54-3*2=7+54-6=61-6=55".
+    The verifier reads the last value of such a chain ("3-5=-2" -> "-2"), so the gold answer is the final number."""
+    tokens = []                                     # alternating ints and operator characters
+    for ch in expr:
+        if ch in OPERATORS and tokens and not isinstance(tokens[-1], str):
+            tokens.append(ch)
+        elif tokens and isinstance(tokens[-1], int):
+            tokens[-1] = tokens[-1] * 10 + int(ch)
+        else:
+            tokens.append(int(ch))
+    steps = []
+    while len(tokens) > 1:
+        i = tokens.index("*") if "*" in tokens else 1
+        a, op, b = tokens[i - 1:i + 2]
+        tokens[i - 1:i + 2] = [a * b if op == "*" else a + b if op == "+" else a - b]
+        steps.append("".join(str(t) for t in tokens))
+    return "=".join(steps)
+
+
+def _steps_expressions(split: str) -> list[str]:
+    """Every expression of 3 and 4 single-digit operands (279,000), in a fixed order, filtered by the split rule of
+    the arithmetic task (crc32 % 10 == 0 is test)."""
+    digits = [str(d) for d in range(MAX_OPERAND)]
+    out, level = [], digits
+    for n in range(2, max(STEPS_OPERANDS) + 1):
+        level = [e + o + d for e in level for o in OPERATORS for d in digits]
+        if n in STEPS_OPERANDS:
+            out += level
+    return [e for e in out if _is_test(e) == (split == "test")]
+
+
+def arithmetic_chain_examples(split: str, n: int | None = None, seed: int = 0) -> list[Example]:
+    """The step-by-step task: the first n examples (all if None) of the split in an order shuffled by seed. The
+    question is the expression ("7+6*9-3*2", prompt "7+6*9-3*2=" under the builtin template), the gold answer its
+    value ("55"); the completion that earns the reward is worked_solution(question) or anything ending in the value."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    exprs = _steps_expressions(split)
+    random.Random(f"steps-{split}-{seed}").shuffle(exprs)
+    if n is not None and n > len(exprs):
+        raise ValueError(f"the built-in steps {split} split has {len(exprs)} examples, {n} were asked for")
+    return [Example(question=e, answer=worked_solution(e).rsplit("=", 1)[-1]) for e in exprs[:n]]
+
+
+# The built-in prompt sets, each with its train split (what --train-data NAME should train on) and template builtin.
+BUILTIN_TRAIN_SPLITS = {BUILTIN: "builtin_train", STEPS: "builtin_steps_train"}
+
+
+def train_split(name: str) -> str:
+    """The train split of a built-in prompt set ("builtin" -> "builtin_train"); any other name is itself."""
+    return BUILTIN_TRAIN_SPLITS.get(name, name)
+
+
 def builtin_prompt(question: str) -> str:
     """The built-in task's template: the expression and '='; the model answers with the number."""
     return f"{question}="
@@ -115,7 +183,7 @@ def template_for(name: str, choice: str = "auto") -> str:
     auto = builtin for the built-in task's splits, plain for every other set."""
     if choice != "auto":
         return choice
-    return "builtin" if name in (BUILTIN, "builtin_train") else "plain"
+    return "builtin" if name in (*BUILTIN_TRAIN_SPLITS, *BUILTIN_TRAIN_SPLITS.values()) else "plain"
 
 
 def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prompt]:
@@ -181,7 +249,7 @@ BENCHMARKS = {
     "minerva": ("minerva_math.jsonl", "problem", lambda r: last_boxed(r["solution"]) or ""),
     "olympiadbench": ("olympiadbench.jsonl", "question", lambda r: olympiad_answer(r["final_answer"])),
 }
-BENCHMARK_NAMES = (BUILTIN, "builtin_train", *BENCHMARKS)
+BENCHMARK_NAMES = (BUILTIN, "builtin_train", STEPS, "builtin_steps_train", *BENCHMARKS)
 
 
 # ---- reading files -----------------------------------------------------------------------------------------------
@@ -276,6 +344,10 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR, question
         return arithmetic_examples("test", BUILTIN_TEST_SIZE, seed=0)
     if name_or_path == "builtin_train":
         return arithmetic_examples("train", BUILTIN_TRAIN_SIZE, seed=0)
+    if name_or_path == STEPS:
+        return arithmetic_chain_examples("test", STEPS_TEST_SIZE, seed=0)
+    if name_or_path == "builtin_steps_train":
+        return arithmetic_chain_examples("train", STEPS_TRAIN_SIZE, seed=0)
     if name_or_path in BENCHMARKS:
         file, qkey, answer_of = BENCHMARKS[name_or_path]
         path = resolve_data_dir(data_dir) / file
@@ -300,6 +372,8 @@ if __name__ == "__main__":
     if len(sys.argv) == 1:
         for ex in arithmetic_examples("train", 5):
             print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer}")
+        for ex in arithmetic_chain_examples("train", 3):
+            print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer:6s} worked {worked_solution(ex.question)}")
     for name in sys.argv[1:]:
         exs = load_benchmark(name)
         print(f"{name}: {len(exs)} examples; first gold {exs[0].answer!r}; question {exs[0].question[:80]!r}")

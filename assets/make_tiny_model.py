@@ -1,6 +1,7 @@
 """Make the built-in tiny model: a character-level tokenizer, a small Qwen2 config, and a short supervised warm start.
 
     python assets/make_tiny_model.py                 # rewrites assets/tiny-arith (a few minutes on 2 CPU cores)
+    python assets/make_tiny_model.py --task steps    # rewrites assets/tiny-steps (the step-by-step task)
 
 The result is a standard Hugging Face directory (config.json, tokenizer.json, model.safetensors) that loads with
 `AutoModelForCausalLM.from_pretrained` like any real model, so the trainer has one code path for both.
@@ -8,6 +9,9 @@ The result is a standard Hugging Face directory (config.json, tokenizer.json, mo
 The warm start is deliberately short: supervised training on the built-in arithmetic task (loss on the answer tokens
 only) is stopped after a fixed number of steps, when greedy held-out accuracy is well above zero but far from solved,
 leaving room for RL to show. Seeded: the same command gives the same weights on the same machine.
+
+--task steps: the same tokenizer and architecture, warm-started on data.py's second built-in task (3-4 operands,
+answers worked one operation at a time: "7+6*9-3*2=" -> "7+54-3*2=7+54-6=61-6=55"), loss on the whole worked answer.
 """
 import argparse
 import os
@@ -22,6 +26,7 @@ from checkpoint import save_hf  # noqa: E402
 from rollout import Prompt, Sampling, TorchEngine  # noqa: E402
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
+STEPS_SFT_STEPS = 300        # --task steps: supervised steps (about 33% greedy held-out accuracy: room for RL)
 
 
 def make_tokenizer():
@@ -50,12 +55,22 @@ def make_model(vocab_size: int, seed: int):
     return Qwen2ForCausalLM(cfg)
 
 
-def sft_batch(tok, examples):
-    """Prompt + answer + EOS, right padded; labels only on the answer and EOS (-100 elsewhere)."""
+# task -> (train examples, test examples, supervised target of an example, greedy eval's max new tokens)
+TASKS = {
+    "arith": (lambda seed: data.arithmetic_examples("train", seed=seed), lambda: data.arithmetic_examples("test", 500),
+              lambda ex: ex.answer, 8),
+    "steps": (lambda seed: data.arithmetic_chain_examples("train", seed=seed),
+              lambda: data.arithmetic_chain_examples("test", data.STEPS_TEST_SIZE),
+              lambda ex: data.worked_solution(ex.question), 24),
+}
+
+
+def sft_batch(tok, examples, target=lambda ex: ex.answer):
+    """Prompt + target (the answer) + EOS, right padded; labels only on the target and EOS (-100 elsewhere)."""
     seqs, labels = [], []
     for ex in examples:
         p = tok.encode(data.builtin_prompt(ex.question))
-        a = tok.encode(ex.answer) + [tok.eos_token_id]
+        a = tok.encode(target(ex)) + [tok.eos_token_id]
         seqs.append(p + a)
         labels.append([-100] * len(p) + a)
     L = max(map(len, seqs))
@@ -64,42 +79,47 @@ def sft_batch(tok, examples):
     return ids, (ids != tok.pad_token_id).long(), lab
 
 
-def greedy_accuracy(model, tok, examples) -> float:
+def greedy_accuracy(model, tok, examples, max_new_tokens: int = 8) -> float:
     import verify
     engine = TorchEngine(model, tok)
     prompts = [Prompt(i, tok.encode(data.builtin_prompt(e.question)), e.answer) for i, e in enumerate(examples)]
-    rs = engine.generate(prompts, 1, Sampling(temperature=0, max_new_tokens=8))
+    rs = engine.generate(prompts, 1, Sampling(temperature=0, max_new_tokens=max_new_tokens))
     return sum(verify.grade(r.text, r.answer) for r in rs) / len(rs)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny-arith"))
-    ap.add_argument("--steps", type=int, default=400, help="supervised steps (the early stop that leaves headroom)")
+    ap.add_argument("--task", choices=tuple(TASKS), default="arith", help="arith (tiny-arith) | steps (tiny-steps)")
+    ap.add_argument("--out", default="", help="default: assets/tiny-arith or assets/tiny-steps")
+    ap.add_argument("--steps", type=int, default=0, help="supervised steps (the early stop that leaves headroom; "
+                    "default 400 for arith, STEPS_SFT_STEPS for steps)")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = every core)")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), f"tiny-{args.task}")
+    args.steps = args.steps or {"arith": 400, "steps": STEPS_SFT_STEPS}[args.task]
+    train_of, test_of, target, max_new = TASKS[args.task]
+    torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
 
     tok = make_tokenizer()
     model = make_model(len(tok), args.seed)
-    train = data.arithmetic_examples("train", seed=args.seed)
-    test = data.arithmetic_examples("test", 500)
+    train, test = train_of(args.seed), test_of()
     rng = random.Random(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
     for step in range(1, args.steps + 1):
-        ids, mask, lab = sft_batch(tok, rng.sample(train, args.batch_size))
+        ids, mask, lab = sft_batch(tok, rng.sample(train, args.batch_size), target)
         loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         if step % args.eval_every == 0 or step == args.steps:
-            print(f"step {step:5d}  loss {loss.item():.3f}  test greedy acc {greedy_accuracy(model, tok, test):.3f}",
-                  flush=True)
+            acc = greedy_accuracy(model, tok, test, max_new)
+            print(f"step {step:5d}  loss {loss.item():.3f}  test greedy acc {acc:.3f}", flush=True)
     save_hf(model, tok, args.out)        # EOS / PAD ids in the configs: `generate` stops at EOS
     print(f"saved {args.out}")
 
