@@ -86,3 +86,19 @@ def test_bench_buffer_overhead_table():
     assert "512 fresh rollouts per step, replay ratio 0.5 (sample 256)" in out and "training step 1500 ms" in out
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [int(r[0]) // 1000 for r in rows] == [1, 20] and all(r[-1].endswith("%") for r in rows)
+
+
+def test_compare_quick_runs_train_py_and_writes_the_table(tmp_path):
+    out = run("bench/compare.py", "--quick", "--methods", "grpo,rollout-replay", "--jobs", "2", "--out",
+              str(tmp_path), "--", "--steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--eval-size", "20",
+              "--eval-every", "1", timeout=240)
+    assert "4 runs (2 methods x 2 seeds)" in out                          # --quick: seeds 0,1
+    table = (tmp_path / "results.md").read_text()
+    assert "| method | seeds | final accuracy |" in table and "target accuracy = 0.9 x grpo's final mean" in table
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ") and
+            "method" not in line}
+    assert set(rows) == {"grpo", "rollout-replay"} and "+0.000" in rows["grpo"]   # AES of the baseline against itself
+    for method in ("grpo", "rollout-replay"):
+        for seed in (0, 1):
+            assert (tmp_path / method / f"seed-{seed}" / "metrics.jsonl").exists()
+    assert (tmp_path / "compare.png").exists() == HAS_MPL
