@@ -98,7 +98,7 @@ def overhead_main(args) -> None:
     if not step_s:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import step_time
-        m = step_time.measure(warmup=5, repeats=3)
+        m = step_time.measure(["--threads", str(args.step_threads)] if args.step_threads else [], warmup=5, repeats=3)
         step_s, how = m["step"], f"measured by bench/step_time.py's measure() on the built-in default " \
                                  f"({m['threads']} threads)"
     print(f"replay overhead per step: {args.fresh} fresh rollouts per step, replay ratio {args.replay_ratio} "
@@ -120,6 +120,7 @@ def main() -> None:
     p.add_argument("--replay-ratio", type=float, default=0.5, help="--overhead: replayed per fresh rollout")
     p.add_argument("--step-seconds", type=float, default=0.0,
                    help="--overhead: a training step's time (0 = measure it with bench/step_time.py)")
+    p.add_argument("--step-threads", type=int, default=0, help="--overhead: torch threads of that step (0 = default)")
     p.add_argument("--n", type=int, default=100_000, help="rollouts stored")
     p.add_argument("--k", type=int, default=1000, help="rollouts drawn per sample()")
     p.add_argument("--tau-max", type=int, default=4, help="age window; versions are spread over it")
