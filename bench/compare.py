@@ -177,6 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/compare", help="output directory (a run already done there is reused)")
     p.add_argument("--quick", action="store_true", help=f"train.py {' '.join(QUICK)}, seeds 0,1 (a few minutes)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (each gets cores // jobs threads)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per run (0 = cores // jobs)")
     p.add_argument("--baseline", default="grpo", help="the method the target and the ratios refer to")
     p.add_argument("--target-frac", type=float, default=0.9, help="target = this x the baseline's final accuracy")
     p.add_argument("--metric", default="eval/accuracy", help="metrics.jsonl key of the held-out accuracy")
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
         method_flags(m)                                      # unknown names fail before anything runs
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     jobs = [(m, s) for s in seeds for m in methods]
     print(f"{len(jobs)} runs ({len(methods)} methods x {len(seeds)} seeds), {args.jobs} at a time, {threads} "
           f"threads each; train.py flags: {' '.join(extra) or '(defaults)'}", flush=True)
