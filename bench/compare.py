@@ -14,8 +14,10 @@ budget, and no per-method tuning beyond what its preset sets.
 Outputs in OUT: compare.png (held-out accuracy against fresh rollouts generated, and against training wall time;
 mean over seeds, band = min..max), results.md (the table below), and the table on stdout:
 - final accuracy: the last eval of --metric (default eval/accuracy), mean ± sample std over seeds;
-- target = --target-frac (0.9) x the baseline method's (--baseline, grpo) final mean accuracy; fresh rollouts and
-  wall time to target: the first eval at or above it, per seed, averaged over the seeds that reach it (n/N shown);
+- target = start + --target-frac (0.9) x (the baseline's (--baseline, grpo) final mean accuracy - start), start =
+  the base model's accuracy (step 0, mean over every run): 90% of the baseline's gain, so that a target is never met
+  by the base model itself; fresh rollouts and wall time to target: the first eval after step 0 at or above it, per
+  seed, averaged over the seeds that reach it (n/N shown). No target when the baseline did not gain;
 - ratios of those to the baseline's (below 1 = fewer rollouts / less time than the baseline);
 - AES (eval.aes, O1-Pruner's accuracy-efficiency score) of the final mean accuracy and mean response length
   (response/len_mean, last step) against the baseline's.
@@ -95,7 +97,7 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
 
 def to_target(runs: list[dict], target: float) -> tuple[float | None, float | None, int]:
     """(mean fresh rollouts, mean wall seconds, seeds reaching) to the first eval with accuracy >= target."""
-    hits = [next(((f, w) for _, f, w, a in r["evals"] if a >= target), None) for r in runs]
+    hits = [next(((f, w) for s, f, w, a in r["evals"] if s > 0 and a >= target), None) for r in runs]
     hits = [h for h in hits if h is not None]
     if not hits:
         return None, None, 0
@@ -110,23 +112,29 @@ def summarize(results: dict[str, list[dict]], baseline: str, target_frac: float)
     import eval as eval_lib
     base_acc = statistics.mean(r["evals"][-1][3] for r in results[baseline])
     base_len = statistics.mean(r["length"] for r in results[baseline])
-    target = target_frac * base_acc
-    b_fresh, b_wall, _ = to_target(results[baseline], target)
+    start = statistics.mean(r["evals"][0][3] for runs in results.values() for r in runs if r["evals"][0][0] == 0)
+    target = start + target_frac * (base_acc - start) if base_acc > start else None
+    b_fresh, b_wall, _ = to_target(results[baseline], target) if target is not None else (None, None, 0)
     rows = []
     for method, runs in results.items():
         acc, std = mean_std([r["evals"][-1][3] for r in runs])
         length = statistics.mean(r["length"] for r in runs)
-        fresh, wall, n = to_target(runs, target)
+        fresh, wall, n = to_target(runs, target) if target is not None else (None, None, 0)
         aes = eval_lib.aes(acc, length, base_acc, base_len) if base_acc > 0 and base_len > 0 else float("nan")
         rows.append({"method": method, "seeds": len(runs), "acc": acc, "std": std, "fresh": fresh, "wall": wall,
                      "reached": n, "fresh_ratio": ratio(fresh, b_fresh), "wall_ratio": ratio(wall, b_wall),
                      "length": length, "aes": aes})
-    return rows, target
+    return rows, (start, base_acc, target)
 
 
-def markdown(rows: list[dict], target: float, baseline: str, target_frac: float) -> str:
+def markdown(rows: list[dict], targets: tuple, baseline: str, target_frac: float) -> str:
     f = lambda x, fmt: "—" if x is None else format(x, fmt)     # noqa: E731
-    out = [f"target accuracy = {target_frac:g} x {baseline}'s final mean = {100 * target:.1f}%\n",
+    start, base_acc, target = targets
+    head = (f"target accuracy = start + {target_frac:g} x ({baseline}'s final mean - start) = {100 * start:.1f} + "
+            f"{target_frac:g} x ({100 * base_acc:.1f} - {100 * start:.1f}) = {100 * target:.1f}%" if target is not None
+            else f"no target: {baseline}'s final mean {100 * base_acc:.1f}% is not above the start "
+                 f"{100 * start:.1f}%")
+    out = [head + "\n",
            "| method | seeds | final accuracy | fresh rollouts to target | wall s to target | reached | "
            f"rollouts / {baseline} | wall / {baseline} | mean length | AES vs {baseline} |",
            "|---|---|---|---|---|---|---|---|---|---|"]
@@ -202,11 +210,12 @@ def main(argv=None) -> int:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         dirs = dict(zip(jobs, pool.map(lambda j: run_one(*j, out, extra, threads, args.rerun), jobs)))
     results = {m: [load_run(dirs[m, s], args.metric) for s in seeds] for m in methods}
-    rows, target = summarize(results, args.baseline, args.target_frac)
-    table = markdown(rows, target, args.baseline, args.target_frac)
+    rows, targets = summarize(results, args.baseline, args.target_frac)
+    table = markdown(rows, targets, args.baseline, args.target_frac)
     wall = time.perf_counter() - t0
-    header = (f"`python bench/compare.py {' '.join(argv)}`: {len(jobs)} runs in {wall:.0f} s wall, "
-              f"{args.jobs} at a time\n\n")
+    ran = sum(float((dirs[j] / "done").read_text().split()[0]) for j in jobs)
+    header = (f"`python bench/compare.py {' '.join(argv)}`: {len(jobs)} runs, {ran:.0f} s of runs in all "
+              f"(done files), {args.jobs} at a time, {threads} threads each\n\n")
     (out / "results.md").write_text(header + table)
     drew = plot(results, out / "compare.png", f"{args.metric}, {', '.join(methods)}")
     print(table + f"wrote {out / 'results.md'}" + (f" and {out / 'compare.png'}" if drew else
