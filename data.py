@@ -144,6 +144,13 @@ def arithmetic_chain_examples(split: str, n: int | None = None, seed: int = 0) -
 BUILTIN_TRAIN_SPLITS = {BUILTIN: "builtin_train", STEPS: "builtin_steps_train"}
 
 
+def builtin_test(train_data: str, n: int | None = None) -> list[Example]:
+    """The held-out split of the built-in task a run trains on (the step-by-step one for builtin_steps[_train],
+    the arithmetic one otherwise): what train.py's eval/accuracy is measured on."""
+    steps = train_data in (STEPS, BUILTIN_TRAIN_SPLITS[STEPS])
+    return (arithmetic_chain_examples if steps else arithmetic_examples)("test", n)
+
+
 def train_split(name: str) -> str:
     """The train split of a built-in prompt set ("builtin" -> "builtin_train"); any other name is itself."""
     return BUILTIN_TRAIN_SPLITS.get(name, name)

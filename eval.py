@@ -130,10 +130,10 @@ def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, 
 
 
 def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float, template: str,
-                    data_dir: str) -> dict:
-    """train.py's periodic eval: {key: (examples, template, k, temperature)} for the built-in test split
-    ("accuracy", greedy) and each comma-separated benchmark ("<bench>/mean@k")."""
-    sets = {"accuracy": (data.arithmetic_examples("test", eval_size), "builtin", 1, 0.0)}
+                    data_dir: str, train_data: str = data.BUILTIN) -> dict:
+    """train.py's periodic eval: {key: (examples, template, k, temperature)} for the built-in task's test split
+    ("accuracy", greedy; data.builtin_test) and each comma-separated benchmark ("<bench>/mean@k")."""
+    sets = {"accuracy": (data.builtin_test(train_data, eval_size), "builtin", 1, 0.0)}
     for name in filter(None, (n.strip() for n in benchmarks.split(","))):
         sets[f"{data.bench_label(name)}/mean@{k}"] = (data.load_benchmark(name, data_dir),
                                                       data.template_for(name, template), k, temperature)

@@ -151,7 +151,7 @@ def check_sizes(args, model, prompts: list, world: int) -> None:
     if args.prompts_per_step // world > len(prompts) // world:
         raise ValueError(f"--prompts-per-step ({args.prompts_per_step}) exceeds the {len(prompts)} training prompts "
                          f"(at most {len(prompts) // world * world} on {world} rank(s))")
-    n_test = len(data.arithmetic_examples("test"))
+    n_test = len(data.builtin_test(args.train_data))
     if args.eval_size > n_test:
         raise ValueError(f"--eval-size ({args.eval_size}) exceeds the {n_test} prompts of the built-in test split")
     limit = getattr(model.config, "max_position_embeddings", None)

@@ -164,7 +164,7 @@ class Args:
     eval_every: int = 20
     """evaluate every N steps and at the end (0 = only at the end)"""
     eval_size: int = 500
-    """held-out built-in prompts for greedy evaluation (eval/accuracy)"""
+    """held-out prompts of the built-in task trained on, greedy (eval/accuracy; builtin_steps: its own test split)"""
     eval_benchmarks: str = ""
     """comma-separated benchmarks (names from data.py or files) also evaluated at each eval: eval/<bench>/mean@<k>"""
     eval_k: int = 1
@@ -489,12 +489,12 @@ def main(argv=None) -> int:
                 torch.set_num_threads(args.threads)
             resume = checkpoint.resolve(args.resume, args.out_dir, world)
             model, tok = load_model(resume or args.model, device)   # resuming: the checkpoint's weights
-            name = "builtin_train" if args.train_data == data.BUILTIN else args.train_data   # its train split
+            name = data.train_split(args.train_data)           # the built-in tasks: their train splits
             prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),
                                         data.template_for(name, args.prompt_template), tok)
             flags.check_sizes(args, model, prompts, world)
-            eval_sets = eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k,
-                                                 args.eval_temperature, args.prompt_template, args.data_dir)
+            eval_sets = eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k, args.eval_temperature,
+                                                 args.prompt_template, args.data_dir, args.train_data)
             max_len = args.max_new_tokens + max(len(p.ids) for p in prompts + [  # vLLM's max_model_len
                 q for examples, template, _, _ in eval_sets.values()
                 for q in data.make_prompts(examples, template, tok)])

@@ -251,3 +251,18 @@ def test_a_stale_engine_stops_the_run(tmp_path, monkeypatch):
     assert rc == 1
     lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
     assert len(lines) == 1 and "rollout/logprob_diff" in lines[0] and "step 2" in lines[0], err.getvalue()
+
+
+def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
+    """--train-data builtin_steps (issue 14's second task, with its own tiny model): it trains on its train split
+    and eval/accuracy is measured on its own test split, the step-by-step answers graded by their final value."""
+    import data
+    model = os.path.join(ROOT, "assets", "tiny-steps")
+    rc, steps, out = run_steps(["--steps", "1", "--train-data", "builtin_steps", "--model", model,
+                                "--max-new-tokens", "24"], tmp_path)
+    assert rc == 0
+    first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert 0 < first["eval/accuracy"] < 1 and steps[0]["response/len_mean"] > 6     # long completions, some right
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    test_questions = {e.question for e in data.builtin_test("builtin_steps")}
+    assert samples and all(s["prompt"].rstrip("=") not in test_questions for s in samples)   # trained on train split
