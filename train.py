@@ -14,7 +14,7 @@ Each step of `train()` reads top to bottom:
              than `tau_max` steps (buffer.py, arXiv 2606.04560); every fresh rollout stays in the batch (Headroom-Drift:
              whole earlier groups ranked by headroom, gated by drift, buffer.GroupReplay);
 4. store     the fresh rollouts, version = this step (after sampling: under a capacity bound, this step's rollouts
-             cannot push out the replayable ones);
+             cannot push out the replayable ones; under --overlong-filter not the truncated ones: they have no loss);
 5. update    `epochs` x `mini_batches` optimizer steps over fresh + replayed (each mini-batch holds its share of both;
              a mu-GRPO stage is one step with a large prompt set and mini_batches = mu),
              micro-batched, each step's loss normaliser fixed before its first micro-batch (grpo.loss_normaliser);
@@ -447,7 +447,6 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
             replayed = replay.sample(step, lambda groups: group_drift(model, groups, args, tok.pad_token_id, world)) \
                 if args.replay == "headroom-drift" else replay.sample(round(args.replay_ratio * len(fresh)), step)
             replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)         # 4. store
-            # (under --overlong-filter a truncated rollout has no loss token: it would only take a replay slot)
         m = update(model, ref_model, opt, fresh, replayed, args, step, tok.pad_token_id, world, guard,   # 5. update
                    per_update)                                   # mu-GRPO: a stage = one step, many optimizer steps
         engine.load_weights(parallel.full_parameters(model))                                           # 6. sync
