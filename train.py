@@ -273,9 +273,9 @@ def generate(engine, prompts, args: Args, step: int, rank: int, round_: int, wor
                                   seed=sampling_seed(args.seed, rank, step, round_ + k))
     if args.allocation == "fixed":
         return engine.generate(prompts, args.group_size, sampling(0), version=step)
+    budget = (args.rollout_budget or args.prompts_per_step * args.group_size) // world   # this rank's share
     new, stats = rollout.vigor_generate(engine, prompts, sampling, step, set_rewards, n_init=args.n_init,
-                                        n_step=args.n_step, top=args.vigor_top,
-                                        budget=(args.rollout_budget or args.prompts_per_step * args.group_size) // world)
+                                        n_step=args.n_step, top=args.vigor_top, budget=budget)
     if metrics is not None:
         metrics.min("vigor/group_size_min", stats.pop("vigor/group_size_min"))
         metrics.max("vigor/group_size_max", stats.pop("vigor/group_size_max"))
@@ -492,8 +492,9 @@ def main(argv=None) -> int:
             prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),
                                         data.template_for(name, args.prompt_template), tok)
             flags.check_sizes(args, model, prompts, world)
-            eval_sets = eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k, args.eval_temperature,
-                                                 args.prompt_template, args.data_dir, args.train_data)
+            eval_sets = eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k,
+                                                 args.eval_temperature, args.prompt_template, args.data_dir,
+                                                 args.train_data)
             max_len = args.max_new_tokens + max(len(p.ids) for p in prompts + [  # vLLM's max_model_len
                 q for examples, template, _, _ in eval_sets.values()
                 for q in data.make_prompts(examples, template, tok)])
