@@ -248,9 +248,8 @@ def shard_model(model, device: str):
 # ---- 1. generate and 2. score ------------------------------------------------------------------------------------
 
 def score(rollouts, args: Args) -> torch.Tensor:
-    """Reward from the verifier (plus DAPO's overlong penalty), then advantages within each group. Returns the
-    verifier's verdicts [B] (1.0 = correct), which DAPO's dynamic sampling filters on (not the shaped reward)."""
-    set_rewards(rollouts)
+    """The verifier's verdicts (r.reward, set by generate) plus DAPO's overlong penalty, then advantages within each
+    group. Returns the verdicts [B] (1.0 = correct): DAPO's dynamic sampling filters on them, not the shaped reward."""
     correct = torch.tensor([r.reward for r in rollouts])                                        # [B] the verdicts
     rewards = correct
     if args.overlong_buffer:
@@ -268,11 +267,14 @@ def groups(rollouts) -> torch.Tensor:
 
 def generate(engine, prompts, args: Args, step: int, rank: int, round_: int, world: int, metrics) -> list:
     """1. `group_size` completions per prompt, or VIGOR's variance-guided group sizes at the same budget
-    (rollout.vigor_generate, its rounds seeded round_ + 1, ...; its numbers go to `metrics`)."""
+    (rollout.vigor_generate, its rounds seeded round_ + 1, ...; its numbers go to `metrics`), each rollout's r.reward
+    set to the verifier's verdict (once: VIGOR needs them between its rounds, score() reads them)."""
     sampling = lambda k: Sampling(args.temperature, args.top_p, args.max_new_tokens,     # noqa: E731
                                   seed=sampling_seed(args.seed, rank, step, round_ + k))
     if args.allocation == "fixed":
-        return engine.generate(prompts, args.group_size, sampling(0), version=step)
+        new = engine.generate(prompts, args.group_size, sampling(0), version=step)
+        set_rewards(new)
+        return new
     budget = (args.rollout_budget or args.prompts_per_step * args.group_size) // world   # this rank's share
     new, stats = rollout.vigor_generate(engine, prompts, sampling, step, set_rewards, n_init=args.n_init,
                                         n_step=args.n_step, top=args.vigor_top, budget=budget)
@@ -403,11 +405,9 @@ def setup(args: Args, model, tok, rank: int, world: int, device: str, max_len: i
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = shard_model(model, device).train()
-    if engine is None:
-        engine = rollout.VLLMEngine(args.model, tok, seed=replay_seed(args.seed, rank), max_model_len=max_len,
-                                    gpu_memory_utilization=args.gpu_memory_utilization, distributed=world > 1,
-                                    dtype="bfloat16" if torch.device(device).type == "cuda" else "float32")
-        engine.load_weights(parallel.full_parameters(model))
+    engine = engine or rollout.make_engine("vllm", model, tok, args.model, device, seed=replay_seed(args.seed, rank),
+                                           max_model_len=max_len, distributed=world > 1,
+                                           gpu_memory_utilization=args.gpu_memory_utilization)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     replay = buffer.make_replay(args.replay, args.tau_max, args.priority_alpha, args.replay_capacity or None,
                                 replay_seed(args.seed, rank), headroom=args.headroom, replay_groups=args.replay_groups,
