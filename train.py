@@ -25,7 +25,8 @@ Under torchrun: data parallel over prompts (rank r takes every world-th prompt, 
 replay buffer); FSDP2 shards the model (`shard_model`); the normaliser N is summed over ranks and each rank's loss
 multiplied by the world size, so a step equals the 1-rank step over the same global batch. Under plain `python`:
 world size 1, no process group, the same code path. The machinery (lockstep micro-batches, the non-finite step
-guard, metrics, log files) is in parallel.py; flag parsing and bounds in flags.py; checkpoints in checkpoint.py.
+guard, metrics, log files) is in parallel.py; the flags (`Args`: every one with its help text), presets and bounds
+in flags.py; checkpoints in checkpoint.py.
 
 A "step" is one pass of this loop (it may hold several optimizer steps); a rollout's age is step - version. The ratio
 of a replayed rollout is pi_theta / pi_behaviour with its logged generation-time log-probs: the stale policy, which
@@ -38,8 +39,6 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -51,145 +50,10 @@ import eval as eval_lib  # the module eval.py, not the builtin
 import flags
 import grpo
 import parallel
-import verify
 import rollout
+import verify
+from flags import Args
 from rollout import Prompt, Sampling, TorchEngine, forward_logprobs, load_model
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@dataclass
-class Args:
-    preset: Literal["none", *flags.PRESETS] = "none"
-    """a paper's method (flags.PRESETS; --help lists them, README's Methods their flags); explicit flags win"""
-    model: str = os.path.join(HERE, "assets", "tiny-arith")
-    """local Hugging Face model directory (the default is the built-in tiny model)"""
-    train_data: str = "builtin"
-    """prompt set: 'builtin' (synthetic arithmetic), a benchmark name (gsm8k_train, math500, ...) or a JSONL path"""
-    prompt_template: Literal["auto", *data.TEMPLATES] = "auto"
-    """plain | chat | builtin; auto = builtin for the built-in task, plain otherwise"""
-    out_dir: str = "runs/default"
-    """where metrics.jsonl, samples.jsonl and checkpoints/ go (final -> the last checkpoint)"""
-    seed: int = 0
-    """seed for data order, sampling and replay"""
-    steps: int = 100
-    """loop steps (generate -> update cycles)"""
-    prompts_per_step: int = 64
-    """distinct prompts generated per step"""
-    group_size: int = 8
-    """completions per prompt (the GRPO group); at least 2"""
-    max_new_tokens: int = 8
-    """completion length limit (L_max)"""
-    temperature: float = 1.0
-    """sampling temperature; the trainer's log-probs use the same"""
-    top_p: float = 1.0
-    """nucleus sampling mass"""
-    lr: float = 3e-4
-    """AdamW learning rate"""
-    weight_decay: float = 0.0
-    """AdamW weight decay"""
-    max_grad_norm: float = 1.0
-    """gradient-norm clip (0 = off); the norm is global over all shards"""
-    max_bad_steps: int = 3
-    """optimizer steps in a row with a non-finite loss or gradient norm (each one skipped) that end the run"""
-    grad_checkpointing: bool = False
-    """recompute each layer's activations in backward: less memory, about a third more compute"""
-    adv: Literal[tuple(grpo.ADVANTAGES)] = "grpo"
-    """advantage: grpo ((r - mean) / (std + 1e-6)) | drgrpo (r - mean)"""
-    ratio: Literal[tuple(grpo.RATIOS)] = "token"
-    """importance weight: token | gspo (sequence ratio) | pnpo (prefix geometric mean)"""
-    pnpo_grad: Literal[grpo.PNPO_GRADS] = "detached"
-    """PNPO's gradient: detached (w_t = sg[w_t] pi_t / sg[pi_t], GRPO's on-policy) | full (through the prefix mean)"""
-    agg: Literal[grpo.AGG_MODES] = "token-mean"
-    """loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm"""
-    eps_low: float = 0.2
-    """clip range below 1 (mu-GRPO's relaxed range [0, 5]: --eps-low 1 --eps-high 4)"""
-    eps_high: float = 0.28
-    """clip range above 1 (DAPO clip-higher: 0.28; symmetric PPO: 0.2)"""
-    dual_clip: float = 0.0
-    """dual-clip constant c for A < 0 (e.g. 3; 0 = off)"""
-    veto_scope: Literal["none", *grpo.VETO_SCOPES] = "none"
-    """mu-GRPO negative-advantage veto: none | suffix (the method) | trigger | response (ablations)"""
-    veto_threshold: float = 1e-4
-    """veto trigger: a token of an A < 0 response whose ratio is below this"""
-    kl_coef: float = 0.0
-    """KL-to-reference coefficient; the reference model is loaded only when > 0"""
-    kl_estimator: Literal[tuple(grpo.KL_ESTIMATORS)] = "k3"
-    """KL estimator: k1 | abs | k2 | k3"""
-    tis_cap: float = 0.0
-    """truncated importance sampling cap C (0 = off): recompute old log-probs, weight by min(pi_old/pi_engine, C)"""
-    epochs: int = 1
-    """passes over each step's batch"""
-    mini_batches: int = 1
-    """optimizer steps per pass (the batch is split into this many)"""
-    micro_batch_size: int = 256
-    """rollouts per forward/backward (memory only: does not change the gradient)"""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop zero-variance groups from the fresh batch"""
-    dynamic_sampling_rounds: int = 0
-    """with dynamic sampling: up to this many extra generation rounds to refill the batch"""
-    allocation: Literal[rollout.ALLOCATIONS] = "fixed"
-    """completions per prompt: fixed (group_size each) | vigor (variance-guided, same budget: --n-init, --n-step)"""
-    n_init: int = 2
-    """VIGOR: completions every prompt starts with"""
-    n_step: int = 2
-    """VIGOR: completions added to each chosen prompt per round"""
-    vigor_top: int = 16
-    """VIGOR: prompts (per rank) with the highest reward variance that get --n-step more each round"""
-    rollout_budget: int = 0
-    """VIGOR: completions per step over all ranks (0 = prompts_per_step x group_size, the fixed allocation's)"""
-    overlong_buffer: int = 0
-    """DAPO soft overlong penalty: the last L_cache tokens before max_new_tokens are penalised (0 = off)"""
-    overlong_filter: bool = False
-    """DAPO overlong filtering: truncated responses get no loss"""
-    replay: Literal[buffer.REPLAY_KINDS] = "prioritized"
-    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha) | headroom-drift (group replay)"""
-    tau_max: int = 4
-    """evict rollouts older than this many loop steps (age = step - version; one loop step holds epochs x
-    mini_batches optimizer steps)"""
-    replay_ratio: float = 0.5
-    """replayed rollouts per fresh rollout in each batch"""
-    priority_alpha: float = 1.0
-    """priority exponent alpha in P(j) ∝ |A_j|^alpha"""
-    replay_capacity: int = 0
-    """maximum rollouts stored, oldest out first (0 = unbounded)"""
-    headroom: Literal[buffer.HEADROOMS] = "variance"
-    """headroom-drift: rank stored groups by variance p(1 - p) | failure 1 - p | abs-adv mean |A| (p = success rate)"""
-    replay_groups: int = 32
-    """headroom-drift: stored groups replayed per step (the top ones that pass the drift gate)"""
-    drift_candidates: int = 64
-    """headroom-drift: at most this many groups, in headroom order, get the no-grad drift forward each step"""
-    drift_max: float = 0.25
-    """headroom-drift: skip (keep) a group whose drift mean_i |mean_t log(pi_theta / pi_behaviour)| is above this"""
-    eval_every: int = 20
-    """evaluate every N steps and at the end (0 = only at the end)"""
-    eval_size: int = 500
-    """held-out prompts of the built-in task trained on, greedy (eval/accuracy; builtin_steps: its own test split)"""
-    eval_benchmarks: str = ""
-    """comma-separated benchmarks (names from data.py or files) also evaluated at each eval: eval/<bench>/mean@<k>"""
-    eval_k: int = 1
-    """samples per problem for --eval-benchmarks"""
-    eval_temperature: float = 0.0
-    """sampling temperature for --eval-benchmarks (0 = greedy)"""
-    data_dir: str = data.DEFAULT_DATA_DIR
-    """where named benchmarks (--train-data, --eval-benchmarks) are read from"""
-    log_samples: int = 4
-    """decoded rollouts written to samples.jsonl each step (rank 0's)"""
-    save_every: int = 50
-    """write a checkpoint every N steps and at the end (0 = only at the end)"""
-    resume: str = ""
-    """a checkpoint directory to continue from, or 'auto' = the newest complete one in out_dir/checkpoints"""
-    threads: int = 0
-    """torch CPU threads (0 = torch's default)"""
-    engine: Literal[rollout.ENGINES] = "auto"
-    """rollout engine: torch (TorchEngine) | vllm (colocated vLLM, see README) | auto (vllm on CUDA if installed)"""
-    gpu_memory_utilization: float = 0.3
-    """vLLM: share of GPU memory for its weights and KV cache (it sleeps while the trainer updates)"""
-    check_every: int = 10
-    """log rollout/logprob_diff (mean |engine - trainer| log-prob, 16 rollouts) every N steps (0 = never)"""
-    max_logprob_diff: float = 0.1
-    """stop with an error when rollout/logprob_diff exceeds this (fp32 engines agree to ~1e-6, bf16 to ~1e-2)"""
-
 
 # ---- seeds: every random stream of a run comes from --seed here, and nowhere else -----------------------------------
 
