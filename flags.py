@@ -102,7 +102,7 @@ PRESETS = {
 @dataclass
 class Args:
     preset: Literal["none", *PRESETS] = "none"
-    """a paper's method (PRESETS; --help lists them, README's Methods their flags); explicit flags win"""
+    """a paper's method (flags.PRESETS; --help lists them, README's Methods their flags); explicit flags win"""
     model: str = os.path.join(HERE, "assets", "tiny-arith")
     """local Hugging Face model directory (the default is the built-in tiny model)"""
     train_data: str = "builtin"
