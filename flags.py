@@ -12,6 +12,7 @@ input ends in one clear sentence before anything runs.
 import argparse
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import math
 import os
@@ -216,6 +217,8 @@ class Args:
     """where named benchmarks (--train-data, --eval-benchmarks) are read from"""
     log_samples: int = 4
     """decoded rollouts written to samples.jsonl each step (rank 0's)"""
+    tensorboard: bool = False
+    """also write metrics.jsonl's numeric keys as TensorBoard scalars to out_dir/tensorboard (requirements-bench.txt)"""
     save_every: int = 50
     """write a checkpoint every N steps and at the end (0 = only at the end)"""
     resume: str = ""
@@ -282,6 +285,8 @@ def check_args(args, world: int = 1) -> None:
                                                    "renormalised over the nucleus, not the full-vocabulary ones"),
         (not 0 < args.gpu_memory_utilization <= 1, f"--gpu-memory-utilization must be in (0, 1], "
                                                     f"got {args.gpu_memory_utilization}"),
+        (args.tensorboard and importlib.util.find_spec("tensorboard") is None,
+         "--tensorboard needs the tensorboard package: pip install -r requirements-bench.txt"),
         (not os.path.isdir(args.model), f"--model: no such directory: {args.model}")]:
         if bad:
             raise ValueError(message)

@@ -14,7 +14,8 @@ from torch.distributed.tensor import DTensor
 
 import checkpoint
 import grpo
-from rollout import forward_logprobs, micro_batches
+import rollout
+from rollout import forward_logprobs, length_buckets, micro_batches
 
 
 def print0(*args, **kw) -> None:
@@ -60,12 +61,15 @@ def global_normaliser(micro_batches: list[dict], agg: str, max_len: int, world: 
 @torch.no_grad()
 def lockstep_logprobs(model, rollouts: list, size: int, temperature: float, pad_id: int, world: int) -> list:
     """Each rollout's completion log-probs under `model` (rollout.forward_logprobs), in micro-batches of `size` run
-    in lockstep with the other ranks: a list of floats per rollout, in order."""
-    out, mbs = [], micro_batches(rollouts, size, pad_id, next(model.parameters()).device)
-    for i, mb in enumerate(lockstep(mbs, model, pad_id, world, backward=False)):
+    in lockstep with the other ranks: a list of floats per rollout, in the order of `rollouts` (micro-batches group
+    rows by length: rollout.length_buckets says where each row came from)."""
+    out, mbs = [None] * len(rollouts), micro_batches(rollouts, size, pad_id, next(model.parameters()).device)
+    buckets = length_buckets(rollouts, size)
+    for j, mb in enumerate(lockstep(mbs, model, pad_id, world, backward=False)):   # to the end: padding passes too
         logp = forward_logprobs(model, mb, temperature)[1]                                     # [b, T]
-        out += [logp[b, len(r.prompt_ids) - 1:len(r.prompt_ids) - 1 + len(r.completion_ids)].tolist()
-                for b, r in enumerate(rollouts[i * size:(i + 1) * size])]
+        for b, i in enumerate(buckets[j]):
+            P, T = len(rollouts[i].prompt_ids), len(rollouts[i].completion_ids)
+            out[i] = logp[b, P - 1:P - 1 + T].tolist()
     return out
 
 
@@ -237,29 +241,40 @@ def log_line(m: dict) -> str:
 LOG_FILES = ("metrics.jsonl", "samples.jsonl", "updates.jsonl")   # updates.jsonl: one line per optimizer step
 
 
-def open_logs(out_dir: str, rank: int, start: int):
-    """(metrics.jsonl, samples.jsonl, updates.jsonl) on rank 0, continued after step `start` on resume; Nones
-    elsewhere."""
+def open_logs(out_dir: str, rank: int, start: int, tensorboard: bool = False):
+    """(metrics.jsonl, samples.jsonl, updates.jsonl, TensorBoard writer or None) on rank 0, continued after step
+    `start` on resume; Nones elsewhere. The writer (--tensorboard) writes to out_dir/tensorboard and drops the steps
+    that metrics.jsonl drops: after `start` on resume, every earlier one in a fresh run (SummaryWriter's purge_step)."""
     if rank != 0:
-        return (None,) * len(LOG_FILES)
+        return (None,) * (len(LOG_FILES) + 1)
     os.makedirs(out_dir, exist_ok=True)
-    return tuple(checkpoint.open_log(os.path.join(out_dir, name), start) for name in LOG_FILES)
+    writer = None
+    if tensorboard:              # an optional dependency (requirements-bench.txt), checked by flags.check_args
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(os.path.join(out_dir, "tensorboard"), purge_step=start + 1 if start else 0)
+    return (*(checkpoint.open_log(os.path.join(out_dir, name), start) for name in LOG_FILES), writer)
 
 
 def write_logs(files, row: dict, rollouts: list = (), tokenizer=None, updates: list = ()) -> None:
     """Print the step's line (rank 0) and write it to metrics.jsonl, with a few decoded rollouts to samples.jsonl
     and each optimizer step's reduced metrics to updates.jsonl ({"step", "update": 1.., loss/clip_frac,
-    loss/veto_frac, ...}: in a mu-GRPO stage they change across its updates). Step 0 (the evaluation before
-    training) prints its eval/* numbers only."""
+    loss/veto_frac, ...}: in a mu-GRPO stage they change across its updates), and with --tensorboard every numeric
+    key of the row as a scalar at x = row["step"]. Step 0 (the evaluation before training) prints its eval/* numbers
+    only."""
     if row["step"] == 0:
         print0("step    0 | " + " | ".join(f"{k[5:]} {v:.3f}" for k, v in row.items() if k != "step"))
     else:
         print0(log_line(row), flush=True)
-    metrics_f, samples_f, updates_f = files
+    metrics_f, samples_f, updates_f, tb = files
     if metrics_f is None:
         return
     metrics_f.write(json.dumps(row) + "\n")
     metrics_f.flush()
+    if tb is not None:                                   # the same numbers as metrics.jsonl, one curve per key
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)):
+                tb.add_scalar(key, value, global_step=row["step"])
+        tb.flush()
     updates_f.writelines(json.dumps({"step": row["step"], "update": j + 1, **u}) + "\n" for j, u in enumerate(updates))
     updates_f.flush()
     samples_f.writelines(json.dumps({"step": row["step"], "prompt": tokenizer.decode(r.prompt_ids),
@@ -273,6 +288,7 @@ def close_logs(files, row: dict, final: str | None) -> None:
     if files[0] is None:
         return
     for f in files:
-        f.close()
+        if f is not None:                                # the TensorBoard writer is None without --tensorboard
+            f.close()
     if final:
         print(f"final -> {final}" + "".join(f" | {k[5:]} {v:.3f}" for k, v in row.items() if k.startswith("eval/")))

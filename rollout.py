@@ -84,12 +84,24 @@ def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]
                 behaviour_logprobs=behaviour, old_logprobs=old, advantages=advantages)
 
 
+def length_buckets(rollouts: list[Rollout], size: int) -> list[list[int]]:
+    """Indices of `rollouts` in chunks of at most `size`, sorted by length (prompt + completion; stable), so that a
+    micro-batch pads to about its own rows' length (built-in default: 16.8% of the forward positions are padding in
+    consecutive chunks, 7.9% sorted; bench/step_time.py). As many chunks of the same sizes as consecutive ones; every
+    index once."""
+    order = sorted(range(len(rollouts)), key=lambda i: len(rollouts[i].prompt_ids) + len(rollouts[i].completion_ids))
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
 def micro_batches(rollouts: list[Rollout], size: int, pad_id: int, device, old_logprobs: list | None = None,
                   mask_truncated: bool = False) -> list[dict]:
-    """`rollouts` in consecutive micro-batches of at most `size`, each collated once and moved to `device`."""
+    """`rollouts` in micro-batches of at most `size`, rows grouped by length (`length_buckets`: micro-batch j holds
+    rollouts[i] for i in length_buckets(rollouts, size)[j]), each collated once and moved to `device`. The order
+    does not change the gradient: the loss is a sum over tokens with a normaliser fixed before the first micro-batch
+    (parallel.global_normaliser), so only the float summation order differs."""
     old = old_logprobs or None
-    return [{k: v.to(device) for k, v in collate(rollouts[i:i + size], pad_id, old and old[i:i + size],
-                                                 mask_truncated).items()} for i in range(0, len(rollouts), size)]
+    return [{k: v.to(device) for k, v in collate([rollouts[i] for i in idx], pad_id, old and [old[i] for i in idx],
+                                                 mask_truncated).items()} for idx in length_buckets(rollouts, size)]
 
 
 def forward_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -289,7 +289,7 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
     random.Random(args.seed).shuffle(order)
     mine, guard = order[rank::world], parallel.StepGuard(args.max_bad_steps)     # this rank's share of the prompts
     start, pos = checkpoint.restore(resume, model, opt, replay, guard, rank, args) if resume else (0, 0)
-    logs = parallel.open_logs(args.out_dir, rank, start)
+    logs = parallel.open_logs(args.out_dir, rank, start, args.tensorboard)
     parallel.print0(f"{json.dumps(dataclasses.asdict(args))}\nworld size {world} | {args.prompts_per_step // world} "
                     f"prompts x {args.group_size} completions per rank per step | device {device}")
     if start == 0:                                       # step 0: the model before training

@@ -16,13 +16,14 @@ of `--repeats` steps is timed part by part and the medians are printed:
 
 then tokens/s (generated completion tokens per second of `generate`; real and padded tokens per second of `update`),
 the share of padded tokens in the update's forward passes (from the attention masks of the micro-batches that
-rollout.micro_batches collates for it), and a bare forward + backward of the same model over the same micro-batches
-(logits.sum().backward(), no loss, no optimizer: the machine's limit for this model and these shapes).
+rollout.micro_batches collates for it: length-bucketed, rollout.length_buckets), and a bare forward + backward of the
+same model over the same micro-batches (logits.sum().backward(), no loss, no optimizer: the machine's limit for this
+model and these shapes).
 
-`--bucket` also measures length-bucketed micro-batches (the proposal printed with it): the same rollouts sorted by
-length before they are cut into micro-batches. It checks that the gradient of train.micro_batch_loss summed over the
-bucketed micro-batches equals the one over the unbucketed (float rounding), then times the bare pass and train.update
-with rollout.micro_batches replaced by the bucketed one for the duration of the measurement only.
+`--consecutive` also measures the layout before length bucketing: the same rollouts cut into consecutive micro-batches
+in batch order. It checks that the gradient of train.micro_batch_loss summed over those equals the one over the
+trainer's bucketed micro-batches (float rounding), then times the bare pass and train.update with
+rollout.micro_batches replaced by the consecutive one for the duration of the measurement only.
 """
 import argparse
 import os
@@ -87,15 +88,15 @@ def bare_forward_backward(model, mbs: list[dict]) -> float:
     return seconds
 
 
-def bucketed_micro_batches(rollouts, size, pad_id, device, old_logprobs=None, mask_truncated=False):
-    """The proposal: rollout.micro_batches over the rollouts sorted by length (prompt + completion; stable), so each
-    micro-batch pads to a length close to its own rows'. Same number of micro-batches of the same sizes."""
-    order = sorted(range(len(rollouts)), key=lambda i: len(rollouts[i].prompt_ids) + len(rollouts[i].completion_ids))
-    old = old_logprobs and [old_logprobs[i] for i in order]
-    return _plain_micro_batches([rollouts[i] for i in order], size, pad_id, device, old, mask_truncated)
+def consecutive_micro_batches(rollouts, size, pad_id, device, old_logprobs=None, mask_truncated=False):
+    """The layout before length bucketing: rollouts[i:i + size] in batch order, collated as rollout.micro_batches
+    collates its buckets. Same number of micro-batches of the same sizes."""
+    old, starts = old_logprobs or None, range(0, len(rollouts), size)
+    return [{k: v.to(device) for k, v in rollout.collate(rollouts[i:i + size], pad_id, old and old[i:i + size],
+                                                         mask_truncated).items()} for i in starts]
 
 
-_plain_micro_batches = rollout.micro_batches
+_bucketed_micro_batches = rollout.micro_batches
 
 
 def gradient(model, args, mbs, normaliser) -> list[torch.Tensor]:
@@ -117,15 +118,15 @@ def build(argv: list[str]):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, tok = rollout.load_model(args.model, "cpu")
-    name = "builtin_train" if args.train_data == data.BUILTIN else args.train_data
+    name = data.train_split(args.train_data)                 # as train.main: a built-in task trains on its train split
     prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),
                                 data.template_for(name, args.prompt_template), tok)
     max_len = args.max_new_tokens + max(len(p.ids) for p in prompts)
-    engine, model, _, opt, replay = train.setup(args, model, tok, 0, 1, "cpu", max_len)
+    engine, model, _, opt, replay, *_ = train.setup(args, model, tok, 0, 1, "cpu", max_len)   # (R²PO: the head)
     return args, engine, model, opt, replay, prompts, tok
 
 
-def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, bucket: bool = False) -> dict:
+def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive: bool = False) -> dict:
     """Time `repeats` steps after `warmup` steps of the run train.py would make with flags `argv`; medians."""
     args, engine, model, opt, replay, prompts, tok = build(list(argv))
     timed, pad_id, device = TimedEngine(engine), tok.pad_token_id, next(model.parameters()).device
@@ -155,30 +156,30 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, bucket: boo
         real, padded = padding(mbs)
         t.update(gen_tokens=timed.tokens, fresh=len(fresh), replayed=len(replayed), real_tokens=real,
                  padded_tokens=padded, micro_batches=len(mbs), epochs=args.epochs)
-        if bucket:
-            bmbs = [mb for idx in buffer.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
-                    for mb in bucketed_micro_batches([(fresh + replayed)[i] for i in idx], args.micro_batch_size,
-                                                     pad_id, device, mask_truncated=args.overlong_filter)]
-            t["bucket_padded_tokens"] = padding(bmbs)[1]
-            t["bucket_bare_fwd_bwd"] = bare_forward_backward(model, bmbs)
-            rollout.micro_batches = bucketed_micro_batches           # train.update calls rollout.micro_batches
+        if consecutive:
+            cmbs = [mb for idx in buffer.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
+                    for mb in consecutive_micro_batches([(fresh + replayed)[i] for i in idx], args.micro_batch_size,
+                                                        pad_id, device, mask_truncated=args.overlong_filter)]
+            t["consec_padded_tokens"] = padding(cmbs)[1]
+            t["consec_bare_fwd_bwd"] = bare_forward_backward(model, cmbs)
+            rollout.micro_batches = consecutive_micro_batches        # train.update calls rollout.micro_batches
             try:
                 t5 = time.perf_counter()
                 train.update(model, None, opt, fresh, replayed, args, step, pad_id)   # one more optimizer step:
-                t["bucket_update"] = time.perf_counter() - t5                         # same shapes, for the time
+                t["consec_update"] = time.perf_counter() - t5                         # same shapes, for the time
             finally:
-                rollout.micro_batches = _plain_micro_batches
+                rollout.micro_batches = _bucketed_micro_batches
             engine.load_weights(parallel.full_parameters(model))
             if step == warmup:                          # gradient identity, once
                 normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, 1)
-                g0, g1 = gradient(model, args, mbs, normaliser), gradient(model, args, bmbs, normaliser)
-                t["bucket_grad_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(g0, g1))
+                g0, g1 = gradient(model, args, mbs, normaliser), gradient(model, args, cmbs, normaliser)
+                t["consec_grad_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(g0, g1))
                 t["grad_max_abs"] = max(float(a.abs().max()) for a in g0)
         if step >= warmup:
             rows.append(t)
-    out = {k: statistics.median(r[k] for r in rows) for k in rows[0] if not k.startswith("bucket_grad") and
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0] if not k.startswith("consec_grad") and
            k != "grad_max_abs"}
-    for k in ("bucket_grad_max_abs_diff", "grad_max_abs"):
+    for k in ("consec_grad_max_abs_diff", "grad_max_abs"):
         if any(k in r for r in rows):
             out[k] = next(r[k] for r in rows if k in r)
     out["step"] = sum(out[p] for p in PARTS)
@@ -204,16 +205,17 @@ def report(m: dict) -> str:
         f"target <= {100 * TARGET_PAD:.0f}%: {'met' if pad <= TARGET_PAD else 'NOT met'}",
         f"bare fwd+bwd {1e3 * m['bare_fwd_bwd']:9.1f} ms per epoch; update / bare = {ratio:.2f}x; "
         f"target <= {TARGET_RATIO}x: {'met' if ratio <= TARGET_RATIO else 'NOT met'}"]
-    if "bucket_update" in m:
-        bpad = m["bucket_padded_tokens"] / total
+    if "consec_update" in m:
+        ctotal = m["real_tokens"] + m["consec_padded_tokens"]
         lines += [
-            f"length-bucketed micro-batches (proposal): padded share {100 * bpad:.1f}% "
-            f"({m['bucket_padded_tokens']:.0f} positions); bare fwd+bwd {1e3 * m['bucket_bare_fwd_bwd']:.1f} ms "
-            f"({m['bare_fwd_bwd'] / m['bucket_bare_fwd_bwd']:.2f}x faster); update "
-            f"{1e3 * m['bucket_update']:.1f} ms ({m['update'] / m['bucket_update']:.2f}x faster, "
-            f"{m['bucket_update'] / (m['epochs'] * m['bucket_bare_fwd_bwd']):.2f}x its bare fwd+bwd)",
-            f"  gradient of the summed micro_batch_loss, bucketed vs not: max |diff| "
-            f"{m['bucket_grad_max_abs_diff']:.2e} (max |grad| {m['grad_max_abs']:.2e})"]
+            f"consecutive micro-batches (before length bucketing): padded share "
+            f"{100 * m['consec_padded_tokens'] / ctotal:.1f}% ({m['consec_padded_tokens']:.0f} of {ctotal:.0f}); "
+            f"bare fwd+bwd {1e3 * m['consec_bare_fwd_bwd']:.1f} ms (bucketed: "
+            f"{m['consec_bare_fwd_bwd'] / m['bare_fwd_bwd']:.2f}x faster); update {1e3 * m['consec_update']:.1f} ms "
+            f"(bucketed: {m['consec_update'] / m['update']:.2f}x faster; "
+            f"{m['consec_update'] / (m['epochs'] * m['consec_bare_fwd_bwd']):.2f}x its bare fwd+bwd)",
+            f"  gradient of the summed micro_batch_loss, bucketed vs consecutive: max |diff| "
+            f"{m['consec_grad_max_abs_diff']:.2e} (max |grad| {m['grad_max_abs']:.2e})"]
     return "\n".join(lines)
 
 
@@ -222,11 +224,12 @@ def main(argv=None) -> int:
                                 epilog="train.py's flags go after --, e.g. -- --prompts-per-step 16")
     p.add_argument("--warmup", type=int, default=5, help="whole steps before timing (fills the replay buffer)")
     p.add_argument("--repeats", type=int, default=3, help="timed steps (medians reported)")
-    p.add_argument("--bucket", action="store_true", help="also measure length-bucketed micro-batches")
+    p.add_argument("--consecutive", action="store_true",
+                   help="also measure consecutive micro-batches (the layout before length bucketing)")
     argv = sys.argv[1:] if argv is None else argv
     ours, train_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = p.parse_args(ours)
-    print(report(measure(train_flags, args.warmup, args.repeats, args.bucket)), flush=True)
+    print(report(measure(train_flags, args.warmup, args.repeats, args.consecutive)), flush=True)
     return 0
 
 

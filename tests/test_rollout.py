@@ -38,6 +38,48 @@ def test_collate_aligns_completion_with_next_token_positions():
     assert b["advantages"].tolist() == [1.5, -1.0]
 
 
+def _mixed_lengths():
+    """Rollouts of total lengths 3, 20, 4, 19, 5, 18 (long and short alternate), each with its own tokens."""
+    return [Rollout(k, [1 + k] * 2, [10 + k] * n, [-0.1 * (k + 1)] * n, advantage=k - 2.5)
+            for k, n in enumerate((1, 18, 2, 17, 3, 16))]
+
+
+def test_micro_batches_group_rollouts_by_length():
+    """Consecutive chunks of 2 pad every short rollout to a long one's length; length buckets pair short with short.
+    Every rollout sits in exactly one micro-batch, whole, with its own behaviour log-probs and advantage."""
+    from rollout import length_buckets, micro_batches
+    rs = _mixed_lengths()
+    mbs = micro_batches(rs, 2, 0, "cpu")
+    consecutive = [collate(rs[i:i + 2], 0) for i in range(0, len(rs), 2)]
+    pads = [sum(mb["attention_mask"].numel() - int(mb["attention_mask"].sum()) for mb in m)
+            for m in (mbs, consecutive)]
+    assert pads == [1 + 13 + 1, 17 + 15 + 13]           # lengths (3, 4) (5, 18) (19, 20) vs (3, 20) (4, 19) (5, 18)
+    assert length_buckets(rs, 2) == [[0, 2], [4, 5], [3, 1]] and len(mbs) == 3
+    rows = {}
+    for mb in mbs:
+        for ids, att, lp, adv in zip(mb["input_ids"], mb["attention_mask"], mb["behaviour_logprobs"], mb["advantages"]):
+            k = int(ids[0]) - 1
+            assert k not in rows                                            # at most once ...
+            rows[k] = (ids[att.bool()].tolist(), lp[lp != 0].tolist(), float(adv))
+    assert rows == {k: (r.prompt_ids + r.completion_ids, pytest.approx(r.logprobs), r.advantage)   # ... and all
+                    for k, r in enumerate(rs)}
+
+
+def test_lockstep_logprobs_come_back_in_input_order(tiny):
+    """parallel.lockstep_logprobs runs length-bucketed micro-batches but returns each rollout's completion
+    log-probs at its own index: the same as a forward of that rollout alone."""
+    import parallel
+    from rollout import forward_logprobs
+    model, tok = tiny
+    rs = _mixed_lengths()
+    got = parallel.lockstep_logprobs(model, rs, 2, 0.7, tok.pad_token_id, 1)
+    with torch.no_grad():
+        alone = [forward_logprobs(model, collate([r], tok.pad_token_id), 0.7)[1][0, 1:].tolist() for r in rs]
+    assert [len(g) for g in got] == [len(r.completion_ids) for r in rs]
+    for g, a in zip(got, alone):
+        assert g == pytest.approx(a, abs=1e-5)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_engine_logprobs_equal_trainer_logprobs(tiny, temperature):
     """Behaviour log-probs recorded during KV-cache sampling (left-padded prompts) equal the trainer's full forward

@@ -78,6 +78,44 @@ def test_veto_uses_behaviour_logprobs_under_tis():
     assert m_off.reduce(1)["loss/veto_frac"] == 0.0
 
 
+# ---- 5. length-bucketed micro-batches: the gradient of the whole batch, float rounding aside -------------------------
+
+@pytest.mark.parametrize("kw", [{}, {"agg": "seq-mean-token-mean", "ratio": "gspo", "tis_cap": 2.0}])
+def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
+    """train.update's micro-batches (rollout.micro_batches: rows grouped by length) against the whole batch collated
+    by hand in its own order, one micro-batch: the same N, the same summed loss and the same parameter gradients, to
+    float rounding (N is fixed before the first micro-batch; the grouping only reorders a sum). Under --tis-cap the
+    recomputed old log-probs, given in batch order, must follow their rollouts into the buckets."""
+    model, tok = _tiny_policy()
+    a = train.Args(**kw)
+    gen = torch.Generator().manual_seed(1)
+    rs = [Rollout(k, tok.encode(f"{k}*{13 * k}="), tok.encode("1234567"[:n]), [0.0] * n,
+                  advantage=(-1.0) ** k * (k + 1) / 4)
+          for k, n in enumerate((7, 1, 6, 2, 5, 3, 4, 1))]        # lengths alternate: buckets differ from chunks
+    with torch.no_grad():                                         # behaviour, old: near the current policy
+        for r in rs:
+            lp = rollout.forward_logprobs(model, rollout.collate([r], tok.pad_token_id), 1.0)[1][0]   # [T]
+            lp = lp[len(r.prompt_ids) - 1:]
+            r.logprobs = (lp + 0.3 * torch.randn(lp.shape, generator=gen)).tolist()
+    old = [[x + 0.1 for x in r.logprobs] for r in rs] if a.tis_cap else None
+    assert rollout.length_buckets(rs, 3) != [[0, 1, 2], [3, 4, 5], [6, 7]]
+
+    def loss_and_grads(mbs):
+        n = parallel.global_normaliser(mbs, a.agg, a.max_new_tokens, 1)
+        model.zero_grad(set_to_none=True)
+        loss = 0.0
+        for mb in mbs:
+            mb_loss = train.micro_batch_loss(model, None, mb, a, n, parallel.Metrics())
+            mb_loss.backward()
+            loss += mb_loss.item()
+        return n, loss, [p.grad.clone() for p in model.parameters()]
+    n0, loss0, g0 = loss_and_grads([rollout.collate(rs, tok.pad_token_id, old)])            # by hand: no bucketing
+    n1, loss1, g1 = loss_and_grads(rollout.micro_batches(rs, 3, tok.pad_token_id, "cpu", old))
+    assert n1 == n0 and loss1 == pytest.approx(loss0, abs=1e-6) and loss0 != 0
+    assert max(float((x - y).abs().max()) for x, y in zip(g0, g1)) <= 1e-6
+    assert max(float(x.abs().max()) for x in g0) > 1e-3                                     # not vacuous
+
+
 # ---- 6. DAPO dynamic sampling filters on the verdict, not the shaped reward ------------------------------------------
 
 def _rollout(pid, text, answer, n_tokens):

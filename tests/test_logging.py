@@ -1,0 +1,58 @@
+"""train.py's --tensorboard: the same numbers as metrics.jsonl, as TensorBoard scalars, and one clear error line where
+the optional tensorboard package (requirements-bench.txt) is missing. The scalar test skips without tensorboard,
+except under REQUIRE_BENCH=1 (.ci/run's stage with requirements-bench.txt), where it fails."""
+import io
+import json
+import os
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import train  # noqa: E402
+from test_bench import needs  # noqa: E402
+
+RUN = ["--tensorboard", "--steps", "2", "--eval-every", "1", "--eval-size", "50", "--prompts-per-step", "8",
+       "--threads", "1"]
+
+
+def main(argv) -> tuple[int, str]:
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        rc = train.main(argv)
+    return rc, err.getvalue()
+
+
+def test_tensorboard_missing_is_one_error_line(tmp_path, monkeypatch):
+    """Without the package: exit status 2 at start-up, one `error:` line naming the flag and the fix, no traceback,
+    nothing written."""
+    monkeypatch.setitem(sys.modules, "tensorboard", None)        # find_spec -> None, import -> ImportError
+    rc, err = main([*RUN, "--out-dir", str(tmp_path / "run")])
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "--tensorboard" in lines[0] and "requirements-bench.txt" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+@needs("tensorboard")
+def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path):
+    """A 2-step run of the built-in default: every step's row of metrics.jsonl (step 0's eval too) is in the event
+    file, key by key, at x = step (float32 values: TensorBoard's precision)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    rc, err = main([*RUN, "--out-dir", str(tmp_path / "run")])
+    assert rc == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    logged = {}
+    for key in acc.Tags()["scalars"]:
+        for e in acc.Scalars(key):
+            logged.setdefault(e.step, {})[key] = e.value
+    assert [r["step"] for r in rows] == [0, 1, 2] and sorted(logged) == [0, 1, 2]
+    for r in rows:
+        expected = {k: v for k, v in r.items() if k != "step"}
+        assert logged[r["step"]] == pytest.approx(expected, rel=1e-6, abs=1e-6), r["step"]
+    assert "eval/accuracy" in logged[0] and "loss/policy" in logged[2]
