@@ -10,6 +10,8 @@ One checkpoint, `out_dir/checkpoints/step_000040/`:
     config.json, generation_config.json, model.safetensors, tokenizer files   the policy, full (unsharded) weights,
                                                                               gathered to rank 0: loads with
                                                                               AutoModelForCausalLM.from_pretrained
+    r2po_head.safetensors         R²PO only: the residual rollout head (rollout.ResidualHead's state dict);
+                                  transformers ignores it, train.py's resume reads it
     args.json                     the run's Args
     trainer/state.json            step, skipped-step counters, world size (the same on every rank)
     trainer/optimizer/            AdamW state through torch.distributed.checkpoint: each rank writes its own shard
@@ -43,10 +45,12 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
 
 MARKER = "COMPLETE"
+HEAD_FILE = "r2po_head.safetensors"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -109,10 +113,15 @@ def save_hf(model, tokenizer, path: str, state_dict=None) -> None:
     tokenizer.save_pretrained(path)
 
 
-def save(root: str, step: int, model, opt, tokenizer, args: dict, trainer_state: dict, rank_state: dict,
-         rank: int, world: int) -> str:
-    """Write checkpoint `step` under `root` atomically; every rank calls it (the gathers are collective).
-    Returns the checkpoint's directory."""
+def save(root: str, step: int, model, opt, tokenizer, args, guard, replay, pos: int, rank: int, world: int,
+         head=None, head_opt=None) -> str:
+    """Write checkpoint `step` under `root` atomically (what `restore` reads back); every rank calls it (the gathers
+    are collective). R²PO's `head` (replicated: the same on every rank) goes to HEAD_FILE, its optimizer into the
+    rank files. Returns the checkpoint's directory."""
+    trainer_state = {"step": step, "skipped": guard.skipped, "in_row": guard.in_row}
+    rank_state = {"pos": pos, "replay": replay.state_dict() if replay is not None else None, "rng": rng_state()}
+    if head_opt is not None:
+        rank_state["head_opt"] = head_opt.state_dict()
     final, tmp = step_dir(root, step), os.path.join(root, f".tmp-step_{step:06d}")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)          # left by an earlier attempt that was cut off
@@ -124,7 +133,9 @@ def save(root: str, step: int, model, opt, tokenizer, args: dict, trainer_state:
         if dist.is_initialized() else model.state_dict()
     if rank == 0:
         save_hf(model, tokenizer, tmp, state_dict=full)
-        _write_json(os.path.join(tmp, "args.json"), args)
+        _write_json(os.path.join(tmp, "args.json"), dataclasses.asdict(args))
+        if head is not None:
+            save_file(head.state_dict(), os.path.join(tmp, HEAD_FILE))
         _write_json(os.path.join(tmp, "trainer", "state.json"), {**trainer_state, "world_size": world})
     del full
     with warnings.catch_warnings():      # plain `python`: a single-process DCP save is what we mean, say nothing
@@ -160,7 +171,7 @@ def latest(root: str) -> str | None:
     return os.path.join(root, max(found)[1]) if found else None
 
 
-def resolve(resume: str, out_dir: str, world: int = 1) -> str | None:
+def resolve(resume: str, out_dir: str, world: int = 1, head: bool = False) -> str | None:
     """`--resume`: '' -> None (fresh start); 'auto' -> latest() in out_dir/checkpoints (None when there is none, so
     the same command starts and restarts a job); a path -> itself, if it is a complete checkpoint. ValueError for
     an incomplete one, or one written by another number of ranks."""
@@ -176,6 +187,9 @@ def resolve(resume: str, out_dir: str, world: int = 1) -> str | None:
     if written_by != world:
         raise ValueError(f"--resume: {path} was written by {written_by} ranks, this run has {world}: "
                          f"each rank's replay buffer belongs to its share of the prompts")
+    if head and not os.path.isfile(os.path.join(path, HEAD_FILE)):
+        raise ValueError(f"--resume: {path} has no {HEAD_FILE}: it was not written by an R²PO run "
+                         f"(--rollout-head residual)")
     return path
 
 
@@ -236,9 +250,15 @@ def point_final(out_dir: str, ckpt: str) -> str:
     return link
 
 
-def restore(resume: str, model, opt, replay, guard, rank: int, args) -> tuple[int, int]:
-    """Load a checkpoint into the model, optimizer, replay buffer, guard and RNGs; returns (step, prompt position)."""
+def restore(resume: str, model, opt, replay, guard, rank: int, args, head=None, head_opt=None) -> tuple[int, int]:
+    """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and R²PO's head with its optimizer
+    (R²PO's phase is a function of the step); returns (step, prompt position), (0, 0) when `resume` is None."""
+    if resume is None:
+        return 0, 0
     state, mine = load(resume, model, opt, rank)
+    if head is not None:
+        head.load_state_dict(load_file(os.path.join(resume, HEAD_FILE), device=str(next(head.parameters()).device)))
+        head_opt.load_state_dict(mine["head_opt"])
     guard.skipped, guard.in_row = state["skipped"], state["in_row"]
     if replay is not None:
         replay.load_state_dict(mine["replay"])

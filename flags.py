@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass
 from typing import Literal
@@ -95,6 +96,9 @@ PRESETS = {
                      prompts_per_step=512, mini_batches=64, eval_every=1)),
     "vigor": ("VIGOR (abstract only): variance-guided rollout allocation at the fixed allocation's budget, no replay",
               dict(replay="none", allocation="vigor", n_init=2, n_step=2, vigor_top=16)),
+    "r2po": ("R²PO (arXiv 2601.11960): rank-64 residual rollout head, 1 head step per 4 policy steps, no replay",
+             dict(replay="none", rollout_head="residual", rollout_head_rank=64, r2po_schedule="1,4",
+                  r2po_head_lr=1e-2, r2po_kl_coef=0.05)),
 }
 
 
@@ -180,6 +184,16 @@ class Args:
     """VIGOR: prompts (per rank) with the highest reward variance that get --n-step more each round"""
     rollout_budget: int = 0
     """VIGOR: completions per step over all ranks (0 = prompts_per_step x group_size, the fixed allocation's)"""
+    rollout_head: Literal[rollout.ROLLOUT_HEADS] = "none"
+    """R²PO: none | residual (training rollouts sampled from base + a low-rank residual head; eval uses the base)"""
+    rollout_head_rank: int = 64
+    """R²PO: rank r of the head W2 ReLU(W1 h): r (d + V) parameters (64: 2% of a 0.5B model)"""
+    r2po_schedule: str = "1,4"
+    """R²PO: 'H,P' = H loop steps of the head phase (base frozen), then P of the policy phase (head frozen), again"""
+    r2po_head_lr: float = 1e-2
+    """R²PO: the head's AdamW learning rate"""
+    r2po_kl_coef: float = 0.05
+    """R²PO: head phase, coefficient of the k3 KL of the rollout head's policy to the base policy"""
     overlong_buffer: int = 0
     """DAPO soft overlong penalty: the last L_cache tokens before max_new_tokens are penalised (0 = off)"""
     overlong_filter: bool = False
@@ -239,11 +253,11 @@ class Args:
 
 AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size", "epochs",
               "replay_groups", "drift_candidates",
-              "mini_batches", "max_bad_steps", "eval_k", "n_init", "n_step", "vigor_top")
+              "mini_batches", "max_bad_steps", "eval_k", "n_init", "n_step", "vigor_top", "rollout_head_rank")
 AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap", "dual_clip",
               "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay", "max_grad_norm", "eval_every",
               "save_every", "log_samples", "threads", "eval_temperature", "seed", "check_every", "max_logprob_diff",
-              "drift_max", "rollout_budget")
+              "drift_max", "rollout_budget", "r2po_head_lr", "r2po_kl_coef")
 
 
 def check_args(args, world: int = 1) -> None:
@@ -281,6 +295,10 @@ def check_args(args, world: int = 1) -> None:
         (args.allocation == "vigor" and args.n_init < 2, "--n-init must be >= 2 (a group needs a baseline)"),
         (args.allocation == "vigor" and (args.rollout_budget or args.prompts_per_step * args.group_size)
          < args.n_init * args.prompts_per_step, "--rollout-budget must cover --n-init completions of every prompt"),
+        (args.rollout_head != "none" and args.engine == "vllm", "--rollout-head residual needs --engine torch: "
+                                                                 "vLLM cannot add R²PO's head to its logits"),
+        (not re.fullmatch(r"\d+,[1-9]\d*", args.r2po_schedule), f"--r2po-schedule must be 'H,P' (loop steps of the "
+         f"head phase, >= 0, then of the policy phase, >= 1), got {args.r2po_schedule!r}"),
         (args.engine == "vllm" and args.top_p < 1, "--top-p < 1 needs --engine torch: vLLM returns log-probs "
                                                    "renormalised over the nucleus, not the full-vocabulary ones"),
         (not 0 < args.gpu_memory_utilization <= 1, f"--gpu-memory-utilization must be in (0, 1], "

@@ -260,6 +260,23 @@ def drgrpo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
 
 
 
+# ---------------------------------------------------------------- variants: R²PO's rarity advantage (its head phase)
+
+def rarity_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+    """R²PO's head-phase advantage (arXiv 2601.11960): reward the rollout head for outcomes that are rare in their
+    group,
+
+        u_i = 1 / |{j in g(i) : r_j = r_i}|,     A_i = (u_i - mean_g(u)) / (std_g(u) + eps)
+
+    standardised as grpo_advantages does (Bessel std, eps = 1e-6). With 0/1 rewards and 1 correct of 8, the correct
+    rollout has u = 1 and the 7 wrong ones u = 1/7. A group whose u are all equal (all one outcome, or as many of
+    each) gets exactly 0: the trainer skips those groups. Returns [B].
+    """
+    pairs = torch.stack([group_ids.double(), rewards.double()], 1)                 # [B, 2] (group, outcome)
+    _, inv, count = torch.unique(pairs, dim=0, return_inverse=True, return_counts=True)
+    return grpo_advantages(1.0 / count[inv].to(rewards.dtype), group_ids, eps)     # [B]
+
+
 # ---------------------------------------------------------------- variants: sequence and prefix ratios (GSPO, PNPO)
 
 def gspo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:

@@ -80,6 +80,16 @@ def clip_gradients(model, max_norm: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
+def sum_gradients(module, world: int) -> None:
+    """Sum a replicated (not sharded) module's gradients over ranks, in place (R²PO's head: its loss is already
+    divided by the global normaliser, so the sum is the step's gradient)."""
+    if world > 1:
+        for p in module.parameters():
+            if p.grad is None:           # this rank had no rollout in the step: it still joins every all-reduce
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+
+
 def full_parameters(model):
     """(name, full tensor) for every parameter, in named_parameters() order (the same on every rank, layer by
     layer), one at a time: a sharded parameter is all-gathered (DTensor.full_tensor(), a collective every rank joins
@@ -196,8 +206,14 @@ def _weighted_mean(parts: list[tuple[float, float]]) -> float:
     return sum(v * w for v, w in parts) / sum(w for _, w in parts)
 
 
-def rollout_metrics(m: Metrics, fresh, generated, replay) -> None:
-    """What was generated (all rounds), what went into the batch, and the replay buffer's state after this step."""
+def step_metrics(m: Metrics, fresh, generated, replay, gen: Metrics, canary: float | None, seconds: dict) -> None:
+    """What was generated (all rounds; `gen`: VIGOR's numbers), what went into the batch, the replay buffer's state
+    after this step, the engine-trainer log-prob gap when it was measured, and the wall time of the step's parts."""
+    m.merge(gen)
+    if canary is not None:
+        m.mean("rollout/logprob_diff", canary, 1)
+    for key, value in seconds.items():
+        m.max(f"time/{key}", value)
     rewards = torch.tensor([r.reward for r in generated])
     n, n_groups = len(generated), len({r.prompt_id for r in generated})
     m.mean("reward/mean", rewards.mean().item(), n)
@@ -207,6 +223,7 @@ def rollout_metrics(m: Metrics, fresh, generated, replay) -> None:
     m.total("rollout/generated", n)
     m.mean("response/len_mean", sum(len(r.completion_ids) for r in generated) / n, n)
     m.mean("response/truncated_frac", sum(r.truncated for r in generated) / n, n)
+    m.mean("rollout/distinct_answers", rollout.distinct_answers(generated), n_groups)   # diversity within groups
     s = replay.stats() if replay is not None else {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0}
     for key, value in s.items():
         if key in ("replay/age_mean", "replay/abs_adv_sampled"):
@@ -225,10 +242,13 @@ def rollout_metrics(m: Metrics, fresh, generated, replay) -> None:
 
 def log_line(m: dict) -> str:
     """The step's line on stdout, from the reduced metrics; a WARNING when the verifier had internal errors."""
+    loss = m.get("loss/policy", m.get("r2po/head_loss", 0.0))        # R²PO's head phase: the head's loss
     s = (f"step {m['step']:4d} | reward {m['reward/mean']:.3f} | zero-std {m['reward/zero_std_frac']:.2f} "
-         f"| loss {m['loss/policy']:+.4f} | clip {m.get('loss/clip_frac', 0):.3f} | replay {m['replay/sampled']:3d}/"
+         f"| loss {loss:+.4f} | clip {m.get('loss/clip_frac', 0):.3f} | replay {m['replay/sampled']:3d}/"
          f"{m['replay/size']:<5d} age {m['replay/age_mean']:.2f} | len {m['response/len_mean']:.1f} "
          f"| {m['time/step']:.2f}s")
+    if "r2po/phase" in m:
+        s += f" | r2po {'policy' if m['r2po/phase'] else 'head'} phase"
     s += "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/"))
     if m.get("verify/error") or m.get("verify/worker_restarts"):   # a verifier bug would quietly zero rewards
         s += (f" | WARNING verifier: {m['verify/error']} internal errors, {m['verify/worker_restarts']} worker "

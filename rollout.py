@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 import grpo
+import verify
 from data import Prompt  # noqa: F401  (a tokenized question, the engines' input; also rollout.Prompt for callers)
 
 
@@ -41,6 +42,8 @@ class Rollout:
     advantage: float = 0.0         # set once from its own fresh group; replay never recomputes it
     version: int = 0               # loop step whose weights generated it; age = step - version (loop steps)
     truncated: bool = False        # hit the max-new-tokens limit before EOS
+    head_logprobs: list[float] | None = None   # R²PO: log-probs under the rollout head that sampled it (`logprobs`
+                                               # then holds the base head's: the policy's ratios use those)
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 16
     seed: int = 0
+    rollout_head: bool = False     # R²PO: sample from base + residual head (TorchEngine.head); eval never does
 
 
 def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]] | None = None,
@@ -150,25 +154,31 @@ def _cache_arg(model_class) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def _forward_cached(model, ids, mask, pos, cache):
-    """Forward with a KV cache, last position's logits only."""
+def _forward_cached(model, ids, mask, pos, cache, head=None):
+    """Forward with a KV cache, last position's logits only; with R²PO's `head`, (base logits, rollout-head
+    logits) = (lm_head(h), lm_head(h) + head(h)) of the last hidden state h (transformers' last hidden state is the
+    final norm's output, the lm_head's input)."""
     name = _cache_arg(type(model))
+    extra = {"output_hidden_states": True} if head is not None else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                **{name: cache})
-    return out.logits[:, -1], getattr(out, name)
+                **{name: cache}, **extra)
+    logits = out.logits[:, -1]
+    if head is not None:
+        logits = (logits, logits + head(out.hidden_states[-1][:, -1]))
+    return logits, getattr(out, name)
 
 
-def prefill(model, ids: torch.Tensor, mask: torch.Tensor):
+def prefill(model, ids: torch.Tensor, mask: torch.Tensor, head=None):
     """Run left-padded prompts [B, P] through the model; returns (last logits [B, V], KV cache)."""
     from transformers import DynamicCache
     pos = (mask.cumsum(-1) - 1).clamp(min=0)                             # [B, P] positions ignore left padding
-    return _forward_cached(model, ids, mask, pos, DynamicCache())
+    return _forward_cached(model, ids, mask, pos, DynamicCache(), head)
 
 
-def decode_one_token(model, tok: torch.Tensor, mask: torch.Tensor, cache):
+def decode_one_token(model, tok: torch.Tensor, mask: torch.Tensor, cache, head=None):
     """One step: feed tok [B] at the next position; mask [B, P+t] covers the cache plus this token."""
     pos = mask.sum(-1, keepdim=True) - 1                                 # [B, 1]
-    return _forward_cached(model, tok[:, None], mask, pos, cache)
+    return _forward_cached(model, tok[:, None], mask, pos, cache, head)
 
 
 class TorchEngine:
@@ -182,6 +192,7 @@ class TorchEngine:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.device = next(self.model.parameters()).device
+        self.head = None            # R²PO's ResidualHead (the trainer's own module, read here without gradient)
 
     def sleep(self) -> None:        # VLLMEngine's interface; the copy is small next to the trainer's state
         pass
@@ -219,11 +230,19 @@ class TorchEngine:
             ids[b, P - len(p.ids):] = torch.tensor(p.ids)
             mask[b, P - len(p.ids):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        logits, cache = prefill(self.model, ids, mask)
-        toks, logps = [], []
+        head = self.head if s.rollout_head else None
+        if s.rollout_head and head is None:
+            raise ValueError("Sampling.rollout_head needs TorchEngine.head (R²PO's ResidualHead)")
+        logits, cache = prefill(self.model, ids, mask, head)
+        toks, logps, head_logps = [], [], []
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         for t in range(s.max_new_tokens):
-            tok, logp = sample_token(logits, s, gen)                     # [B], [B]
+            if head is None:
+                tok, logp = sample_token(logits, s, gen)                 # [B], [B]
+            else:                      # R²PO: the head's distribution samples; log-probs under both are kept
+                tok, head_logp = sample_token(logits[1], s, gen)
+                logp = (logits[0].float() / s.temperature).log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+                head_logps.append(head_logp)
             tok = tok.masked_fill(done, self.pad_id)
             toks.append(tok)
             logps.append(logp)
@@ -231,9 +250,10 @@ class TorchEngine:
             if done.all() or t == s.max_new_tokens - 1:
                 break
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=self.device)], dim=1)
-            logits, cache = decode_one_token(self.model, tok, mask, cache)
+            logits, cache = decode_one_token(self.model, tok, mask, cache, head)
         toks = torch.stack(toks, 1).tolist()                             # [B, T]
         logps = torch.stack(logps, 1).tolist()
+        head_logps = torch.stack(head_logps, 1).tolist() if head is not None else None
         out = []
         for b, p in enumerate(prompts):
             c = toks[b]
@@ -241,7 +261,8 @@ class TorchEngine:
             out.append(Rollout(prompt_id=p.prompt_id, prompt_ids=list(p.ids), completion_ids=c[:T],
                                logprobs=logps[b][:T], answer=p.answer, version=version,
                                text=self.tokenizer.decode(c[:T], skip_special_tokens=True),
-                               truncated=self.eos_id not in c[:T]))
+                               truncated=self.eos_id not in c[:T],
+                               head_logprobs=head_logps[b][:T] if head is not None else None))
         return out
 
 
@@ -468,6 +489,8 @@ class VLLMEngine:
         """n completions per prompt, the n of one prompt consecutive. Rewards and advantages are left unset.
         Completion j of prompt i samples with seed base + i * n + j (base from sampling.seed): every completion of a
         call has its own random stream, and the same call gives the same completions."""
+        if sampling.rollout_head:
+            raise ValueError("VLLMEngine cannot sample from R²PO's residual rollout head: use --engine torch")
         from vllm import SamplingParams
         if sampling.top_p < 1.0:
             raise ValueError(f"VLLMEngine: top_p {sampling.top_p} < 1 is not supported (vLLM returns log-probs "
@@ -553,6 +576,52 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, re
     sizes = [count[p.prompt_id] for p in prompts]
     return out, {"vigor/rounds": rounds, "vigor/group_size_min": min(sizes), "vigor/group_size_max": max(sizes),
                  "vigor/group_size_mean": sum(sizes) / len(sizes), "vigor/zero_std_frac_before": zero_before}
+
+
+# ---- R²PO: training rollouts from a residual head that inference never uses -----------------------------------------
+
+ROLLOUT_HEADS = ("none", "residual")
+
+
+class ResidualHead(torch.nn.Module):
+    """R²PO's Residual Rollout-Head (arXiv 2601.11960; its code is public): training rollouts are sampled from
+
+        z_rollout = z + W2 · ReLU(W1 · h),    z = lm_head(h) the base logits, h the last hidden state (after the
+                                              final norm),
+
+    while inference (eval, the saved model) uses z alone. Low-rank, W1: r x d and W2: V x r, so r (d + V)
+    parameters: a full head (d² + V d) is more than a quarter of a 0.5B model, r = 64 is 2% of Qwen2.5-0.5B (and
+    of the built-in model). Both weights start as N(0, std²) with std = 1e-6, so the rollout policy starts as the
+    base policy (Adam's steps do not depend on the gradients' scale, so the head still moves). fp32 always."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, std: float = 1e-6):
+        super().__init__()
+        self.w1 = torch.nn.Linear(hidden, rank, bias=False)
+        self.w2 = torch.nn.Linear(rank, vocab, bias=False)
+        for w in (self.w1.weight, self.w2.weight):
+            torch.nn.init.normal_(w, std=std)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:          # [..., d] -> [..., V]: the residual on the logits
+        return self.w2(torch.relu(self.w1(h.float())))
+
+
+def head_forward(model, head: ResidualHead, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log pi_base [b, T], log pi_rollout [b, T]) of a collated batch's tokens: the base model runs without
+    gradient (R²PO's head phase freezes it), the head on top of it with."""
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+    logits, ids = out.logits[:, :-1], batch["input_ids"][:, 1:]
+    head_logits = logits.float() + head(out.hidden_states[-1][:, :-1])
+    return grpo.token_logprobs(logits, ids, temperature), grpo.token_logprobs(head_logits, ids, temperature)
+
+
+def distinct_answers(rollouts: list[Rollout]) -> float:
+    """Rollout diversity, R²PO's measure: the mean over groups of (distinct final answers) / (group size); an answer
+    is verify.extract_answer's, or the whole stripped text when it states none."""
+    by_prompt: dict[int, list[str]] = {}
+    for r in rollouts:
+        by_prompt.setdefault(r.prompt_id, []).append(verify.extract_answer(r.text) or r.text.strip())
+    return sum(len(set(a)) / len(a) for a in by_prompt.values()) / max(len(by_prompt), 1)
 
 
 def engine_kind(kind: str) -> str:

@@ -134,7 +134,8 @@ def generate(engine, prompts, args: Args, step: int, rank: int, round_: int, wor
     (rollout.vigor_generate, its rounds seeded round_ + 1, ...; its numbers go to `metrics`), each rollout's r.reward
     set to the verifier's verdict (once: VIGOR needs them between its rounds, score() reads them)."""
     sampling = lambda k: Sampling(args.temperature, args.top_p, args.max_new_tokens,     # noqa: E731
-                                  seed=sampling_seed(args.seed, rank, step, round_ + k))
+                                  seed=sampling_seed(args.seed, rank, step, round_ + k),
+                                  rollout_head=args.rollout_head == "residual")          # R²PO: the head samples
     if args.allocation == "fixed":
         new = engine.generate(prompts, args.group_size, sampling(0), version=step)
         set_rewards(new)
@@ -258,12 +259,70 @@ def update(model, ref_model, opt, fresh, replayed, args: Args, step: int, pad_id
     return metrics
 
 
+# ---- R²PO: the rollout head's phase ----------------------------------------------------------------------------
+
+def r2po_phase(args: Args, step: int) -> str | None:
+    """R²PO's schedule --r2po-schedule 'H,P': H loop steps train the rollout head, then P the policy, and again;
+    None without a head. The phase is a function of the step, so a resumed run continues in the same phase."""
+    if args.rollout_head == "none":
+        return None
+    h, p = (int(x) for x in args.r2po_schedule.split(","))
+    return "head" if step % (h + p) < h else "policy"
+
+
+def head_phase(head, head_opt, model, rollouts, args: Args, pad_id: int, world: int) -> parallel.Metrics:
+    """R²PO's head phase, one optimizer step of the rollout head with the base frozen (arXiv 2601.11960):
+
+        L = clipped surrogate of pi_rollout / pi_rollout,gen with rarity advantages (grpo.rarity_advantages)
+            + r2po_kl_coef * k3 KL(pi_rollout || pi_base)       (the reference is the current base policy)
+
+    on this step's head-sampled rollouts; groups whose rarities are all equal are skipped. The base gets no
+    gradient (its forward runs without one), so FSDP joins only the forward passes; the head is replicated, its
+    gradients summed over ranks here."""
+    metrics, adv = parallel.Metrics(), grpo.rarity_advantages(torch.tensor([r.reward for r in rollouts]),
+                                                              groups(rollouts))
+    live = {r.prompt_id for r, a in zip(rollouts, adv.tolist()) if a != 0}
+    batch = [dataclasses.replace(r, advantage=a) for r, a in zip(rollouts, adv.tolist()) if r.prompt_id in live]
+    metrics.mean("r2po/head_groups_used", len(live) / max(len({r.prompt_id for r in rollouts}), 1), 1)
+    mbs = rollout.micro_batches(batch, args.micro_batch_size, pad_id, next(head.parameters()).device,
+                                [r.head_logprobs for r in batch])           # the ratio's old: the head's at generation
+    normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, world)
+    if normaliser is None:
+        return metrics
+    head_loss = 0.0
+    for mb in parallel.lockstep(mbs, model, pad_id, world, backward=False):
+        base_logp, logp = rollout.head_forward(model, head, mb, args.temperature)                  # [b, T] each
+        mask = mb["completion_mask"]
+        loss, _ = grpo.policy_loss(grpo.token_log_ratio(logp, mb["old_logprobs"], mask), mb["advantages"], mask,
+                                   eps_low=args.eps_low, eps_high=args.eps_high, agg=args.agg, normaliser=normaliser)
+        kl = grpo.kl_penalty(logp, base_logp, "k3")
+        (loss + args.r2po_kl_coef * grpo.aggregate(kl, mask, args.agg, normaliser)).backward()
+        head_loss += loss.item()
+        metrics.token_means({"r2po/head_kl": grpo.masked_mean(kl.detach(), mask)}, float(mask.sum()))
+    metrics.total("r2po/head_loss", head_loss)                       # the step's surrogate, summed over ranks
+    parallel.sum_gradients(head, world)
+    torch.nn.utils.clip_grad_norm_(head.parameters(), args.max_grad_norm or float("inf"))
+    head_opt.step()
+    head_opt.zero_grad(set_to_none=True)
+    return metrics
+
+
+def base_diversity(engine, generated, args: Args, step: int, rank: int, metrics: parallel.Metrics) -> None:
+    """R²PO at eval: the distinct-answer share of `group_size` completions of this step's prompts sampled from the
+    base policy (no head), next to rollout/distinct_answers of the head-sampled ones."""
+    prompts = list({r.prompt_id: Prompt(r.prompt_id, r.prompt_ids, r.answer) for r in generated}.values())
+    base = engine.generate(prompts, args.group_size, Sampling(args.temperature, args.top_p, args.max_new_tokens,
+                                                               seed=sampling_seed(args.seed, rank, step, 999)))
+    metrics.mean("r2po/base_distinct_answers", rollout.distinct_answers(base), len(prompts))
+
+
 # ---- the loop --------------------------------------------------------------------------------------------------
 
 def setup(args: Args, model, tok, rank: int, world: int, device: str, max_len: int):
-    """(engine, sharded policy, reference model or None, optimizer, replay buffer or None). TorchEngine copies the
-    model before sharding; vLLM starts after it (in one process it initialises torch.distributed itself) and takes
-    the gathered weights."""
+    """(engine, sharded policy, reference model or None, optimizer, replay buffer or None, R²PO's rollout head and
+    its optimizer or None, None). TorchEngine copies the model before sharding; vLLM starts after it (in one process
+    it initialises torch.distributed itself) and takes the gathered weights. The head is the same on every rank
+    (the same seed) and stays whole; the engine samples with the trainer's own copy."""
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.kl_coef > 0 else None
     engine = TorchEngine(model, tok) if args.engine == "torch" else None    # main() resolved "auto"
     if args.grad_checkpointing:
@@ -276,7 +335,11 @@ def setup(args: Args, model, tok, rank: int, world: int, device: str, max_len: i
     replay = buffer.make_replay(args.replay, args.tau_max, args.priority_alpha, args.replay_capacity or None,
                                 replay_seed(args.seed, rank), headroom=args.headroom, replay_groups=args.replay_groups,
                                 drift_candidates=args.drift_candidates, drift_max=args.drift_max)
-    return engine, model, ref_model, opt, replay
+    head = rollout.ResidualHead(model.config.hidden_size, model.config.vocab_size, args.rollout_head_rank).to(
+        device) if args.rollout_head == "residual" else None
+    engine.head = head
+    head_opt = torch.optim.AdamW(head.parameters(), lr=args.r2po_head_lr) if head is not None else None
+    return engine, model, ref_model, opt, replay, head, head_opt
 
 
 def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_len: int, rank: int = 0,
@@ -284,11 +347,11 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
     """The loop of the module docstring, from step 0 or from the checkpoint `resume`; returns the last step's
     metrics."""
     torch.manual_seed(args.seed)
-    engine, model, ref_model, opt, replay = setup(args, model, tok, rank, world, device, max_len)
+    engine, model, ref_model, opt, replay, head, head_opt = setup(args, model, tok, rank, world, device, max_len)
     order = list(range(len(prompts)))
     random.Random(args.seed).shuffle(order)
     mine, guard = order[rank::world], parallel.StepGuard(args.max_bad_steps)     # this rank's share of the prompts
-    start, pos = checkpoint.restore(resume, model, opt, replay, guard, rank, args) if resume else (0, 0)
+    start, pos = checkpoint.restore(resume, model, opt, replay, guard, rank, args, head, head_opt)
     logs = parallel.open_logs(args.out_dir, rank, start, args.tensorboard)
     parallel.print0(f"{json.dumps(dataclasses.asdict(args))}\nworld size {world} | {args.prompts_per_step // world} "
                     f"prompts x {args.group_size} completions per rank per step | device {device}")
@@ -306,35 +369,35 @@ def train(args: Args, model, tok, prompts: list[Prompt], eval_sets: dict, max_le
             if args.check_every and step % args.check_every == 0 else None   # does the engine hold our weights?
         t1 = time.perf_counter()
         engine.sleep()                                   # vLLM on CUDA frees its memory while the trainer updates
-        replayed, per_update = [], []
-        if replay is not None:                                                                         # 3. sample
-            replayed = replay.sample(step, lambda groups: group_drift(model, groups, args, tok.pad_token_id, world)) \
-                if args.replay == "headroom-drift" else replay.sample(round(args.replay_ratio * len(fresh)), step)
-            replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)         # 4. store
-        m = update(model, ref_model, opt, fresh, replayed, args, step, tok.pad_token_id, world, guard,   # 5. update
-                   per_update)                                   # mu-GRPO: a stage = one step, many optimizer steps
-        engine.load_weights(parallel.full_parameters(model))                                           # 6. sync
+        replayed, per_update, phase = [], [], r2po_phase(args, step)
+        if phase == "head":                                      # R²PO: the rollout head learns, the policy waits
+            m = head_phase(head, head_opt, model, fresh, args, tok.pad_token_id, world)
+        else:
+            if replay is not None:                                                                     # 3. sample
+                replayed = replay.sample(step, lambda g: group_drift(model, g, args, tok.pad_token_id, world)) \
+                    if args.replay == "headroom-drift" else replay.sample(round(args.replay_ratio * len(fresh)), step)
+                replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)     # 4. store
+            m = update(model, ref_model, opt, fresh, replayed, args, step, tok.pad_token_id, world, guard,  # 5.
+                       per_update)                               # mu-GRPO: a stage = one step, many optimizer steps
+            engine.load_weights(parallel.full_parameters(model))                                       # 6. sync
         t2 = time.perf_counter()
-        parallel.rollout_metrics(m, fresh, generated, replay)
-        m.merge(gen)
-        if canary is not None:
-            m.mean("rollout/logprob_diff", canary, 1)
-        for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
-            m.max(f"time/{key}", seconds)
+        parallel.step_metrics(m, fresh, generated, replay, gen, canary, {"generate": t1 - t0, "update": t2 - t1,
+                                                                         "step": t2 - t0})
+        if phase is not None:
+            m.max("r2po/phase", float(phase == "policy"))                  # 0 = the head's phase, 1 = the policy's
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
             eval_lib.evaluate_shard(engine, tok, eval_sets, m, top_p=args.top_p, seed=args.seed,      # eval
                                     max_new_tokens=args.max_new_tokens, rank=rank, world=world)
+            if head is not None:
+                base_diversity(engine, generated, args, step, rank, m)
         for key, count in verify.stats().items():      # this step's scoring and eval: errors would zero rewards
             m.total(f"verify/{key}", count - verified[key])
         row = {"step": step + 1, **m.reduce(world)}
         parallel.write_logs(logs, row, generated[:args.log_samples], tok, parallel.reduce_all(per_update, world))
         rollout.check_canary(row.get("rollout/logprob_diff", 0.0), args.max_logprob_diff, step + 1)
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps:
-            ckpt = checkpoint.save(os.path.join(args.out_dir, "checkpoints"), step + 1, model, opt, tok,
-                                   dataclasses.asdict(args),
-                                   {"step": step + 1, "skipped": guard.skipped, "in_row": guard.in_row},
-                                   {"pos": pos, "replay": replay.state_dict() if replay is not None else None,
-                                    "rng": checkpoint.rng_state()}, rank, world)
+            ckpt = checkpoint.save(os.path.join(args.out_dir, "checkpoints"), step + 1, model, opt, tok, args, guard,
+                                   replay, pos, rank, world, head, head_opt)
             parallel.print0(f"saved {ckpt}", flush=True)
     engine.close()                                       # vLLM: after the trainer's last collective
     parallel.close_logs(logs, row, ckpt and rank == 0 and checkpoint.point_final(args.out_dir, ckpt))
@@ -350,7 +413,7 @@ def main(argv=None) -> int:
             flags.check_args(args, world)
             if args.threads:
                 torch.set_num_threads(args.threads)
-            resume = checkpoint.resolve(args.resume, args.out_dir, world)
+            resume = checkpoint.resolve(args.resume, args.out_dir, world, args.rollout_head != "none")
             model, tok = load_model(resume or args.model, device)   # resuming: the checkpoint's weights
             name = data.train_split(args.train_data)           # the built-in tasks: their train splits
             prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),

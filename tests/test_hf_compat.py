@@ -16,6 +16,8 @@ sys.path.insert(0, ROOT)
 
 import checkpoint  # noqa: E402
 import data  # noqa: E402
+import flags  # noqa: E402
+import parallel  # noqa: E402
 import rollout  # noqa: E402
 
 SHIPPED = os.path.join(ROOT, "assets", "tiny-arith")
@@ -31,7 +33,8 @@ def saved(tmp_path_factory):
         cfg.eos_token_id = cfg.pad_token_id = cfg.bos_token_id = None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     root = tmp_path_factory.mktemp("ckpt")
-    return checkpoint.save(str(root), 1, model, opt, tok, {"model": SHIPPED}, {"step": 1}, {}, rank=0, world=1)
+    return checkpoint.save(str(root), 1, model, opt, tok, flags.Args(model=SHIPPED), parallel.StepGuard(3), None, 0,
+                           rank=0, world=1)
 
 
 @pytest.fixture(params=["shipped", "checkpoint"])

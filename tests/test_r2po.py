@@ -1,0 +1,246 @@
+"""R²PO (arXiv 2601.11960): the residual rollout head samples the training rollouts, the base policy answers at eval.
+A zero head samples exactly the base model's tokens; the engine's head log-probs are the trainer's; the head phase
+moves only the head and the policy phase only the base; eval ignores the head; the rarity advantage equals its
+formula by hand; checkpoints load in plain transformers with the head beside them, and a resumed run equals a
+straight one."""
+import io
+import json
+import os
+import shutil
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import checkpoint  # noqa: E402
+import eval as eval_lib  # noqa: E402
+import flags  # noqa: E402
+import grpo  # noqa: E402
+import parallel  # noqa: E402
+import rollout  # noqa: E402
+import train  # noqa: E402
+from rollout import Prompt, ResidualHead, Rollout, Sampling, TorchEngine, load_model  # noqa: E402
+
+MODEL = os.path.join(ROOT, "assets", "tiny-arith")
+SHORT = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "16",
+         "--threads", "1", "--preset", "r2po"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    model, tok = load_model(MODEL)
+    prompts = [Prompt(i, tok.encode(q)) for i, q in enumerate(["3+4=", "12-5=", "6*7=", "9+9="])]
+    return model, tok, prompts
+
+
+def head_of(model, rank=8, std=1e-6):
+    return ResidualHead(model.config.hidden_size, model.config.vocab_size, rank, std=std)
+
+
+def run(argv) -> int:
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        return train.main(argv)
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---- the head and the engine ----------------------------------------------------------------------------------
+
+def test_rarity_advantages_by_hand():
+    """u = 1 / (how many in the group share the reward), then GRPO's standardisation of u. Group 0: 1 right of 8,
+    u = [1, 1/7 x 7], mean 1/4, Bessel var = (0.75² + 7 (1/7 - 1/4)²) / 7 = 0.0918367, so A = 0.75 / 0.303046 =
+    2.474874 and -0.107143 / 0.303046 = -0.353553. Groups 1 (2 of 4) and 2 (4 of 4) have equal u: exactly 0."""
+    r = torch.tensor([1.0] + [0.0] * 7 + [1.0, 1.0, 0.0, 0.0] + [1.0] * 4)
+    g = torch.tensor([0] * 8 + [5] * 4 + [9] * 4)
+    a = grpo.rarity_advantages(r, g)
+    assert a[0].item() == pytest.approx(2.474874, abs=1e-5)
+    assert a[1:8].tolist() == pytest.approx([-0.353553] * 7, abs=1e-5)
+    assert a[8:].tolist() == [0.0] * 8
+    # three outcomes in one group (shaped rewards): counts 1, 2, 3 -> u = 1, 1/2, 1/2, 1/3, 1/3, 1/3
+    a = grpo.rarity_advantages(torch.tensor([0.5, 1.0, 1.0, 0.0, 0.0, 0.0]), torch.zeros(6, dtype=torch.long))
+    u = torch.tensor([1, 1 / 2, 1 / 2, 1 / 3, 1 / 3, 1 / 3], dtype=torch.float64)
+    assert a.tolist() == pytest.approx(((u - u.mean()) / (u.std() + 1e-6)).tolist(), abs=1e-6)
+
+
+def test_zero_head_samples_exactly_the_base_models_tokens(tiny):
+    model, tok, prompts = tiny
+    engine = TorchEngine(model, tok)
+    engine.head = head_of(model)
+    torch.nn.init.zeros_(engine.head.w2.weight)                          # W2 = 0: the residual is exactly 0
+    s = dict(temperature=1.0, max_new_tokens=6, seed=3)
+    base = engine.generate(prompts, 8, Sampling(**s))
+    headed = engine.generate(prompts, 8, Sampling(**s, rollout_head=True))
+    assert [r.completion_ids for r in headed] == [r.completion_ids for r in base]
+    assert [r.logprobs for r in headed] == [r.logprobs for r in base]
+    assert [r.head_logprobs for r in headed] == [r.logprobs for r in base]
+    assert all(r.head_logprobs is None for r in base)
+    assert len({tuple(r.completion_ids) for r in base}) > 4              # sampled, not one greedy answer
+
+
+def test_head_changes_sampling_and_the_trainer_scores_it_as_the_engine_did(tiny):
+    """A large head samples other tokens; rollout.head_forward (the trainer's) gives the engine's log-probs under
+    both heads to float precision: the head phase's ratio starts at 1, the policy phase's base ratio too."""
+    model, tok, prompts = tiny
+    engine = TorchEngine(model, tok)
+    torch.manual_seed(1)
+    engine.head = head_of(model, std=0.3)
+    s = dict(temperature=1.0, max_new_tokens=6, seed=3)
+    base = engine.generate(prompts, 8, Sampling(**s))
+    headed = engine.generate(prompts, 8, Sampling(**s, rollout_head=True))
+    assert [r.completion_ids for r in headed] != [r.completion_ids for r in base]
+    batch = rollout.collate(headed, tok.pad_token_id, [r.head_logprobs for r in headed])
+    base_logp, head_logp = rollout.head_forward(model, engine.head, batch, 1.0)
+    mask = batch["completion_mask"].bool()
+    assert torch.allclose(base_logp[mask], batch["behaviour_logprobs"][mask], atol=1e-4)
+    assert torch.allclose(head_logp[mask], batch["old_logprobs"][mask], atol=1e-4)
+    assert (head_logp[mask] - base_logp[mask]).abs().max() > 0.1          # the two policies differ
+
+
+def test_vllm_engine_refuses_the_head_and_flags_say_so():
+    with pytest.raises(ValueError, match="--engine torch"):
+        rollout.VLLMEngine.generate(object(), [Prompt(0, [1])], 1, Sampling(rollout_head=True))
+    args = flags.parse(flags.Args, ["--preset", "r2po", "--engine", "vllm"], presets=flags.PRESETS)
+    with pytest.raises(ValueError, match="needs --engine torch"):
+        flags.check_args(args)
+    for bad in ("1", "1,0", "a,b", "-1,2"):
+        with pytest.raises(ValueError, match="--r2po-schedule"):
+            flags.check_args(flags.parse(flags.Args, ["--preset", "r2po", f"--r2po-schedule={bad}"],
+                                         presets=flags.PRESETS))
+
+
+def test_head_parameters_stay_under_a_tenth_of_the_model(tiny):
+    model = tiny[0]
+    n_model = sum(p.numel() for p in model.parameters())
+    head = head_of(model, rank=flags.Args().rollout_head_rank)
+    n_head = sum(p.numel() for p in head.parameters())
+    assert n_head == 64 * (model.config.hidden_size + model.config.vocab_size)
+    assert n_head < 0.1 * n_model
+    assert 64 * (896 + 151_936) < 0.1 * 494_032_768                     # Qwen2.5-0.5B's d, V and size
+
+
+# ---- the two phases ---------------------------------------------------------------------------------------------
+
+def test_phases_follow_the_schedule():
+    args = flags.Args(rollout_head="residual", r2po_schedule="2,3")
+    assert [train.r2po_phase(args, s) for s in range(7)] == ["head"] * 2 + ["policy"] * 3 + ["head"] * 2
+    assert train.r2po_phase(flags.Args(), 0) is None
+    assert train.r2po_phase(flags.Args(rollout_head="residual", r2po_schedule="0,1"), 5) == "policy"
+
+
+def test_head_phase_moves_only_the_head_and_policy_phase_only_the_base(tiny):
+    model0, tok, prompts = tiny
+    model = load_model(MODEL)[0].train()
+    args = flags.Args(rollout_head="residual", lr=1e-2, r2po_head_lr=1e-2)
+    torch.manual_seed(0)
+    head = head_of(model, std=0.05)
+    engine = TorchEngine(model, tok)
+    engine.head = head
+    rollouts = engine.generate(prompts * 4, 8, Sampling(temperature=1.0, max_new_tokens=6, seed=0,
+                                                      rollout_head=True))
+    for i, r in enumerate(rollouts):
+        r.prompt_id = i % 7                                             # 7 mixed groups, not 4 all-equal ones
+        r.reward = float(len(r.completion_ids) % 2)
+    train.score(rollouts, args)
+    head_opt = torch.optim.AdamW(head.parameters(), lr=args.r2po_head_lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    base0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    head0 = {n: p.detach().clone() for n, p in head.named_parameters()}
+
+    m = train.head_phase(head, head_opt, model, rollouts, args, tok.pad_token_id, 1).reduce(1)
+    assert all(torch.equal(p, base0[n]) for n, p in model.named_parameters())
+    assert all(not torch.equal(p, head0[n]) for n, p in head.named_parameters())
+    assert m["r2po/head_groups_used"] > 0 and m["r2po/head_kl"] > 0
+
+    head1 = {n: p.detach().clone() for n, p in head.named_parameters()}
+    train.update(model, None, opt, rollouts, [], args, 1, tok.pad_token_id)
+    assert all(torch.equal(p, head1[n]) for n, p in head.named_parameters())
+    assert not all(torch.equal(p, base0[n]) for n, p in model.named_parameters())
+
+
+def test_eval_does_not_depend_on_the_head(tiny):
+    model, tok, _ = tiny
+    sets = eval_lib.train_eval_sets(32, "", 1, 0.0, "auto", flags.Args().data_dir, "builtin")
+    results = []
+    for head in (None, head_of(model, std=0.5)):
+        engine = TorchEngine(model, tok)
+        engine.head = head
+        eval_lib.evaluate_shard(engine, tok, sets, m := parallel.Metrics(), top_p=1.0, seed=0, max_new_tokens=6)
+        results.append(m.reduce(1))
+    assert results[0] == results[1] and "eval/accuracy" in results[0]
+
+
+# ---- end to end: the loop, the checkpoint, resume ---------------------------------------------------------------
+
+def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
+    """`--preset r2po` with the schedule '1,1' on the built-in task: the phases alternate in metrics.jsonl; the
+    checkpoint is a plain transformers model with the head file beside it; 4 steps straight equal 2 + resume 2."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    argv = SHORT + ["--r2po-schedule", "1,1", "--steps", "4", "--save-every", "2", "--eval-every", "2"]
+    assert run(argv + ["--out-dir", str(a)]) == 0
+    ma = metrics(a)
+    assert [m["r2po/phase"] for m in ma[1:]] == [0.0, 1.0, 0.0, 1.0]
+    assert all("r2po/head_kl" in m and "loss/policy" not in m for m in ma[1::2])
+    assert all("loss/policy" in m and "r2po/head_kl" not in m for m in ma[2::2])
+    assert all(0 < m["rollout/distinct_answers"] <= 1 for m in ma[1:])
+    assert all(0 < m["r2po/base_distinct_answers"] <= 1 for m in (ma[2], ma[4]))
+
+    ckpt = a / "checkpoints" / "step_000004"
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(str(ckpt))               # no custom code, the head file ignored
+    assert {n for n, _ in hf.named_parameters()} == {n for n, _ in load_model(MODEL)[0].named_parameters()}
+    saved = load_file(str(ckpt / checkpoint.HEAD_FILE))
+    assert set(saved) == {"w1.weight", "w2.weight"} and saved["w2.weight"].shape == (98, 64)
+    head = ResidualHead(128, 98, 64)
+    head.load_state_dict(saved)                                         # round-trips into the module
+    assert all(torch.equal(p, saved[n]) for n, p in head.state_dict().items())
+    assert saved["w1.weight"].abs().max() > 1e-4                        # trained: it started at std 1e-6
+
+    (b / "checkpoints").mkdir(parents=True)
+    shutil.copytree(a / "checkpoints" / "step_000002", b / "checkpoints" / "step_000002")
+    assert run(argv + ["--out-dir", str(b), "--resume", "auto"]) == 0
+    no_time = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}   # noqa: E731
+    assert [no_time(m) for m in ma[3:]] == [no_time(m) for m in metrics(b)]
+    hb = load_file(str(b / "checkpoints" / "step_000004" / checkpoint.HEAD_FILE))
+    assert all(torch.equal(saved[n], hb[n]) for n in saved)
+
+
+def test_resume_of_a_run_without_head_is_refused(tmp_path):
+    a = tmp_path / "a"
+    assert run(["--steps", "1", "--prompts-per-step", "4", "--group-size", "2", "--eval-size", "8", "--threads",
+                "1", "--out-dir", str(a)]) == 0
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        rc = train.main(SHORT + ["--steps", "2", "--out-dir", str(a), "--resume", "auto"])
+    assert rc == 2 and "r2po_head.safetensors" in err.getvalue() and "Traceback" not in err.getvalue()
+
+
+def test_distinct_answers_by_hand():
+    def r(pid, text):
+        return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text=text)
+    rs = [r(0, "7"), r(0, "7"), r(0, "8"), r(0, "The answer is 8"), r(1, "5"), r(1, "5")]
+    assert rollout.distinct_answers(rs) == pytest.approx((2 / 4 + 1 / 2) / 2)
+
+
+def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):
+    """A subprocess under torchrun (2 ranks, gloo): the head is replicated, its gradients summed over ranks, the base
+    forward passes in lockstep; both phases run and the checkpoint holds one head."""
+    import subprocess
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(ROOT, "train.py"), *SHORT, "--r2po-schedule", "1,1", "--steps", "2", "--eval-every", "0",
+           "--seed", "3", "--out-dir", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = metrics(out)
+    assert [m["r2po/phase"] for m in rows[1:]] == [0.0, 1.0]
+    assert rows[1]["r2po/head_groups_used"] > 0 and rows[1]["r2po/head_loss"] != 0   # seed 3: groups to learn from
+    assert rows[1]["rollout/generated"] == 32                       # 8 prompts x 4 over both ranks
+    assert (out / "checkpoints" / "step_000002" / checkpoint.HEAD_FILE).is_file()
