@@ -20,7 +20,9 @@ mean over seeds, band = min..max), results.md (the table below), and the table o
   seed, averaged over the seeds that reach it (n/N shown). No target when the baseline did not gain;
 - ratios of those to the baseline's (below 1 = fewer rollouts / less time than the baseline);
 - AES (eval.aes, O1-Pruner's accuracy-efficiency score) of the final mean accuracy and mean response length
-  (response/len_mean, last step) against the baseline's.
+  (response/len_mean, last step) against the baseline's;
+- zero-std groups and distinct answers: means over the training steps (and seeds) of reward/zero_std_frac (groups
+  with nothing to learn: VIGOR's target) and rollout/distinct_answers (rollout diversity: R²PO's target).
 Fresh rollouts at step s = the sum of rollout/generated over steps 1..s (every completion generated, extra DAPO or
 VIGOR rounds included); for a run that does not log it, s x prompts_per_step x group_size from its flags line. Wall
 time = the sum of time/step up to that step (training only: the periodic evaluation is not counted).
@@ -45,18 +47,20 @@ QUICK = ["--steps", "20", "--prompts-per-step", "16", "--eval-every", "5", "--ev
 
 
 def method_flags(method: str) -> list[str]:
+    """A method is a preset, optionally followed by flags of its own: "mu-grpo --steps 12" (a variant row)."""
     import flags
-    if method in getattr(flags, "PRESETS", {}):
-        return ["--preset", method]
-    if method in METHODS:
-        return METHODS[method]
+    name, *own = method.split()
+    if name in getattr(flags, "PRESETS", {}):
+        return ["--preset", name, *own]
+    if name in METHODS:
+        return METHODS[name] + own
     raise SystemExit(f"unknown method {method!r}: use a train.py preset ({', '.join(getattr(flags, 'PRESETS', {}))})"
                      f" or one of {', '.join(METHODS)}")
 
 
 def run_one(method: str, seed: int, out: Path, extra: list[str], threads: int, rerun: bool) -> Path:
     """train.py for one method and seed; returns its run directory (skipped when its metrics are complete)."""
-    run_dir = out / method / f"seed-{seed}"
+    run_dir = out / method.replace(" --", "_").replace(" ", "=") / f"seed-{seed}"
     if not rerun and (run_dir / "done").exists():
         return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -72,7 +76,8 @@ def run_one(method: str, seed: int, out: Path, extra: list[str], threads: int, r
 
 
 def load_run(run_dir: Path, metric: str) -> dict:
-    """{evals: [(step, fresh rollouts, wall seconds, accuracy)], length: last response/len_mean}."""
+    """{evals: [(step, fresh rollouts, wall seconds, accuracy)], length: last response/len_mean, zero_std and
+    distinct: the means over training steps of reward/zero_std_frac and rollout/distinct_answers (None if absent)}."""
     with open(run_dir / "run.log") as f:
         flags_line = next(json.loads(line) for line in f if line.startswith("{"))
     per_step = flags_line["prompts_per_step"] * flags_line["group_size"]
@@ -88,7 +93,10 @@ def load_run(run_dir: Path, metric: str) -> dict:
             evals.append((r["step"], fresh, wall, r[metric]))
     if not evals:
         raise ValueError(f"{run_dir}: no {metric} in metrics.jsonl")
-    return {"evals": evals, "length": rows[-1].get("response/len_mean", 0.0)}
+    over_steps = lambda key: statistics.mean([r[key] for r in rows if key in r]) if any(  # noqa: E731
+        key in r for r in rows) else None
+    return {"evals": evals, "length": rows[-1].get("response/len_mean", 0.0),
+            "zero_std": over_steps("reward/zero_std_frac"), "distinct": over_steps("rollout/distinct_answers")}
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
@@ -121,9 +129,11 @@ def summarize(results: dict[str, list[dict]], baseline: str, target_frac: float)
         length = statistics.mean(r["length"] for r in runs)
         fresh, wall, n = to_target(runs, target) if target is not None else (None, None, 0)
         aes = eval_lib.aes(acc, length, base_acc, base_len) if base_acc > 0 and base_len > 0 else float("nan")
+        both = lambda key: statistics.mean(r[key] for r in runs) if all(r.get(key) is not None for r in runs) \
+            else None                                                                          # noqa: E731
         rows.append({"method": method, "seeds": len(runs), "acc": acc, "std": std, "fresh": fresh, "wall": wall,
                      "reached": n, "fresh_ratio": ratio(fresh, b_fresh), "wall_ratio": ratio(wall, b_wall),
-                     "length": length, "aes": aes})
+                     "length": length, "aes": aes, "zero_std": both("zero_std"), "distinct": both("distinct")})
     return rows, (start, base_acc, target)
 
 
@@ -136,13 +146,14 @@ def markdown(rows: list[dict], targets: tuple, baseline: str, target_frac: float
                  f"{100 * start:.1f}%")
     out = [head + "\n",
            "| method | seeds | final accuracy | fresh rollouts to target | wall s to target | reached | "
-           f"rollouts / {baseline} | wall / {baseline} | mean length | AES vs {baseline} |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           f"rollouts / {baseline} | wall / {baseline} | mean length | AES vs {baseline} | zero-std groups | "
+           "distinct answers |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['method']} | {r['seeds']} | {100 * r['acc']:.1f} ± {100 * r['std']:.1f}% | "
                    f"{f(r['fresh'], ',.0f')} | {f(r['wall'], '.1f')} | {r['reached']}/{r['seeds']} | "
                    f"{f(r['fresh_ratio'], '.2f')} | {f(r['wall_ratio'], '.2f')} | {r['length']:.1f} | "
-                   f"{r['aes']:+.3f} |")
+                   f"{r['aes']:+.3f} | {f(r['zero_std'], '.2f')} | {f(r['distinct'], '.2f')} |")
     return "\n".join(out) + "\n"
 
 
@@ -180,8 +191,12 @@ def plot(results: dict[str, list[dict]], path: Path, title: str) -> bool:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="train.py flags after -- go to every run")
-    p.add_argument("--methods", default="grpo,naive-replay,rollout-replay", help="comma-separated presets")
+    p.add_argument("--methods", default="grpo,naive-replay,rollout-replay",
+                   help="comma-separated presets; one may carry its own flags, e.g. 'mu-grpo --steps 12'")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--more-seeds", default="", metavar="METHODS=SEEDS",
+                   help="extra seeds for some methods (where they are within the noise), e.g. "
+                        "'grpo,naive-replay,rollout-replay=3,4'")
     p.add_argument("--out", default="runs/compare", help="output directory (a run already done there is reused)")
     p.add_argument("--quick", action="store_true", help=f"train.py {' '.join(QUICK)}, seeds 0,1 (a few minutes)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (each gets cores // jobs threads)")
@@ -203,13 +218,16 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
-    jobs = [(m, s) for s in seeds for m in methods]
-    print(f"{len(jobs)} runs ({len(methods)} methods x {len(seeds)} seeds), {args.jobs} at a time, {threads} "
+    more_methods, _, more = args.more_seeds.partition("=")
+    seeds_of = {m: seeds + ([int(s) for s in more.split(",")] if m in more_methods.split(",") else []) for m in methods}
+    jobs = [(m, s) for s in sorted({s for ss in seeds_of.values() for s in ss}) for m in methods if s in seeds_of[m]]
+    print(f"{len(jobs)} runs ({len(methods)} methods x {len(seeds)} seeds{', + ' + args.more_seeds if more else ''}), "
+          f"{args.jobs} at a time, {threads} "
           f"threads each; train.py flags: {' '.join(extra) or '(defaults)'}", flush=True)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         dirs = dict(zip(jobs, pool.map(lambda j: run_one(*j, out, extra, threads, args.rerun), jobs)))
-    results = {m: [load_run(dirs[m, s], args.metric) for s in seeds] for m in methods}
+    results = {m: [load_run(dirs[m, s], args.metric) for s in seeds_of[m]] for m in methods}
     rows, targets = summarize(results, args.baseline, args.target_frac)
     table = markdown(rows, targets, args.baseline, args.target_frac)
     wall = time.perf_counter() - t0
