@@ -19,6 +19,7 @@ Each step of `train()` reads top to bottom:
              a mu-GRPO stage is one step with a large prompt set and mini_batches = mu),
              micro-batched, each step's loss normaliser fixed before its first micro-batch (grpo.loss_normaliser);
 6. sync      the engine gets the new weights, so the next step samples from the current policy;
+(R²PO, --rollout-head residual: the rollout head samples in 1.; in its phase's steps, 3.-6. give way to head_phase)
 then eval every `eval_every` steps, the log line and metrics.jsonl (rank 0), a checkpoint every `save_every` steps.
 
 Under torchrun: data parallel over prompts (rank r takes every world-th prompt, generates whole groups, keeps its own

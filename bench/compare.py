@@ -165,8 +165,9 @@ def plot(results: dict[str, list[dict]], path: Path, title: str) -> bool:
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
-    for method, runs in results.items():
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.6), constrained_layout=True)
+    colors = plt.get_cmap("tab10").colors                           # 10 colours; past 10 methods, dashed lines
+    for i, (method, runs) in enumerate(results.items()):
         n = min(len(r["evals"]) for r in runs)
         fresh = [runs[0]["evals"][i][1] for i in range(n)]
         wall = [statistics.mean(r["evals"][i][2] for r in runs) for i in range(n)]
@@ -174,15 +175,16 @@ def plot(results: dict[str, list[dict]], path: Path, title: str) -> bool:
         mean = [100 * statistics.mean(a) for a in accs]
         lo, hi = [100 * min(a) for a in accs], [100 * max(a) for a in accs]
         for ax, x in zip(axes, (fresh, wall)):
-            line, = ax.plot(x, mean, marker="o", markersize=3, label=f"{method} ({len(runs)} seeds)")
-            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
+            line, = ax.plot(x, mean, marker="o", markersize=3, color=colors[i % 10],
+                            linestyle=("-", "--", ":")[i // 10 % 3], label=f"{method} ({len(runs)} seeds)")
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
     axes[0].set(xlabel="fresh rollouts generated", ylabel="held-out accuracy (%)", title="accuracy vs rollouts")
     axes[1].set(xlabel="training wall time (s, eval excluded)", ylabel="held-out accuracy (%)",
                 title="accuracy vs wall time")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title + " (line: mean over seeds; band: min..max)")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=5, fontsize=8, frameon=False)
+    fig.suptitle(title + " (line: mean over seeds; band: min..max)", fontsize=10)
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
@@ -235,7 +237,7 @@ def main(argv=None) -> int:
     header = (f"`python bench/compare.py {' '.join(argv)}`: {len(jobs)} runs, {ran:.0f} s of runs in all "
               f"(done files), {args.jobs} at a time, {threads} threads each\n\n")
     (out / "results.md").write_text(header + table)
-    drew = plot(results, out / "compare.png", f"{args.metric}, {', '.join(methods)}")
+    drew = plot(results, out / "compare.png", f"{args.metric}, {len(methods)} methods")
     print(table + f"wrote {out / 'results.md'}" + (f" and {out / 'compare.png'}" if drew else
                                                    " (no compare.png: matplotlib is not installed, "
                                                    "pip install -r requirements-bench.txt)") + f"; {wall:.0f} s")
