@@ -100,17 +100,28 @@ def _as_float(logits: Tensor, temperature: float) -> Tensor:
     return x if temperature == 1.0 else x / temperature
 
 
+SLAB_LOGITS = 2 ** 24      # logits per slab of whole sequences (64 MB in fp32): bounds the reductions' transients
+
+
+def _slabs(logits: Tensor) -> list[slice]:
+    """Row slices of logits [B, T, V], each at most SLAB_LOGITS elements (and at least one sequence): a real model's
+    sequence (T x V ~ 10^8) is a slab of one, the built-in model's 256 rows one slab (one op instead of 256)."""
+    per = max(1, SLAB_LOGITS // max(1, logits[0].numel()))
+    return [slice(i, i + per) for i in range(0, len(logits), per)]
+
+
 def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
     """log pi(y_t | y_<t) = z_t[y_t] - logsumexp_v z_t[v], z = logits / temperature. logits [B, T, V], ids [B, T].
 
-    One sequence at a time, so the transient of logsumexp is one [T, V] slab; with temperature 1 and float32 logits
-    no [B, T, V] copy is made at all, otherwise autograd keeps exactly one (the scaled logits). Returns [B, T].
+    A slab of sequences at a time (_slabs), so the transient of logsumexp is at most one slab; with temperature 1
+    and float32 logits no [B, T, V] copy is made at all, otherwise autograd keeps exactly one (the scaled logits).
+    Returns [B, T].
     """
-    rows = []
-    for x, y in zip(logits, ids):                                              # x [T, V], y [T]
-        z = _as_float(x, temperature)
-        rows.append(z.gather(-1, y[:, None])[:, 0] - z.logsumexp(-1))          # [T]
-    return torch.stack(rows)                                                   # [B, T]
+    out = []
+    for s in _slabs(logits):
+        z = _as_float(logits[s], temperature)                                  # [b, T, V]
+        out.append(z.gather(-1, ids[s, :, None])[..., 0] - z.logsumexp(-1))    # [b, T]
+    return torch.cat(out)                                                      # [B, T]
 
 
 
@@ -445,11 +456,11 @@ def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_t[v], z = logits / temperature, the full-vocabulary entropy of
     the sampling distribution. logits [B, T, V]. Returns [B, T]. Wrap in torch.no_grad() when it is only logged."""
-    rows = []
-    for x in logits:                                                           # [T, V]
-        z = _as_float(x, temperature)
-        rows.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))             # [T]
-    return torch.stack(rows)                                                   # [B, T]
+    out = []
+    for s in _slabs(logits):                                                   # as token_logprobs
+        z = _as_float(logits[s], temperature)                                  # [b, T, V]
+        out.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))              # [b, T]
+    return torch.cat(out)                                                      # [B, T]
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:

@@ -58,8 +58,13 @@ def test_zero_std_fraction_and_dynamic_sampling():
 
 # ---------------------------------------------------------------- log-probs, entropy
 
+@pytest.mark.parametrize("slab", [None, 2 * 5 * 11, 1])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_token_logprobs_and_entropy(temperature):
+def test_token_logprobs_and_entropy(temperature, slab, monkeypatch):
+    """Also in slabs: of 2 sequences (3 rows -> slabs of 2 and 1) and of less than one sequence (one row each)."""
+    if slab is not None:
+        monkeypatch.setattr(grpo, "SLAB_LOGITS", slab)
+        assert len(grpo._slabs(torch.zeros(3, 5, 11))) == (2 if slab > 1 else 3)
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 5, 11, generator=g)
     ids = torch.randint(0, 11, (3, 5), generator=g)
