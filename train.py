@@ -434,6 +434,8 @@ def main(argv=None) -> int:
                    f"starting from step 0")
         try:
             train(args, model, tok, prompts, eval_sets, max_len, rank, world, device, resume)
+            if dist.is_initialized():
+                dist.barrier()       # gloo torn down while another rank still has work in flight can abort
         except (parallel.NonFiniteError, rollout.EngineMismatchError) as e:
             parallel.print0(f"error: {e}", file=sys.stderr)
             return 1

@@ -99,6 +99,7 @@ def main(out_path: str) -> None:
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)
+    dist.barrier()               # no rank tears gloo down while the other still has work in flight
     dist.destroy_process_group()
 
 
