@@ -53,7 +53,8 @@ def parse(cls, argv=None, description: str = "", formatter=argparse.RawDescripti
     ap = argparse.ArgumentParser(description=description, formatter_class=formatter, epilog=epilog)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
-        kw = dict(default=f.default, help=f"{docs[f.name]} (default: {f.default!r})", choices=choices(cls, f.name))
+        kw = dict(default=f.default, help=f"{docs[f.name]} (default: {f.default!r})".replace("%", "%%"),  # argparse
+                  choices=choices(cls, f.name))                                  # formats help with %
         if isinstance(f.default, bool):
             kw["action"] = argparse.BooleanOptionalAction
         else:

@@ -304,3 +304,14 @@ def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     test_questions = {e.question for e in data.builtin_test("builtin_steps")}
     assert samples and all(s["prompt"].rstrip("=") not in test_questions for s in samples)   # trained on train split
+
+
+def test_help_lists_every_flag_and_preset(capsys):
+    """`python train.py --help` exits 0 (argparse %-formats help strings: a literal % in a field's docstring, as in
+    --rollout-head-rank's '2% of a 0.5B model', once made it a traceback)."""
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "2% of a 0.5B model" in out and all(f"  {name} " in out for name in flags.PRESETS)
+    assert all("--" + f.name.replace("_", "-") in out for f in dataclasses.fields(train.Args))
