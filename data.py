@@ -381,6 +381,11 @@ if __name__ == "__main__":
             print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer}")
         for ex in arithmetic_chain_examples("train", 3):
             print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer:6s} worked {worked_solution(ex.question)}")
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit(print(__doc__.split("\n\n")[1]))                   # the two usage lines
     for name in sys.argv[1:]:
-        exs = load_benchmark(name)
+        try:
+            exs = load_benchmark(name)
+        except (ValueError, OSError) as e:
+            sys.exit(f"error: {e}")
         print(f"{name}: {len(exs)} examples; first gold {exs[0].answer!r}; question {exs[0].question[:80]!r}")

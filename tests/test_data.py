@@ -226,3 +226,12 @@ def test_shipped_tiny_steps_model_works_step_by_step_with_headroom():
     model, tok = load_model(str(ROOT / "assets" / "tiny-steps"))
     acc = greedy_accuracy(model, tok, data.arithmetic_chain_examples("test", 200), max_new_tokens=24)
     assert 0.15 < acc < 0.6, acc                                   # shipped at 33.0% on the 500 test prompts
+
+
+def test_cli_help_and_unknown_name_are_not_tracebacks():
+    import subprocess
+    script = str(ROOT / "data.py")
+    ok = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "python data.py math500" in ok.stdout
+    bad = subprocess.run([sys.executable, script, "nosuch"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: unknown benchmark") and "Traceback" not in bad.stderr
