@@ -1,53 +1,57 @@
-"""Replay: a rollout-level, advantage-prioritized, age-bounded buffer for GRPO (`RolloutReplay`), and Headroom-Drift's
-group-level replay (`GroupReplay`, its own docstring below).
+"""Replay: a rollout-level, advantage-prioritized, age-bounded buffer for GRPO (`RolloutReplay`),
+and Headroom-Drift's group-level replay (`GroupReplay`, its own docstring below), behind one
+interface.
 
     python buffer.py          # fills a toy buffer, samples from it, prints the stats
 
 In the trainer, at each step (fresh = this step's scored rollouts, advantages set, version = step):
 
-    replay = make_replay("prioritized", tau_max=4, alpha=1.0, capacity=None, seed=0)   # once
-    batch = fresh + replay.sample(round(replay_ratio * len(fresh)), step)              # fresh-anchored batch
+    replay = make_replay("prioritized", tau_max=4, ratio=0.5, alpha=1.0, seed=0)   # once
+    batch = fresh + replay.sample(step, len(fresh))      # fresh-anchored: the replayed ones after
     replay.add(fresh, step)
+    replay.report(metrics)                                   # its numbers, each with how it reduces
 
 Implements the replay buffer of "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"
 (Yoo et al., arXiv 2606.04560):
 
-- **Rollout level.** The buffer stores individual rollouts, never whole groups. Each keeps the advantage it got in
-  its own fresh group and its behaviour log-probs, unchanged for life: replay never recomputes either.
-- **Age eviction.** With age_j = step - version_j, a rollout with age_j > tau_max is gone before the next sample
-  (age == tau_max is still replayable).
+- **Rollout level.** The buffer stores individual rollouts, never whole groups. Each keeps the
+  advantage it got in its own fresh group and its behaviour log-probs, unchanged for life: replay
+  never recomputes either.
+- **Age eviction.** With age_j = step - version_j, a rollout with age_j > tau_max is gone before the
+  next sample (age == tau_max is still replayable).
 - **Priority.** Replayed rollouts are drawn by advantage magnitude,
 
       P(j) = |A_j|^alpha / sum_k |A_k|^alpha        (k over the eligible rollouts)
 
-  alpha = 0 is uniform replay (the naive-replay baseline); with alpha > 0 a rollout with A_j = 0 has P(j) = 0 and is
-  never drawn.
-- **Fresh-anchored composition.** `sample(k, step)` returns only replayed rollouts; the trainer's batch at `step` is
-  every fresh rollout of `step` followed by these. Eligible rollouts have version < step: rollouts of the current
-  step are excluded, so the trainer may call `add(fresh, step)` before or after `sample(k, step)` and get the same
-  draw (calling `sample` first is the natural order, and with a capacity bound it keeps fresh rollouts from pushing
-  out replayable ones before they are drawn).
+  alpha = 0 is uniform replay (the naive-replay baseline); with alpha > 0 a rollout with A_j = 0 has
+  P(j) = 0 and is never drawn.
+- **Fresh-anchored composition.** `sample(step, n_fresh)` returns only replayed rollouts, k =
+  round(ratio * n_fresh) of them; the trainer's batch at `step` is every fresh rollout of `step`
+  followed by these. Eligible rollouts have version < step: rollouts of the current step are
+  excluded, so the trainer may call `add(fresh, step)` before or after `sample(step, n)` and get the
+  same draw (calling `sample` first is the natural order, and with a capacity bound it keeps fresh
+  rollouts from pushing out replayable ones before they are drawn).
 
 Departures and definitional choices (the paper states only the proportionality above):
-- k > 1 draws are *successive* draws without replacement (no duplicates in one batch): the first draw follows P(j)
-  exactly, each later draw follows P renormalised over the rollouts not yet drawn (what
-  numpy's `Generator.choice(replace=False, p=P)` does). So for k > 1 the inclusion probability of a rollout is not
-  k * P(j) but the successive-sampling one, e.g. for k = 2: P(j) + sum_{i != j} P(i) P(j) / (1 - P(i)).
-  Implemented with Efraimidis–Spirakis keys in their exponential form: key_j = E_j / w_j with E_j ~ Exp(1) and
-  w_j = |A_j|^alpha; the k smallest keys are the draw, in draw order. Computed in logs,
-  log key_j = log E_j - alpha log|A_j|, so no |A|^alpha can overflow or underflow to 0.
+- k > 1 draws are *successive* draws without replacement (no duplicates in one batch): the first
+  draw follows P(j) exactly, each later draw follows P renormalised over the rollouts not yet drawn
+  (what numpy's `Generator.choice(replace=False, p=P)` does). So for k > 1 the inclusion probability
+  of a rollout is not k * P(j) but the successive-sampling one, e.g. for k = 2: P(j) + sum_{i != j}
+  P(i) P(j) / (1 - P(i)). Implemented with Efraimidis–Spirakis keys in their exponential form: key_j
+  = E_j / w_j with E_j ~ Exp(1) and w_j = |A_j|^alpha; the k smallest keys are the draw, in draw
+  order. Computed in logs, log key_j = log E_j - alpha log|A_j|, so no |A|^alpha can overflow or
+  underflow to 0.
 - Fewer than k eligible (positive-weight) rollouts: all of them are returned.
-- Optional capacity bound: after `add`, the oldest rollouts (lowest version, then earliest inserted) are dropped
-  until `len(buffer) <= capacity`.
-- `make_replay("none", ...)` returns None: no replay is an absent buffer, and the trainer's `if replay is not None`
-  shows it at the line where the batch is built.
+- Optional capacity bound: after `add`, the oldest rollouts (lowest version, then earliest inserted)
+  are dropped until `len(buffer) <= capacity`.
+- `make_replay("none", ...)` returns None: no replay is an absent buffer, and the trainer's `if
+  replay is not None` shows it at the line where the batch is built.
 
-Storage: a numpy object array of records next to parallel numpy arrays of version and |A|, in insertion order;
-eviction compacts all three with one boolean mask and sampling is vectorised, so neither loops over rollouts in
-Python. The buffer holds references to the caller's `Rollout` objects and never writes to them; callers must treat
-what `sample` returns as read-only.
+Storage: a numpy object array of records next to parallel numpy arrays of version and |A|, in
+insertion order; eviction compacts all three with one boolean mask and sampling is vectorised, so
+neither loops over rollouts in Python. The buffer holds references to the caller's `Rollout` objects
+and never writes to them; callers must treat what `sample` returns as read-only.
 """
-import random
 from dataclasses import asdict
 
 import numpy as np
@@ -59,11 +63,19 @@ HEADROOMS = ("variance", "failure", "abs-adv")
 
 
 class RolloutReplay:
-    """Rollout-level replay with age eviction (tau_max) and priority |A|^alpha; see the module docstring."""
+    """Rollout-level replay with age eviction (tau_max) and priority |A|^alpha; see the module
+    docstring. `ratio`: replayed rollouts per fresh one (k = round(ratio * n_fresh) in `sample`)."""
 
-    def __init__(self, tau_max: int, alpha: float = 1.0, capacity: int | None = None, seed: int = 0):
+    def __init__(self, tau_max: int, alpha: float = 1.0, capacity: int | None = None, seed: int = 0,
+                 ratio: float = 1.0):
         _check_args(tau_max, alpha, capacity)
-        self.tau_max, self.alpha, self.capacity, self.seed = int(tau_max), float(alpha), capacity, int(seed)
+        if not np.isfinite(ratio) or ratio < 0:
+            raise ValueError(f"replay: ratio must be a finite number >= 0, got {ratio!r}")
+        self.tau_max = int(tau_max)
+        self.alpha = float(alpha)
+        self.capacity = capacity
+        self.seed = int(seed)
+        self.ratio = float(ratio)
         self._rng = np.random.default_rng(seed)
         self._clear()
 
@@ -76,12 +88,12 @@ class RolloutReplay:
     def __len__(self) -> int:
         return len(self._records)
 
-    # ---- store ----------------------------------------------------------------------------------------------------
+    # ---- store -----------------------------------------------------------------------------------
     def add(self, rollouts: list[Rollout], step: int) -> None:
         """Store each rollout as given (a reference; its advantage and logprobs are never touched).
 
-        `step` is the trainer's current step; a rollout with version > step would come from the future and is an
-        error, as is a non-finite advantage (it would poison every priority)."""
+        `step` is the trainer's current step; a rollout with version > step would come from the
+        future and is an error, as is a non-finite advantage (it would poison every priority)."""
         n = len(rollouts)
         if n == 0:
             return
@@ -92,58 +104,72 @@ class RolloutReplay:
         if not np.isfinite(adv).all():
             raise ValueError("replay: every rollout's advantage must be finite")
         if (version > step).any():
-            raise ValueError(f"replay: add at step {step} got a rollout with version {int(version.max())} > step")
+            raise ValueError(f"replay: add at step {step} got a rollout with version "
+                             f"{int(version.max())} > step")
         self._records = np.concatenate([self._records, records])
         self._version = np.concatenate([self._version, version])
         self._abs_adv = np.concatenate([self._abs_adv, np.abs(adv)])
         self._last["replay/capacity_dropped"] = self._enforce_capacity()
 
     def _enforce_capacity(self) -> int:
-        """Drop the oldest records (lowest version, ties by insertion order) until len <= capacity."""
+        """Drop the oldest records (lowest version, ties by insertion order) to len <= capacity."""
         excess = len(self) - (self.capacity if self.capacity is not None else len(self))
         if excess <= 0:
             return 0
-        oldest = np.argsort(self._version, kind="stable")[:excess]  # stable sort: ties stay in insertion order
+        # stable sort: ties stay in insertion order
+        oldest = np.argsort(self._version, kind="stable")[:excess]
         keep = np.ones(len(self), dtype=bool)
         keep[oldest] = False
         self._compact(keep)
         return int(excess)
 
     def _compact(self, keep: np.ndarray) -> None:
-        self._records, self._version, self._abs_adv = self._records[keep], self._version[keep], self._abs_adv[keep]
+        self._records = self._records[keep]
+        self._version = self._version[keep]
+        self._abs_adv = self._abs_adv[keep]
 
-    # ---- evict ----------------------------------------------------------------------------------------------------
+    # ---- evict -----------------------------------------------------------------------------------
     def evict(self, step: int) -> int:
-        """Remove every rollout with age = step - version > tau_max; returns how many were removed."""
-        keep = (step - self._version) <= self.tau_max   # [N] age == tau_max is kept (the paper: "older than")
+        """Remove every rollout with age = step - version > tau_max; returns how many went."""
+        # [N] age == tau_max is kept (the paper: "older than")
+        keep = (step - self._version) <= self.tau_max
         evicted = int(len(self) - keep.sum())
         if evicted:
             self._compact(keep)
         self._last["replay/evicted"] = evicted
         return evicted
 
-    # ---- sample ---------------------------------------------------------------------------------------------------
-    def sample(self, k: int, step: int) -> list[Rollout]:
-        """Evict by age, then draw up to k distinct rollouts with version < step, P(j) ∝ |A_j|^alpha."""
+    # ---- sample ----------------------------------------------------------------------------------
+    def sample(self, step: int, n_fresh: int) -> list[Rollout]:
+        """The replayed part of the batch at `step` for `n_fresh` fresh rollouts: draw(round(ratio *
+        n_fresh))."""
+        return self.draw(round(self.ratio * n_fresh), step)
+
+    def draw(self, k: int, step: int) -> list[Rollout]:
+        """Evict by age, then draw up to k distinct rollouts with version < step, P(j) ∝
+        |A_j|^alpha."""
         if k < 0:
             raise ValueError(f"replay: sample size k must be >= 0, got {k}")
         self.evict(step)
-        # Fresh-anchored: the current step's rollouts are the batch's fresh part, never its replayed part.
+        # Fresh-anchored: the current step's rollouts are the batch's fresh part, never its replayed
+        # part.
         eligible = self._version < step                 # [N]
         if self.alpha > 0:
-            eligible &= self._abs_adv > 0               # w_j = 0 for A_j = 0 (also avoids log 0 below)
+            eligible &= self._abs_adv > 0  # w_j = 0 for A_j = 0 (also avoids log 0 below)
         cand = np.flatnonzero(eligible)                 # [M] indices of candidates
         picked = cand[self._draw_without_replacement(self._abs_adv[cand], k)]  # [min(k, M)]
         self._record_sample(picked, step)
         return self._records[picked].tolist()
 
     def _draw_without_replacement(self, abs_adv: np.ndarray, k: int) -> np.ndarray:
-        """Positions of min(k, M) successive draws without replacement with P ∝ abs_adv^alpha, in draw order.
+        """Positions of min(k, M) successive draws without replacement with P ∝ abs_adv^alpha, in
+        draw order.
 
-        Efraimidis–Spirakis in exponential form: key_j = E_j / w_j, E_j ~ Exp(1); the smallest key is a draw with
-        P(j) = w_j / sum w, the next smallest a draw from the rest, and so on. In logs for range safety:
-        log key_j = log E_j - alpha * log|A_j|. One E_j per candidate, so the RNG advances identically for the
-        same buffer contents (what makes a resumed run sample the same rollouts)."""
+        Efraimidis–Spirakis in exponential form: key_j = E_j / w_j, E_j ~ Exp(1); the smallest key
+        is a draw with P(j) = w_j / sum w, the next smallest a draw from the rest, and so on. In
+        logs for range safety: log key_j = log E_j - alpha * log|A_j|. One E_j per candidate, so the
+        RNG advances identically for the same buffer contents (what makes a resumed run sample the
+        same rollouts)."""
         m = len(abs_adv)
         log_key = np.log(self._rng.standard_exponential(m))  # [M]
         if self.alpha > 0:
@@ -158,32 +184,32 @@ class RolloutReplay:
         self._last.update(_empty_sample_stats())
         if len(picked):
             age = step - self._version[picked]               # [K]
-            self._last.update({"replay/sampled": int(len(picked)), "replay/age_mean": float(age.mean()),
+            self._last.update({"replay/sampled": int(len(picked)),
+                               "replay/age_mean": float(age.mean()),
                                "replay/age_max": int(age.max()),
                                "replay/abs_adv_sampled": float(self._abs_adv[picked].mean())})
 
-    # ---- metrics and checkpointing --------------------------------------------------------------------------------
+    # ---- metrics and checkpointing ---------------------------------------------------------------
     def stats(self) -> dict:
-        """Flat namespaced metrics. replay/size and replay/abs_adv_stored (mean |A| over every stored rollout,
-        eligible for the next draw or not) describe the buffer now; replay/evicted
-        the last evict (age); replay/capacity_dropped the last add; the rest the last sample (0 when it drew
-        nothing, so the JSON stays finite)."""
+        """Flat namespaced metrics. replay/size and replay/abs_adv_stored (mean |A| over every
+        stored rollout, eligible for the next draw or not) describe the buffer now; replay/evicted
+        the last evict (age); replay/capacity_dropped the last add; the rest the last sample (0 when
+        it drew nothing, so the JSON stays finite)."""
         stored = float(self._abs_adv.mean()) if len(self) else 0.0
         return {"replay/size": len(self), **self._last, "replay/abs_adv_stored": stored}
 
     def state_dict(self) -> dict:
-        """Everything needed to resume exactly, as plain Python data (dicts, lists, ints, floats, str), so that
-        pickle and torch.save / torch.load(weights_only=True) both round-trip it."""
-        return {"tau_max": self.tau_max, "alpha": self.alpha, "capacity": self.capacity, "seed": self.seed,
-                "rollouts": [asdict(r) for r in self._records],
+        """Everything needed to resume exactly, as plain Python data (dicts, lists, ints, floats,
+        str), so that pickle and torch.save / torch.load(weights_only=True) both round-trip it."""
+        return {"tau_max": self.tau_max, "alpha": self.alpha, "capacity": self.capacity,
+                "seed": self.seed, "rollouts": [asdict(r) for r in self._records],
                 "rng": self._rng.bit_generator.state, "last": dict(self._last)}
 
     def load_state_dict(self, sd: dict) -> None:
-        """Restore contents, RNG and last stats. The hyperparameters must match this buffer's: a resumed run with
-        a different tau_max, alpha or capacity could not replay the same data, so that is an error."""
-        for name in ("tau_max", "alpha", "capacity"):
-            if sd[name] != getattr(self, name):
-                raise ValueError(f"replay: checkpoint has {name}={sd[name]!r}, this run has {getattr(self, name)!r}")
+        """Restore contents, RNG and last stats. The hyperparameters must match this buffer's: a
+        resumed run with a different tau_max, alpha or capacity could not replay the same data, so
+        that is an error."""
+        _check_same(sd, self, ("tau_max", "alpha", "capacity"))
         self.seed = sd["seed"]
         self._clear()
         rollouts = [Rollout(**d) for d in sd["rollouts"]]
@@ -194,35 +220,51 @@ class RolloutReplay:
 
 
 class GroupReplay:
-    """Headroom-Drift group replay (`--replay headroom-drift`). No paper text was available: this implements the
-    reading of its abstract ("a group-level replay control primitive for GRPO that separates reuse into two
-    decisions. Headroom ranks stored groups by remaining learning value, while Drift gates them by compatibility with
-    the current policy. The fresh on-policy stream remains unchanged, and the method adds no auxiliary generation or
-    training machinery") given in issue 12; every choice below is a flag or stated here.
+    """Headroom-Drift group replay (`--replay headroom-drift`). No paper text was available: this
+    implements the reading of its abstract ("a group-level replay control primitive for GRPO that
+    separates reuse into two decisions. Headroom ranks stored groups by remaining learning value,
+    while Drift gates them by compatibility with the current policy. The fresh on-policy stream
+    remains unchanged, and the method adds no auxiliary generation or training machinery"); every
+    choice below is a flag (`--hd-*`) or stated here.
 
-    - Store: whole fresh groups (rollouts sharing prompt_id and version), each rollout with its stored advantage and
-      behaviour log-probs, as references never written to. A group whose rewards are all equal carries no signal
-      (every A = 0) and is not stored. Age eviction as RolloutReplay: age = step - version > tau_max is gone.
+    - Store: whole fresh groups (rollouts sharing prompt_id and version), each rollout with its
+      stored advantage and behaviour log-probs, as references never written to. A group whose
+      rewards are all equal carries no signal (every A = 0) and is not stored. Age eviction as
+      RolloutReplay: age = step - version > tau_max is gone.
     - Headroom h(g), with p = the group's success rate (mean reward, clamped to [0, 1]):
       variance p (1 - p) | failure 1 - p | abs-adv mean |A| over the group.
-    - Candidates: the eligible groups (version < step: fresh-anchored) in headroom order (ties: newer first, then
-      earlier stored), at most `drift_candidates` of them, so the drift pass has a bounded cost.
-    - Drift D(g) = mean over g's rollouts of |mean_t log rho_t|, log rho_t = log pi_theta - log pi_behaviour: computed
-      by the caller's `drift_fn(candidate groups) -> [D(g)]` (train.group_drift: one no-grad forward). Under torchrun
-      it is called on every rank at every sample, also with no candidate, so the ranks make equal forward passes.
-    - Gate: groups with D(g) > drift_max are skipped this step (kept, not deleted: they may pass again later);
-      the first `replay_groups` passing candidates are replayed, all their rollouts, with their stored advantages.
+    - Candidates: the eligible groups (version < step: fresh-anchored) in headroom order (ties:
+      newer first, then earlier stored), at most `candidates` of them, so the drift pass has a
+      bounded cost.
+    - Drift, per candidate group g:
+
+          D(g) = mean over g's rollouts i of | mean_t log rho_it |,
+          log rho_it = log pi_theta - log pi_behaviour
+
+      (`drift`), with log pi_theta from `logprobs(rollouts) -> [per-token log-probs]`, the trainer's
+      no-grad forward handed in when the buffer is made (parallel.lockstep_logprobs of the policy).
+      Under torchrun it runs on every rank at every sample, also with no candidate, so the ranks
+      make equal forward passes.
+    - Gate: groups with D(g) > drift_max are skipped this step (kept, not deleted: they may pass
+      again later); the first `groups` passing candidates are replayed, all their rollouts, with
+      their stored advantages. `sample(step, n_fresh)` ignores n_fresh: the replayed amount is
+      `groups` groups.
     """
 
-    def __init__(self, tau_max: int, headroom: str = "variance", replay_groups: int = 32, drift_candidates: int = 64,
-                 drift_max: float = 0.05):
+    def __init__(self, tau_max: int, headroom: str = "variance", groups: int = 32,
+                 candidates: int = 64, drift_max: float = 0.05, logprobs=None):
         _check_args(tau_max, 0.0, None)
         if headroom not in HEADROOMS:
-            raise ValueError(f"replay: headroom must be one of {', '.join(HEADROOMS)}, got {headroom!r}")
-        if replay_groups < 1 or drift_candidates < 1 or not drift_max >= 0 or not np.isfinite(drift_max):
-            raise ValueError("replay: need replay_groups >= 1, drift_candidates >= 1 and a finite drift_max >= 0")
-        self.tau_max, self.headroom, self.replay_groups = int(tau_max), headroom, int(replay_groups)
-        self.drift_candidates, self.drift_max = int(drift_candidates), float(drift_max)
+            raise ValueError(f"replay: headroom must be one of {', '.join(HEADROOMS)}, "
+                             f"got {headroom!r}")
+        if groups < 1 or candidates < 1 or not drift_max >= 0 or not np.isfinite(drift_max):
+            raise ValueError("replay: need groups >= 1, candidates >= 1, a finite drift_max >= 0")
+        self.tau_max = int(tau_max)
+        self.headroom = headroom
+        self.groups = int(groups)
+        self.candidates_max = int(candidates)
+        self.drift_max = float(drift_max)
+        self.logprobs = logprobs
         self._groups: list[list[Rollout]] = []          # insertion order; each a whole fresh group
         self._last = {"replay/evicted": 0, "replay/unstored_groups": 0, **_empty_group_stats()}
 
@@ -230,7 +272,8 @@ class GroupReplay:
         return sum(len(g) for g in self._groups)
 
     def add(self, rollouts: list[Rollout], step: int) -> None:
-        """Split `rollouts` into groups by (prompt_id, version) and store those whose rewards are not all equal."""
+        """Split `rollouts` into groups by (prompt_id, version) and store those whose rewards are
+        not all equal."""
         if any(r.version > step for r in rollouts):
             raise ValueError(f"replay: add at step {step} got a rollout with version > step")
         by_key: dict = {}
@@ -253,55 +296,76 @@ class GroupReplay:
         return p * (1 - p) if self.headroom == "variance" else 1 - p
 
     def candidates(self, step: int) -> list[list[Rollout]]:
-        """Evict by age, then the eligible groups (version < step) in headroom order, at most drift_candidates."""
+        """Evict by age, then the eligible groups (version < step) in headroom order, at most
+        `candidates`."""
         self.evict(step)
-        order = sorted((g for g in self._groups if g[0].version < step),
-                       key=lambda g: (-self.headroom_of(g), -g[0].version))       # stable: then stored order
-        return order[:self.drift_candidates]
+        eligible = (g for g in self._groups if g[0].version < step)
 
-    def sample(self, step: int, drift_fn) -> list[Rollout]:
-        """Headroom ranks, Drift gates: the rollouts of the top `replay_groups` candidates with D(g) <= drift_max."""
+        def rank(g):                                     # sorted() is stable: then stored order
+            return (-self.headroom_of(g), -g[0].version)
+
+        return sorted(eligible, key=rank)[:self.candidates_max]
+
+    def drift(self, groups: list[list[Rollout]]) -> list[float]:
+        """D(g) of each group (the class docstring): one no-grad forward over all their rollouts."""
+        flat = [r for g in groups for r in g]
+        logps = self.logprobs(flat)
+        per_rollout = iter([abs(sum(a - b for a, b in zip(lp, r.logprobs))) / max(len(lp), 1)
+                            for lp, r in zip(logps, flat)])
+        return [sum(next(per_rollout) for _ in g) / len(g) for g in groups]
+
+    def sample(self, step: int, n_fresh: int) -> list[Rollout]:
+        """Headroom ranks, Drift gates: the rollouts of the top `groups` candidates with D(g) <=
+        drift_max."""
+        if self.logprobs is None:
+            raise ValueError("GroupReplay.sample needs the policy's forward: make it with logprobs")
         cands = self.candidates(step)
-        drift = list(drift_fn(cands))                    # called also with no candidate (lockstep under torchrun)
-        passing = [g for g, d in zip(cands, drift) if d <= self.drift_max][:self.replay_groups]
+        drift = self.drift(cands)  # also with no candidate: equal forwards on every rank
+        passing = [g for g, d in zip(cands, drift) if d <= self.drift_max][:self.groups]
         out = [r for g in passing for r in g]
         self._last.update(_empty_group_stats())
         if cands:
-            self._last.update({"replay/drift_candidates": len(cands), "replay/drift_mean": float(np.mean(drift)),
-                               "replay/drift_gated_frac": sum(d > self.drift_max for d in drift) / len(cands)})
+            gated = sum(d > self.drift_max for d in drift)
+            self._last.update({"replay/drift_candidates": len(cands),
+                               "replay/drift_mean": float(np.mean(drift)),
+                               "replay/drift_gated_frac": gated / len(cands)})
         if passing:
             age = [step - g[0].version for g in passing for _ in g]
+            headroom = [self.headroom_of(g) for g in passing]
+            abs_adv = [abs(r.advantage) for r in out]
             self._last.update({"replay/groups": len(passing), "replay/sampled": len(out),
-                               "replay/headroom_mean": float(np.mean([self.headroom_of(g) for g in passing])),
-                               "replay/age_mean": float(np.mean(age)), "replay/age_max": int(max(age)),
-                               "replay/abs_adv_sampled": float(np.mean([abs(r.advantage) for r in out]))})
+                               "replay/headroom_mean": float(np.mean(headroom)),
+                               "replay/age_mean": float(np.mean(age)),
+                               "replay/age_max": int(max(age)),
+                               "replay/abs_adv_sampled": float(np.mean(abs_adv))})
         return out
 
     def stats(self) -> dict:
-        """replay/size (rollouts stored) and replay/stored_groups now, replay/evicted (groups) at the last evict,
-        replay/unstored_groups (all-equal groups) at the last add, the rest at the last sample."""
+        """replay/size (rollouts stored) and replay/stored_groups now, replay/evicted (groups) at
+        the last evict, replay/unstored_groups (all-equal groups) at the last add, the rest at the
+        last sample."""
         return {"replay/size": len(self), "replay/stored_groups": len(self._groups), **self._last}
 
     def state_dict(self) -> dict:
-        """Plain Python data (groups as lists of rollout dicts); sampling is deterministic, so no RNG."""
+        """Plain Python data (groups as lists of rollout dicts); sampling is deterministic, so no
+        RNG."""
         return {"kind": "headroom-drift", "tau_max": self.tau_max, "headroom": self.headroom,
                 "groups": [[asdict(r) for r in g] for g in self._groups], "last": dict(self._last)}
 
     def load_state_dict(self, sd: dict) -> None:
-        for name in ("tau_max", "headroom"):
-            if sd[name] != getattr(self, name):
-                raise ValueError(f"replay: checkpoint has {name}={sd[name]!r}, this run has {getattr(self, name)!r}")
+        _check_same(sd, self, ("tau_max", "headroom"))
         self._groups = [[Rollout(**d) for d in g] for g in sd["groups"]]
         self._last = dict(sd["last"])
 
 
 def _empty_group_stats() -> dict:
-    return {**_empty_sample_stats(), "replay/groups": 0, "replay/headroom_mean": 0.0, "replay/drift_mean": 0.0,
-            "replay/drift_gated_frac": 0.0, "replay/drift_candidates": 0}
+    return {**_empty_sample_stats(), "replay/groups": 0, "replay/headroom_mean": 0.0,
+            "replay/drift_mean": 0.0, "replay/drift_gated_frac": 0.0, "replay/drift_candidates": 0}
 
 
 def _empty_sample_stats() -> dict:
-    return {"replay/sampled": 0, "replay/age_mean": 0.0, "replay/age_max": 0, "replay/abs_adv_sampled": 0.0}
+    return {"replay/sampled": 0, "replay/age_mean": 0.0, "replay/age_max": 0,
+            "replay/abs_adv_sampled": 0.0}
 
 
 def _check_args(tau_max, alpha, capacity) -> None:
@@ -309,47 +373,72 @@ def _check_args(tau_max, alpha, capacity) -> None:
         raise ValueError(f"replay: tau_max must be an integer >= 0, got {tau_max!r}")
     if not np.isfinite(alpha) or alpha < 0:
         raise ValueError(f"replay: priority alpha must be a finite number >= 0, got {alpha!r}")
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer))
-                                 or capacity < 1):
+    whole = isinstance(capacity, (int, np.integer)) and not isinstance(capacity, bool)
+    if capacity is not None and (not whole or capacity < 1):
         raise ValueError(f"replay: capacity must be an integer >= 1 or None, got {capacity!r}")
 
 
-def mini_batches(n_fresh: int, n_replayed: int, parts: int, shuffle_seed: int | None = None) -> list[list[int]]:
-    """Fresh-anchored mini-batches: indices into fresh + replayed for `parts` optimizer steps. The fresh rollouts and
-    the replayed ones are each cut into `parts` near-equal pieces and mini-batch j takes piece j of both, so every
-    optimizer step holds its proportional share of each (none is pure replay). With a seed both are shuffled first
-    (python's random.Random(seed)); without one the batch order is kept."""
-    fresh, replayed = list(range(n_fresh)), list(range(n_fresh, n_fresh + n_replayed))
-    if shuffle_seed is not None:
-        rng = random.Random(shuffle_seed)
-        rng.shuffle(fresh)
-        rng.shuffle(replayed)
-    piece = lambda xs, j: xs[len(xs) * j // parts:len(xs) * (j + 1) // parts]      # noqa: E731
-    return [piece(fresh, j) + piece(replayed, j) for j in range(parts)]
+def _check_same(sd: dict, buffer, names) -> None:
+    """A resumed buffer must have the checkpoint's hyperparameters, or it could not replay alike."""
+    for name in names:
+        if sd[name] != getattr(buffer, name):
+            raise ValueError(f"replay: checkpoint has {name}={sd[name]!r}, "
+                             f"this run has {getattr(buffer, name)!r}")
 
 
-def make_replay(kind: str, tau_max: int, alpha: float, capacity: int | None, seed: int,
-                **group_kw) -> RolloutReplay | GroupReplay | None:
-    """The buffer behind `--replay {none,uniform,prioritized,headroom-drift}`: None (no replay), RolloutReplay with
-    alpha = 0 (naive uniform replay), RolloutReplay with the given alpha, or GroupReplay(tau_max, **group_kw)
-    (headroom, replay_groups, drift_candidates, drift_max). Arguments are validated whatever the kind, so a bad flag
-    is an error even when replay is off."""
+# ---- metrics: each key with how it combines over ranks -------------------------------------------
+
+# a mean's weight is the count of what it averages; every other key is a total, but these maxima
+MEAN_WEIGHTS = {"replay/age_mean": "replay/sampled", "replay/abs_adv_sampled": "replay/sampled",
+                "replay/abs_adv_stored": "replay/size", "replay/headroom_mean": "replay/groups",
+                "replay/drift_mean": "replay/drift_candidates",
+                "replay/drift_gated_frac": "replay/drift_candidates"}
+MAXIMA = ("replay/age_max",)
+NO_REPLAY = {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0}
+
+
+def report(replay: "RolloutReplay | GroupReplay | None", metrics) -> None:
+    """The buffer's stats() (NO_REPLAY without a buffer) into a metrics.Metrics, each key as it
+    reduces."""
+    stats = replay.stats() if replay is not None else NO_REPLAY
+    for key, value in stats.items():
+        if key in MEAN_WEIGHTS:
+            metrics.mean(key, value, stats[MEAN_WEIGHTS[key]])
+        elif key in MAXIMA:
+            metrics.max(key, value)
+        else:
+            metrics.total(key, value)
+
+
+def make_replay(kind: str, *, tau_max: int, ratio: float = 1.0, alpha: float = 1.0,
+                capacity: int | None = None, seed: int = 0, headroom: str = "variance",
+                groups: int = 32, candidates: int = 64, drift_max: float = 0.05,
+                logprobs=None) -> RolloutReplay | GroupReplay | None:
+    """The buffer behind `--replay {none,uniform,prioritized,headroom-drift}`: None (no replay),
+    RolloutReplay with alpha = 0 (naive uniform replay), RolloutReplay with the given alpha, or
+    GroupReplay (headroom, groups, candidates, drift_max, and `logprobs`, the policy's no-grad
+    forward for its drift gate). Arguments are validated whatever the kind, so a bad flag is an
+    error even when replay is off."""
     if kind not in REPLAY_KINDS:
         raise ValueError(f"replay: kind must be one of {', '.join(REPLAY_KINDS)}, got {kind!r}")
     _check_args(tau_max, alpha, capacity)
     if kind == "none":
         return None
     if kind == "headroom-drift":
-        return GroupReplay(tau_max, **group_kw)
-    return RolloutReplay(tau_max, alpha=0.0 if kind == "uniform" else alpha, capacity=capacity, seed=seed)
+        return GroupReplay(tau_max, headroom=headroom, groups=groups, candidates=candidates,
+                           drift_max=drift_max, logprobs=logprobs)
+    alpha = 0.0 if kind == "uniform" else alpha
+    return RolloutReplay(tau_max, alpha=alpha, capacity=capacity, seed=seed, ratio=ratio)
 
 
 if __name__ == "__main__":
-    replay = RolloutReplay(tau_max=2, alpha=1.0, seed=0)
+    replay = RolloutReplay(tau_max=2, alpha=1.0, seed=0, ratio=0.5)
     for step in range(5):
-        batch = replay.sample(k=4, step=step)
-        print(f"step {step}: replayed (version, A) = {[(r.version, round(r.advantage, 2)) for r in batch]}")
-        fresh = [Rollout(prompt_id=p, prompt_ids=[1], completion_ids=[2], logprobs=[-0.5], advantage=a, version=step)
+        batch = replay.sample(step, n_fresh=8)
+        drawn = [(r.version, round(r.advantage, 2)) for r in batch]
+        print(f"step {step}: replayed (version, A) = {drawn}")
+        fresh = [Rollout(prompt_id=p, prompt_ids=[1], completion_ids=[2], logprobs=[-0.5],
+                         advantage=a, version=step)
                  for p in range(2) for a in (-1.0, 0.0, 0.5, 0.5)]
         replay.add(fresh, step)
         print("   ", replay.stats())

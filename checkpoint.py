@@ -10,8 +10,8 @@ One checkpoint, `out_dir/checkpoints/step_000040/`:
     config.json, generation_config.json, model.safetensors, tokenizer files   the policy, full (unsharded) weights,
                                                                               gathered to rank 0: loads with
                                                                               AutoModelForCausalLM.from_pretrained
-    r2po_head.safetensors         R²PO only: the residual rollout head (rollout.ResidualHead's state dict);
-                                  transformers ignores it, train.py's resume reads it
+    r2po_head.safetensors         R²PO only: the residual rollout head (r2po.HEAD_FILE, written by
+                                  r2po.R2PO.save); transformers ignores it, resume reads it
     args.json                     the run's Args
     trainer/state.json            step, skipped-step counters, world size (the same on every rank)
     trainer/optimizer/            AdamW state through torch.distributed.checkpoint: each rank writes its own shard
@@ -19,20 +19,23 @@ One checkpoint, `out_dir/checkpoints/step_000040/`:
                                   python / torch RNG states
     COMPLETE                      the marker, written last
 
-Atomic: everything is written into `checkpoints/.tmp-step_000040`, every file is fsynced, the marker is written, and
-only then is the directory renamed to `step_000040` (os.rename within one directory is atomic on POSIX). A run killed
-mid-write leaves a `.tmp-*` directory, which `latest()` never matches; a `step_*` directory without the marker (a
-partial copy, a non-POSIX filesystem) is ignored too. Multi-node runs need `out_dir` on a filesystem every node sees.
+Atomic: everything is written into `checkpoints/.tmp-step_000040`, every file is fsynced, the marker
+is written, and only then is the directory renamed to `step_000040` (os.rename within one directory
+is atomic on POSIX). A run killed mid-write leaves a `.tmp-*` directory, which `latest()` never
+matches; a `step_*` directory without the marker (a partial copy, a non-POSIX filesystem) is ignored
+too. Multi-node runs need `out_dir` on a filesystem every node sees.
 
-What exact resume needs, and where it comes from: weights (model.safetensors, fp32 as trained), optimizer moments
-and step counts (DCP), the data position and the replay buffer with its numpy Generator (rank files), python's and
-torch's global RNGs (rank files; numpy's global RNG is used nowhere: buffer.py owns a Generator), and the engine's
-sampling seed, which train.py derives from (seed, rank, step), so it needs no state. A checkpoint written by W ranks
-resumes with W ranks: each rank's replay buffer belongs to that rank's share of the prompts.
+What exact resume needs, and where it comes from: weights (model.safetensors, fp32 as trained),
+optimizer moments and step counts (DCP), the data position and the replay buffer with its numpy
+Generator (rank files), python's and torch's global RNGs (rank files; numpy's global RNG is used
+nowhere: buffer.py owns a Generator), and the engine's sampling seed, which train.py derives from
+(seed, rank, step), so it needs no state. A checkpoint written by W ranks resumes with W ranks: each
+rank's replay buffer belongs to that rank's share of the prompts.
 
-Around them: `resolve` reads `--resume DIR|auto`; `open_log` continues metrics.jsonl / samples.jsonl on resume
-(appending after the resumed step, dropping lines of steps that are being redone); `point_final` keeps
-`out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed.
+Around them: `resolve` reads `--resume DIR|auto`; `open_log` continues metrics.jsonl / samples.jsonl
+on resume (appending after the resumed step, dropping lines of steps that are being redone);
+`point_final` keeps `out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a
+resumed run changed.
 """
 import dataclasses
 import json
@@ -45,12 +48,10 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
 
 MARKER = "COMPLETE"
-HEAD_FILE = "r2po_head.safetensors"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -64,8 +65,8 @@ def _barrier() -> None:
 
 
 def _fsync(path: str) -> None:
-    """Flush a file's (or a directory's entries') data to disk: a rename is atomic, but only durable once the data
-    it points at is."""
+    """Flush a file's (or a directory's entries') data to disk: a rename is atomic, but only durable
+    once the data it points at is."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -91,16 +92,17 @@ def set_rng_state(s: dict) -> None:
 
 
 def save_hf(model, tokenizer, path: str, state_dict=None) -> None:
-    """`model` and `tokenizer` as a Hugging Face directory that plain transformers runs the way the trainer does:
-    `model.generate` stops at EOS and pads with PAD, and AutoTokenizer gives back the tokenizer's own class (its
-    save_pretrained names it in tokenizer_config.json).
+    """`model` and `tokenizer` as a Hugging Face directory that plain transformers runs the way the
+    trainer does: `model.generate` stops at EOS and pads with PAD, and AutoTokenizer gives back the
+    tokenizer's own class (its save_pretrained names it in tokenizer_config.json).
 
-    Where the model's configs name none, the tokenizer's ids are filled in (in place, on `model`'s configs): EOS and
-    BOS in config.json and generation_config.json, PAD in generation_config.json only, which is where `generate`
-    reads it. PAD in config.json would not be inert: transformers builds the input embedding with
-    padding_idx = config.pad_token_id, which zeroes that row's gradient, so a run resumed from (or started on) such
-    a directory would train differently from the run that wrote it. Ids a model already names (a real model's list
-    of EOS ids in generation_config.json) are kept."""
+    Where the model's configs name none, the tokenizer's ids are filled in (in place, on `model`'s
+    configs): EOS and BOS in config.json and generation_config.json, PAD in generation_config.json
+    only, which is where `generate` reads it. PAD in config.json would not be inert: transformers
+    builds the input embedding with padding_idx = config.pad_token_id, which zeroes that row's
+    gradient, so a run resumed from (or started on) such a directory would train differently from
+    the run that wrote it. Ids a model already names (a real model's list of EOS ids in
+    generation_config.json) are kept."""
     fill = {"eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id}
     targets = [(model.config, fill)]
     if getattr(model, "generation_config", None) is not None:
@@ -113,32 +115,36 @@ def save_hf(model, tokenizer, path: str, state_dict=None) -> None:
     tokenizer.save_pretrained(path)
 
 
-def save(root: str, step: int, model, opt, tokenizer, args, guard, replay, pos: int, rank: int, world: int,
-         head=None, head_opt=None) -> str:
-    """Write checkpoint `step` under `root` atomically (what `restore` reads back); every rank calls it (the gathers
-    are collective). R²PO's `head` (replicated: the same on every rank) goes to HEAD_FILE, its optimizer into the
-    rank files. Returns the checkpoint's directory."""
+def save(root: str, step: int, model, opt, tokenizer, args, *, guard, replay, pos: int, rank: int,
+         world: int, extra=None) -> str:
+    """Write checkpoint `step` under `root` atomically (what `restore` reads back); every rank calls
+    it (the gathers are collective). `extra` (R²PO's r2po.R2PO, or None) writes its own files into
+    the directory on rank 0 (`extra.save(dir)`) and its per-rank state into the rank files
+    (`extra.state_dict()`). Returns the checkpoint's directory."""
     trainer_state = {"step": step, "skipped": guard.skipped, "in_row": guard.in_row}
-    rank_state = {"pos": pos, "replay": replay.state_dict() if replay is not None else None, "rng": rng_state()}
-    if head_opt is not None:
-        rank_state["head_opt"] = head_opt.state_dict()
+    rank_state = {"pos": pos, "replay": replay.state_dict() if replay is not None else None,
+                  "rng": rng_state()}
+    if extra is not None:
+        rank_state["extra"] = extra.state_dict()
     final, tmp = step_dir(root, step), os.path.join(root, f".tmp-step_{step:06d}")
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)          # left by an earlier attempt that was cut off
+        shutil.rmtree(tmp, ignore_errors=True)  # left by an earlier attempt that was cut off
         os.makedirs(os.path.join(tmp, "trainer"))
     _barrier()
-    # Full state dict: all-gathered tensor by tensor, kept on rank 0's CPU only (cpu_offload), so no GPU ever holds
+    # Full state dict: all-gathered tensor by tensor, kept on rank 0's CPU only (cpu_offload), so no
+    # GPU ever holds
     # the whole model twice. An un-sharded model (plain `python`) is its own full state dict.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) \
         if dist.is_initialized() else model.state_dict()
     if rank == 0:
         save_hf(model, tokenizer, tmp, state_dict=full)
         _write_json(os.path.join(tmp, "args.json"), dataclasses.asdict(args))
-        if head is not None:
-            save_file(head.state_dict(), os.path.join(tmp, HEAD_FILE))
+        if extra is not None:
+            extra.save(tmp)
         _write_json(os.path.join(tmp, "trainer", "state.json"), {**trainer_state, "world_size": world})
     del full
-    with warnings.catch_warnings():      # plain `python`: a single-process DCP save is what we mean, say nothing
+    # plain `python`: a single-process DCP save is what we mean, say nothing
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.save({"optimizer": get_optimizer_state_dict(model, opt)},
                  checkpoint_id=os.path.join(tmp, "trainer", "optimizer"), no_dist=not dist.is_initialized())
@@ -151,7 +157,7 @@ def save(root: str, step: int, model, opt, tokenizer, args, guard, replay, pos: 
         with open(os.path.join(tmp, MARKER), "w") as f:
             f.write(f"step {step}\n")
         _fsync(os.path.join(tmp, MARKER))
-        old = final + ".replaced"                       # a fresh run writing over an earlier run's checkpoint
+        old = final + ".replaced"  # a fresh run writing over an earlier run's checkpoint
         if os.path.exists(final):
             os.rename(final, old)
         os.rename(tmp, final)                           # the commit point
@@ -162,8 +168,8 @@ def save(root: str, step: int, model, opt, tokenizer, args, guard, replay, pos: 
 
 
 def latest(root: str) -> str | None:
-    """The newest complete checkpoint under `root`: a `step_N` directory holding the marker. Temporaries and
-    directories without the marker are never chosen."""
+    """The newest complete checkpoint under `root`: a `step_N` directory holding the marker.
+    Temporaries and directories without the marker are never chosen."""
     if not os.path.isdir(root):
         return None
     found = [(int(m.group(1)), name) for name in os.listdir(root) if (m := STEP_DIR.match(name))
@@ -171,10 +177,12 @@ def latest(root: str) -> str | None:
     return os.path.join(root, max(found)[1]) if found else None
 
 
-def resolve(resume: str, out_dir: str, world: int = 1, head: bool = False) -> str | None:
-    """`--resume`: '' -> None (fresh start); 'auto' -> latest() in out_dir/checkpoints (None when there is none, so
-    the same command starts and restarts a job); a path -> itself, if it is a complete checkpoint. ValueError for
-    an incomplete one, or one written by another number of ranks."""
+def resolve(resume: str, out_dir: str, world: int = 1, needs: tuple = ()) -> str | None:
+    """`--resume`: '' -> None (fresh start); 'auto' -> latest() in out_dir/checkpoints (None when
+    there is none, so the same command starts and restarts a job); a path -> itself, if it is a
+    complete checkpoint. ValueError for an incomplete one, one written by another number of ranks,
+    or one without a file in `needs` (R²PO's head file: a run with a head resumes only from a run
+    that had one)."""
     if not resume:
         return None
     path = latest(os.path.join(out_dir, "checkpoints")) if resume == "auto" else resume
@@ -187,25 +195,25 @@ def resolve(resume: str, out_dir: str, world: int = 1, head: bool = False) -> st
     if written_by != world:
         raise ValueError(f"--resume: {path} was written by {written_by} ranks, this run has {world}: "
                          f"each rank's replay buffer belongs to its share of the prompts")
-    if head and not os.path.isfile(os.path.join(path, HEAD_FILE)):
-        raise ValueError(f"--resume: {path} has no {HEAD_FILE}: it was not written by an R²PO run "
-                         f"(--rollout-head residual)")
+    for name in needs:
+        if not os.path.isfile(os.path.join(path, name)):
+            raise ValueError(f"--resume: {path} has no {name}: it was written by a run without it")
     return path
 
 
 def changed_args(path: str, args: dict, free=("resume", "out_dir", "steps", "save_every", "eval_every",
                                              "log_samples", "threads")) -> list[str]:
-    """'name: saved -> now' for each flag this run sets differently from the checkpoint's run (flags in `free` may
-    change on resume without changing what the steps compute)."""
+    """'name: saved -> now' for each flag this run sets differently from the checkpoint's run (flags
+    in `free` may change on resume without changing what the steps compute)."""
     with open(os.path.join(path, "args.json")) as f:
         saved = json.load(f)
     return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in args.items() if k not in free and saved.get(k) != v]
 
 
 def load(path: str, model, opt, rank: int) -> tuple[dict, dict]:
-    """Restore the optimizer into `opt` (sharded like `model`) and return (trainer_state, this rank's state).
-    The weights themselves were loaded from `path` as a Hugging Face directory, before sharding; `resolve` has
-    checked the world size."""
+    """Restore the optimizer into `opt` (sharded like `model`) and return (trainer_state, this
+    rank's state). The weights themselves were loaded from `path` as a Hugging Face directory,
+    before sharding; `resolve` has checked the world size."""
     with open(os.path.join(path, "trainer", "state.json")) as f:
         state = json.load(f)
     osd = get_optimizer_state_dict(model, opt)          # the target layout (DCP loads in place)
@@ -219,8 +227,9 @@ def load(path: str, model, opt, rank: int) -> tuple[dict, dict]:
 
 
 def open_log(path: str, start: int):
-    """A fresh run truncates; a resumed run keeps the lines of steps <= start and appends, so the file reads as one
-    run (a run killed after its last checkpoint may have logged steps that the resumed run now redoes)."""
+    """A fresh run truncates; a resumed run keeps the lines of steps <= start and appends, so the
+    file reads as one run (a run killed after its last checkpoint may have logged steps that the
+    resumed run now redoes)."""
     if start == 0:
         return open(path, "w")
     keep = []
@@ -230,7 +239,8 @@ def open_log(path: str, start: int):
                 try:
                     if json.loads(line)["step"] <= start:
                         keep.append(line)
-                except json.JSONDecodeError:  # a line cut off by the kill: it belongs to a step being redone
+                # a line cut off by the kill: it belongs to a step being redone
+                except json.JSONDecodeError:
                     pass
     with open(path + ".tmp", "w") as f:
         f.writelines(keep)
@@ -243,22 +253,24 @@ def point_final(out_dir: str, ckpt: str) -> str:
     link, tmp = os.path.join(out_dir, "final"), os.path.join(out_dir, ".final.tmp")
     if os.path.lexists(tmp):
         os.remove(tmp)
-    if os.path.isdir(link) and not os.path.islink(link):   # a real directory left by an older version of train.py
+    # a real directory left by an older version of train.py
+    if os.path.isdir(link) and not os.path.islink(link):
         shutil.rmtree(link)
     os.symlink(os.path.relpath(ckpt, out_dir), tmp)
     os.replace(tmp, link)
     return link
 
 
-def restore(resume: str, model, opt, replay, guard, rank: int, args, head=None, head_opt=None) -> tuple[int, int]:
-    """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and R²PO's head with its optimizer
-    (R²PO's phase is a function of the step); returns (step, prompt position), (0, 0) when `resume` is None."""
+def restore(resume: str | None, model, opt, *, replay, guard, rank: int, args,
+            extra=None) -> tuple[int, int]:
+    """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and `extra` (R²PO:
+    its head and the head's optimizer, `extra.restore(dir, state)`; its phase is a function of the
+    step); returns (step, prompt position), (0, 0) when `resume` is None."""
     if resume is None:
         return 0, 0
     state, mine = load(resume, model, opt, rank)
-    if head is not None:
-        head.load_state_dict(load_file(os.path.join(resume, HEAD_FILE), device=str(next(head.parameters()).device)))
-        head_opt.load_state_dict(mine["head_opt"])
+    if extra is not None:
+        extra.restore(resume, mine["extra"])
     guard.skipped, guard.in_row = state["skipped"], state["in_row"]
     if replay is not None:
         replay.load_state_dict(mine["replay"])

@@ -41,7 +41,7 @@ from typing import Literal
 from tqdm import tqdm
 
 import data
-import flags
+import cli
 
 # torch, transformers and the verifier's sympy are imported inside the functions that use them (rollout, verify), so
 # that --help and bad input answer at once instead of after seconds of imports.
@@ -196,7 +196,7 @@ class Args:
 
 
 def parse_args(argv=None) -> Args:
-    return flags.parse(Args, argv, __doc__.split("\n\n")[0], formatter=argparse.RawTextHelpFormatter)
+    return cli.parse(Args, argv, __doc__.split("\n\n")[0], formatter=argparse.RawTextHelpFormatter)
 
 
 def _repo_relative(path: str) -> str:

@@ -1,47 +1,65 @@
-"""The GRPO objective family as pure tensor functions: advantages, log-probs, importance weights, clipped surrogate,
-the mu-GRPO veto, KL to a reference, truncated importance sampling, DAPO extras and loss aggregation.
+"""The GRPO objective family as pure tensor functions: advantages, log-probs, importance weights,
+clipped surrogate, the mu-GRPO veto, KL to a reference, truncated importance sampling, DAPO extras
+and loss aggregation.
 
     python grpo.py            # prints the advantages and the loss of a small random batch
 
-No model, optimizer, torch.distributed or globals here: tensors and floats in, tensors (and a metrics dict) out.
-Papers: GRPO (DeepSeekMath, arXiv 2402.03300), Dr. GRPO (2503.20783), DAPO (2503.14476), GSPO (2507.18071),
-PNPO (2608.01418), mu-GRPO (2605.17570), dual-clip PPO (1912.09729). Checked against verl's core_algos.py
-(tests/test_golden.py, ../shared/golden/README.md). Where we depart from a reference, the docstring says so:
+No model, optimizer, torch.distributed or globals here: tensors and floats in, tensors (and a
+metrics dict) out.
+Papers: GRPO (DeepSeekMath, arXiv 2402.03300), Dr. GRPO (2503.20783), DAPO (2503.14476),
+GSPO (2507.18071), PNPO (2608.01418), mu-GRPO (2605.17570), dual-clip PPO (1912.09729).
+Checked against verl's core_algos.py (tests/test_golden.py, ../shared/golden/README.md).
+Where we depart from a reference, the docstring says so:
   * zero-variance groups get advantage exactly 0 (verl relies on r - mean rounding to 0);
   * seq-mean-token-sum-norm divides by G * L_max as Dr. GRPO writes it; verl divides by L_max only;
-  * means never add verl's 1e-8 to their denominators (an empty step gets N = 1, an exact zero loss).
+  * means never add verl's 1e-8 to their denominators (an empty step gets N = 1, an exact zero
+    loss).
 
-The file follows the default path (GRPO advantages -> log-probs -> token ratio -> policy_loss -> aggregate), then
-the variants each flag selects (Dr. GRPO, GSPO, PNPO, the veto, KL, TIS, DAPO's extras) and the tables of choices.
+The file follows the default path (GRPO advantages -> log-probs -> token ratio -> policy_loss ->
+aggregate), then the variants each flag selects (Dr. GRPO, GSPO, PNPO, the veto, KL, TIS, DAPO's
+extras) and the tables of choices.
 
-Shapes: B sequences, G group size, T completion tokens, V vocab. `mask` is the [B, T] completion mask
-(bool or 0/1 float; EOS counts as a valid token). logits[:, t] is the distribution that produced ids[:, t]:
-the caller shifts. Advantages are [B] (one per rollout) or [B, T].
+Shapes: B sequences, G group size, T completion tokens, V vocab. `mask` is the [B, T] completion
+mask (bool or 0/1 float; EOS counts as a valid token). logits[:, t] is the distribution that
+produced ids[:, t]: the caller shifts. Advantages are [B] (one per rollout) or [B, T].
 
 One update step, as train.py wires it (flags in brackets):
-    adv = ADVANTAGES[--adv](rewards, group_ids)          # [B], once, in the rollout's own fresh group
+    # [B], once, in the rollout's own fresh group
+    adv = ADVANTAGES[--adv](rewards, group_ids)
     # DAPO extras before that: rewards += overlong_penalty(...); keep = dynamic_sampling_keep(...);
     #                           mask = overlong_filter(mask, truncated)
-    N = loss_normaliser(mask_step, --agg, max_len=--max-new-tokens)   # whole step: fresh + replay, before any
-    #   micro-batching; under torchrun all-reduce SUM it across ranks (every mode's N is additive)
-    # behaviour_logp: the engine's log-probs at generation time; old_logp is the same unless TIS recomputes it
+    # whole step: fresh + replay, before any micro-batching; under torchrun all-reduce SUM it
+    # across ranks (every mode's N is additive)
+    N = loss_normaliser(mask_step, --agg, max_len=--max-new-tokens)
+    # behaviour_logp: the engine's log-probs at generation time; old_logp is the same unless TIS
+    # recomputes it
     for each micro-batch:
         logp = token_logprobs(model(...).logits, ids, temperature)               # [b, T], with grad
-        loss_mask = veto_mask(logp, behaviour_logp, adv, mask, --veto-threshold, --veto-scope) if veto else mask
-        log_w = log_ratio(--ratio, logp, old_logp, mask, --pnpo-grad)            # weight uses the un-vetoed mask
-        w_tis = tis_weight(old_logp, behaviour_logp, --tis-cap) if tis else None # old_logp recomputed by the trainer
+        loss_mask = (veto_mask(logp, behaviour_logp, adv, mask, --veto-threshold, --veto-scope)
+                     if veto else mask)
+        # weight uses the un-vetoed mask
+        log_w = log_ratio(--ratio, logp, old_logp, mask, --pnpo-grad)
+        # old_logp recomputed by the trainer
+        w_tis = tis_weight(old_logp, behaviour_logp, --tis-cap) if tis else None
         loss, m = policy_loss(log_w, adv, loss_mask, eps_low=--eps-low, eps_high=--eps-high,
                               dual_clip=--dual-clip, agg=--agg, normaliser=N, token_weight=w_tis)
-        if --kl-coef > 0: loss = loss + kl_coef * aggregate(kl_penalty(logp, ref_logp, --kl-estimator),
-                                                            loss_mask, --agg, N)
-        loss.backward()                         # summed gradients == the gradient of the whole step's loss
-    # m holds means over the call's loss tokens and their count 'loss/tokens' (EXTREMES: min/max): the caller
-    # combines micro-batches and ranks as token-weighted means (train.py, parallel.Metrics)
-FSDP/DDP average gradients over ranks, so with N summed over ranks the caller multiplies each loss by world_size.
-Logged extras, all under torch.no_grad(): entropy masked_mean(entropy_from_logits(logits, temperature), mask);
-KL masked_mean(kl_penalty(...), mask); veto fraction 1 - loss_mask.sum() / mask.sum().
-Vetoed tokens stay counted in N: the veto depends on the current policy, so it is only known inside the
-micro-batch, and N must be fixed before the first one; the veto removes their gradient, it does not reweight others.
+        if --kl-coef > 0:
+            loss = loss + kl_coef * aggregate(kl_penalty(logp, ref_logp, --kl-estimator),
+                                              loss_mask, --agg, N)
+        # summed gradients == the gradient of the whole step's loss
+        loss.backward()
+    # m holds means over the call's loss tokens and their count 'loss/tokens' (EXTREMES: min/max):
+    # the caller combines micro-batches and ranks as token-weighted means
+    # (train.py, parallel.Metrics)
+FSDP/DDP average gradients over ranks, so with N summed over ranks the caller multiplies each loss
+by world_size.
+Logged extras, all under torch.no_grad():
+    entropy        masked_mean(entropy_from_logits(logits, temperature), mask)
+    KL             masked_mean(kl_penalty(...), mask)
+    veto fraction  1 - loss_mask.sum() / mask.sum()
+Vetoed tokens stay counted in N: the veto depends on the current policy, so it is only known inside
+the micro-batch, and N must be fixed before the first one; the veto removes their gradient, it does
+not reweight others.
 """
 import math
 
@@ -49,22 +67,28 @@ import torch
 from torch import Tensor
 
 VETO_SCOPES = ("suffix", "trigger", "response")
-LOG_RATIO_CLAMP = 20.0       # |log rho| cap before exp(), as verl: keeps exp() finite, not a trust region
+# |log rho| cap before exp(), as verl: keeps exp() finite, not a trust region
+LOG_RATIO_CLAMP = 20.0
 GSPO_LOG_RATIO_MAX = 10.0    # verl's upper cap on GSPO's log s_i
 PNPO_GRADS = ("detached", "full")
-EXTREMES = {"ratio/min": "min", "ratio/max": "max"}   # policy_loss metrics that are extremes, not means
+# policy_loss metrics that are extremes, not means
+EXTREMES = {"ratio/min": "min", "ratio/max": "max"}
 
 
-# ---------------------------------------------------------------- the default path: advantages (one per rollout)
+# ------------------------------------ the default path: advantages (one per rollout)
 
 def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per rollout: its group's mean, Bessel std (divisor k-1) and whether the group is zero-variance.
+    """Per rollout: its group's mean, Bessel std (divisor k-1) and whether the group is
+    zero-variance.
 
-    Conventions of ../shared/golden/README.md: a group of one has mean 0 and std 1; a zero-variance group is one of
-    k >= 2 rollouts whose rewards are all equal (max == min, so rounding in the mean cannot hide it).
+    Conventions of ../shared/golden/README.md: a group of one has mean 0 and std 1; a zero-variance
+    group is one of k >= 2 rollouts whose rewards are all equal (max == min, so rounding in the mean
+    cannot hide it).
     """
-    _, inv = torch.unique(group_ids, return_inverse=True)                     # [B] group index 0..n_groups-1
-    n_groups, r = int(inv.max()) + 1, rewards
+    # [B] group index 0..n_groups-1
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1
+    r = rewards
     zeros = torch.zeros(n_groups, dtype=r.dtype, device=r.device)
     count = zeros.index_add(0, inv, torch.ones_like(r))                        # [n_groups]
     mean = zeros.index_add(0, inv, r) / count                                  # [n_groups]
@@ -81,7 +105,8 @@ def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Te
 def grpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
     """GRPO outcome advantage (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2), one per rollout:
 
-        A_i = (r_i - mean_g(r)) / (std_g(r) + eps),   std with Bessel's correction (divisor k-1), eps = 1e-6
+        A_i = (r_i - mean_g(r)) / (std_g(r) + eps),
+        std with Bessel's correction (divisor k-1), eps = 1e-6
 
     A group of one gets mean 0, std 1 (A = r / (1 + eps)); a zero-variance group gets exactly 0.
     rewards [B] float, group_ids [B] int (any values; equal id = same group). Returns [B].
@@ -92,30 +117,34 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Te
 
 
 
-# ---------------------------------------------------------------- log-probs from logits
+# ------------------------------------ log-probs from logits
 
 def _as_float(logits: Tensor, temperature: float) -> Tensor:
-    """logits / temperature in at least float32; a new tensor only when a cast or a division is needed."""
+    """logits / temperature in at least float32; a new tensor only when a cast or a division is
+    needed."""
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     return x if temperature == 1.0 else x / temperature
 
 
-SLAB_LOGITS = 2 ** 24      # logits per slab of whole sequences (64 MB in fp32): bounds the reductions' transients
+# logits per slab of whole sequences (64 MB in fp32): bounds the reductions' transients
+SLAB_LOGITS = 2 ** 24
 
 
 def _slabs(logits: Tensor) -> list[slice]:
-    """Row slices of logits [B, T, V], each at most SLAB_LOGITS elements (and at least one sequence): a real model's
-    sequence (T x V ~ 10^8) is a slab of one, the built-in model's 256 rows one slab (one op instead of 256)."""
+    """Row slices of logits [B, T, V], each at most SLAB_LOGITS elements (and at least one
+    sequence): a real model's sequence (T x V ~ 10^8) is a slab of one, the built-in model's 256
+    rows one slab (one op instead of 256)."""
     per = max(1, SLAB_LOGITS // max(1, logits[0].numel()))
     return [slice(i, i + per) for i in range(0, len(logits), per)]
 
 
 def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """log pi(y_t | y_<t) = z_t[y_t] - logsumexp_v z_t[v], z = logits / temperature. logits [B, T, V], ids [B, T].
+    """log pi(y_t | y_<t) = z_t[y_t] - logsumexp_v z_t[v], z = logits / temperature.
+    logits [B, T, V], ids [B, T].
 
-    A slab of sequences at a time (_slabs), so the transient of logsumexp is at most one slab; with temperature 1
-    and float32 logits no [B, T, V] copy is made at all, otherwise autograd keeps exactly one (the scaled logits).
-    Returns [B, T].
+    A slab of sequences at a time (_slabs), so the transient of logsumexp is at most one slab; with
+    temperature 1 and float32 logits no [B, T, V] copy is made at all, otherwise autograd keeps
+    exactly one (the scaled logits). Returns [B, T].
     """
     out = []
     for s in _slabs(logits):
@@ -125,33 +154,38 @@ def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Ten
 
 
 
-# ---------------------------------------------------------------- the token ratio and the clipped surrogate
+# ------------------------------------ the token ratio and the clipped surrogate
 
 def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """PPO/GRPO token ratio (arXiv 2402.03300, eq. 3): log rho_t = logp_t - old_logp_t, clamped to [-20, 20]
-    before exp() as verl does. 0 on invalid tokens (ratio 1, no gradient). [B, T]."""
+    """PPO/GRPO token ratio (arXiv 2402.03300, eq. 3): log rho_t = logp_t - old_logp_t, clamped to
+    [-20, 20] before exp() as verl does. 0 on invalid tokens (ratio 1, no gradient). [B, T]."""
     return torch.where(mask.bool(), (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)
 
 
 def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float, eps_high: float,
                 dual_clip: float | None = None, agg: str = "token-mean", normaliser: float,
                 token_weight: Tensor | None = None) -> tuple[Tensor, dict]:
-    """Clipped surrogate (PPO; GRPO eq. 3; DAPO clip-higher; dual-clip arXiv 1912.09729), to minimise:
+    """Clipped surrogate (PPO; GRPO eq. 3; DAPO clip-higher; dual-clip arXiv 1912.09729),
+    to minimise:
 
         l_t  = max(-A w_t, -A clip(w_t, 1 - eps_low, 1 + eps_high))        w_t = exp(log_ratio_t)
         l_t  = min(l_t, -A c)                    for A < 0 when dual_clip = c (c > 1)
         l_t *= token_weight_t                    (TIS weight, when given)
         L    = aggregate(l, mask, agg, normaliser)
-    Symmetric PPO: eps_low = eps_high (0.2). Clip-higher (DAPO): 0.2 / 0.28. mu-GRPO's relaxed range [0, 5]:
-    eps_low = 1, eps_high = 4. GSPO (verl): no dual-clip, agg seq-mean-token-mean. adv [B] or [B, T].
+    Symmetric PPO: eps_low = eps_high (0.2). Clip-higher (DAPO): 0.2 / 0.28. mu-GRPO's relaxed
+    range [0, 5]: eps_low = 1, eps_high = 4. GSPO (verl): no dual-clip, agg seq-mean-token-mean.
+    adv [B] or [B, T].
 
-    Metrics (0-dim detached tensors), each a mean over this call's valid tokens, plus 'loss/tokens' (their count);
-    callers combine micro-batches and ranks as token-weighted means, ratio/min and ratio/max (EXTREMES) as extremes:
+    Metrics (0-dim detached tensors), each a mean over this call's valid tokens, plus 'loss/tokens'
+    (their count); callers combine micro-batches and ranks as token-weighted means, ratio/min and
+    ratio/max (EXTREMES) as extremes:
       loss/clip_frac       the clipped branch is strictly larger (no gradient): verl's pg_clipfrac
-      loss/clip_frac_low   ... and A < 0 (w < 1 - eps_low);  loss/clip_frac_high  ... and A > 0 (w > 1 + eps_high)
+      loss/clip_frac_low   ... and A < 0 (w < 1 - eps_low)
+      loss/clip_frac_high  ... and A > 0 (w > 1 + eps_high)
       loss/dual_clip_frac  A < 0 and the dual-clip cap is active: verl's pg_clipfrac_lower
       ratio/min, ratio/mean, ratio/max   of w_t
-      loss/ppo_kl          mean of -log_ratio: for token and GSPO ratios exactly mean(old_logp - logp), verl's ppo_kl
+      loss/ppo_kl          mean of -log_ratio: for token and GSPO ratios exactly
+                           mean(old_logp - logp), verl's ppo_kl
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual-clip c must be > 1, got {dual_clip}")
@@ -176,7 +210,10 @@ def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float,
 def _surrogate_metrics(log_ratio, ratio, adv, mask, clipped, dual) -> dict:
     valid = mask.bool()
     n = valid.sum()
-    frac = lambda b: (b & valid).sum().to(ratio.dtype) / n.clamp(min=1)        # noqa: E731
+
+    def frac(b):
+        return (b & valid).sum().to(ratio.dtype) / n.clamp(min=1)
+
     w = ratio[valid]
     empty = torch.tensor(float("nan"), dtype=ratio.dtype, device=ratio.device)
     return {
@@ -193,14 +230,15 @@ def _surrogate_metrics(log_ratio, ratio, adv, mask, clipped, dual) -> dict:
 
 
 
-# ---------------------------------------------------------------- aggregation: one table of modes
+# ------------------------------------ aggregation: one table of modes
 
 def _token_sum(masked: Tensor, valid: Tensor) -> Tensor:
     return masked.sum()
 
 
 def _row_mean_sum(masked: Tensor, valid: Tensor) -> Tensor:
-    return (masked.sum(-1) / valid.sum(-1).clamp(min=1)).sum()                 # sum of per-response means
+    # sum of per-response means
+    return (masked.sum(-1) / valid.sum(-1).clamp(min=1)).sum()
 
 
 def _n_tokens(valid: Tensor, max_len: int) -> int:
@@ -215,7 +253,8 @@ def _n_rows_x_len(valid: Tensor, max_len: int) -> int:
     return int(valid.any(-1).sum()) * max_len
 
 
-# mode -> (numerator of aggregate(), N of loss_normaliser()); the equations are in aggregate()'s docstring
+# mode -> (numerator of aggregate(), N of loss_normaliser());
+# the equations are in aggregate()'s docstring
 AGGREGATIONS = {
     "token-mean": (_token_sum, _n_tokens),
     "seq-mean-token-mean": (_row_mean_sum, _n_rows),
@@ -226,14 +265,17 @@ AGG_MODES = tuple(AGGREGATIONS)
 
 
 def loss_normaliser(mask: Tensor, agg: str, max_len: int | None = None, floor: int = 1) -> float:
-    """N of aggregate() for this step's whole mask [B, T] (all micro-batches; all-reduce SUM it across ranks):
+    """N of aggregate() for this step's whole mask [B, T] (all micro-batches; all-reduce SUM it
+    across ranks):
 
         token-mean               N = sum_it m_it                      (valid tokens)
         seq-mean-token-mean      N = #{i : sum_t m_it > 0}            (non-empty responses)
         seq-mean-token-sum       N = #{i : sum_t m_it > 0}
-        seq-mean-token-sum-norm  N = #{i : sum_t m_it > 0} * L_max    (Dr. GRPO; L_max = max_len, default T)
-    At least `floor`: an empty step gets N = 1, so its loss is an exact 0 rather than NaN. Every N is a count, so
-    the N of several micro-batches or ranks is the sum of theirs (pass floor=0, floor the sum once).
+        seq-mean-token-sum-norm  N = #{i : sum_t m_it > 0} * L_max
+                                 (Dr. GRPO; L_max = max_len, default T)
+    At least `floor`: an empty step gets N = 1, so its loss is an exact 0 rather than NaN. Every N
+    is a count, so the N of several micro-batches or ranks is the sum of theirs (pass floor=0,
+    floor the sum once).
     """
     if agg not in AGGREGATIONS:
         raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
@@ -242,81 +284,73 @@ def loss_normaliser(mask: Tensor, agg: str, max_len: int | None = None, floor: i
 
 
 def aggregate(loss_mat: Tensor, mask: Tensor, agg: str, normaliser: float) -> Tensor:
-    """Reduce a per-token loss [B, T] to a scalar with N = loss_normaliser(whole step), so that the sum over
-    micro-batches equals the whole step's value whatever the micro-batching or world size:
+    """Reduce a per-token loss [B, T] to a scalar with N = loss_normaliser(whole step), so that the
+    sum over micro-batches equals the whole step's value whatever the micro-batching or world size:
 
-        token-mean               L = (1/N) sum_i sum_t m_it l_it                      (DAPO token-level loss)
-        seq-mean-token-mean      L = (1/N) sum_i (1/|o_i|) sum_t m_it l_it             (GRPO, eq. 3)
+        token-mean               L = (1/N) sum_i sum_t m_it l_it            (DAPO token-level loss)
+        seq-mean-token-mean      L = (1/N) sum_i (1/|o_i|) sum_t m_it l_it  (GRPO, eq. 3)
         seq-mean-token-sum       L = (1/N) sum_i sum_t m_it l_it
-        seq-mean-token-sum-norm  L = (1/N) sum_i sum_t m_it l_it, N = G * L_max        (Dr. GRPO: (1/G) sum_i
-                                                                                       (1/L_max) sum_t)
-    |o_i| = sum_t m_it; empty rows contribute 0. Three modes share the numerator and differ only in N.
+        seq-mean-token-sum-norm  L = (1/N) sum_i sum_t m_it l_it, N = G * L_max
+                                 (Dr. GRPO: (1/G) sum_i (1/L_max) sum_t)
+    |o_i| = sum_t m_it; empty rows contribute 0. Three modes share the numerator and differ only
+    in N.
     """
     if agg not in AGGREGATIONS:
         raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
     valid = mask.bool()
-    masked = torch.where(valid, loss_mat, 0.0)                                 # [B, T]; where, not *: pads may be inf
+    # [B, T]; where, not *: pads may be inf
+    masked = torch.where(valid, loss_mat, 0.0)
     return AGGREGATIONS[agg][0](masked, valid) / normaliser
 
 
-# ---------------------------------------------------------------- variants: Dr. GRPO's advantage
+# ------------------------------------ variants: Dr. GRPO's advantage
 
 def drgrpo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """Dr. GRPO advantage (arXiv 2503.20783, "GRPO Done Right"): A_i = r_i - mean_g(r), no std division.
+    """Dr. GRPO advantage (arXiv 2503.20783, "GRPO Done Right"): A_i = r_i - mean_g(r), no std
+    division.
 
-    Same group conventions as grpo_advantages (a group of one: A = r; zero variance: exactly 0). Returns [B].
+    Same group conventions as grpo_advantages (a group of one: A = r; zero variance: exactly 0).
+    Returns [B].
     """
     mean, _, constant = _group_stats(rewards, group_ids)
     return torch.where(constant, 0.0, rewards - mean)                          # [B]
 
 
-
-# ---------------------------------------------------------------- variants: R²PO's rarity advantage (its head phase)
-
-def rarity_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
-    """R²PO's head-phase advantage (arXiv 2601.11960): reward the rollout head for outcomes that are rare in their
-    group,
-
-        u_i = 1 / |{j in g(i) : r_j = r_i}|,     A_i = (u_i - mean_g(u)) / (std_g(u) + eps)
-
-    standardised as grpo_advantages does (Bessel std, eps = 1e-6). With 0/1 rewards and 1 correct of 8, the correct
-    rollout has u = 1 and the 7 wrong ones u = 1/7. A group whose u are all equal (all one outcome, or as many of
-    each) gets exactly 0: the trainer skips those groups. Returns [B].
-    """
-    pairs = torch.stack([group_ids.double(), rewards.double()], 1)                 # [B, 2] (group, outcome)
-    _, inv, count = torch.unique(pairs, dim=0, return_inverse=True, return_counts=True)
-    return grpo_advantages(1.0 / count[inv].to(rewards.dtype), group_ids, eps)     # [B]
-
-
-# ---------------------------------------------------------------- variants: sequence and prefix ratios (GSPO, PNPO)
+# ------------------------------------ variants: sequence and prefix ratios (GSPO, PNPO)
 
 def gspo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """GSPO sequence ratio with token-wise gradient (arXiv 2507.18071: s_i, and the GSPO-token variant):
+    """GSPO sequence ratio with token-wise gradient (arXiv 2507.18071: s_i, and the GSPO-token
+    variant):
 
         log s_i  = (1/|y_i|) sum_{valid t} (logp_it - old_logp_it)
         log w_it = logp_it - sg(logp_it) + sg(log s_i),  capped above at 10 (verl)
-    Its value is log s_i on every valid token; its gradient is grad logp_it. 0 on invalid tokens. [B, T].
+    Its value is log s_i on every valid token; its gradient is grad logp_it. 0 on invalid tokens.
+    [B, T].
     """
     valid = mask.bool()
-    log_s = torch.where(valid, logp - old_logp, 0.0).sum(-1) / valid.sum(-1).clamp(min=1)   # [B]
-    log_w = logp - logp.detach() + log_s.detach()[:, None]                                   # [B, T]
+    log_s = torch.where(valid, logp - old_logp, 0.0).sum(-1) / valid.sum(-1).clamp(min=1)  # [B]
+    log_w = logp - logp.detach() + log_s.detach()[:, None]                                  # [B, T]
     return torch.where(valid, log_w.clamp(max=GSPO_LOG_RATIO_MAX), 0.0)
 
 
 def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, grad: str = "detached") -> Tensor:
-    """PNPO prefix-normalised ratio (arXiv 2608.01418): the geometric mean of the token ratios of the causal prefix,
+    """PNPO prefix-normalised ratio (arXiv 2608.01418): the geometric mean of the token ratios of
+    the causal prefix,
 
-        log w_it = (1/n_it) sum_{s <= t, valid} (logp_is - old_logp_is),   n_it = number of valid s <= t
-    At the first valid token it is the token ratio, at the last one GSPO's s_i. Clamped to [-20, 20] like the token
-    ratio; 0 on invalid tokens. The abstract does not say how the gradient flows; two readings (`grad`):
+        log w_it = (1/n_it) sum_{s <= t, valid} (logp_is - old_logp_is),
+        n_it = number of valid s <= t
+    At the first valid token it is the token ratio, at the last one GSPO's s_i. Clamped to
+    [-20, 20] like the token ratio; 0 on invalid tokens. The abstract does not say how the gradient
+    flows; two readings (`grad`):
 
-        "detached" (default):  log w_it = sg[log w_it] + logp_it - sg[logp_it],  grad w_it = w_it grad logp_it
+        "detached" (default):  log w_it = sg[log w_it] + logp_it - sg[logp_it],
+                               grad w_it = w_it grad logp_it
         "full":                grad w_it = w_it (1/n_it) sum_{s <= t, valid} grad logp_is
-    "detached" is GSPO-token's construction applied to the prefix weight: the prefix mean sets each token's weight
-    (and what is clipped), the gradient goes through the token itself, so on-policy (every ratio 1) it is exactly
-    GRPO's. "full" backpropagates through the prefix mean: even on-policy token s then weighs sum_{t >= s} w_t / n_t
-    (2.72x a GRPO token for the first of 8 tokens, about 8.6x for the first of 3,000), a long-response bias we do
-    not want by default.
+    "detached" is GSPO-token's construction applied to the prefix weight: the prefix mean sets each
+    token's weight (and what is clipped), the gradient goes through the token itself, so on-policy
+    (every ratio 1) it is exactly GRPO's. "full" backpropagates through the prefix mean: even
+    on-policy token s then weighs sum_{t >= s} w_t / n_t (2.72x a GRPO token for the first of 8
+    tokens, about 8.6x for the first of 3,000), a long-response bias we do not want by default.
     """
     if grad not in PNPO_GRADS:
         raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
@@ -325,11 +359,13 @@ def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, grad: str = "de
     n_prefix = valid.cumsum(-1).clamp(min=1)                                   # [B, T]
     log_w = (prefix_sum / n_prefix).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if grad == "detached":
-        log_w = log_w.detach() + logp - logp.detach()                          # value unchanged, token-wise gradient
+        # value unchanged, token-wise gradient
+        log_w = log_w.detach() + logp - logp.detach()
     return torch.where(valid, log_w, 0.0)
 
 
-def log_ratio(kind: str, logp: Tensor, old_logp: Tensor, mask: Tensor, pnpo_grad: str = "detached") -> Tensor:
+def log_ratio(kind: str, logp: Tensor, old_logp: Tensor, mask: Tensor,
+              pnpo_grad: str = "detached") -> Tensor:
     """RATIOS[kind](logp, old_logp, mask), with PNPO's gradient reading passed to it. [B, T]."""
     if kind == "pnpo":
         return pnpo_log_ratio(logp, old_logp, mask, grad=pnpo_grad)
@@ -337,39 +373,45 @@ def log_ratio(kind: str, logp: Tensor, old_logp: Tensor, mask: Tensor, pnpo_grad
 
 
 
-# ---------------------------------------------------------------- variants: the mu-GRPO negative-advantage veto
+# ------------------------------------ variants: the mu-GRPO negative-advantage veto
 
 @torch.no_grad()
-def veto_mask(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, threshold: float = 1e-4,
-              scope: str = "suffix") -> Tensor:
-    """mu-GRPO negative-advantage veto (arXiv 2605.17570), recomputed from the current logp at every update:
+def veto_mask(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor,
+              threshold: float = 1e-4, scope: str = "suffix") -> Tensor:
+    """mu-GRPO negative-advantage veto (arXiv 2605.17570), recomputed from the current logp at
+    every update:
 
-        trigger_it = valid_it and A_it < 0 and rho_it < delta,   rho_it = exp(logp_it - old_logp_it) (detached)
-    old_logp is the behaviour policy's (the one that generated the response, what the veto is defined against),
-    also under TIS, where the ratio's old log-probs are recomputed ones.
+        trigger_it = valid_it and A_it < 0 and rho_it < delta,
+        rho_it = exp(logp_it - old_logp_it) (detached)
+    old_logp is the behaviour policy's (the one that generated the response, what the veto is
+    defined against), also under TIS, where the ratio's old log-probs are recomputed ones.
         kappa_i    = the first trigger of response i
-        scope "suffix"   (the method): mask every valid token t > kappa_i; kappa_i itself keeps its (rho-sized) term
+        scope "suffix"   (the method): mask every valid token t > kappa_i; kappa_i itself keeps
+                                       its (rho-sized) term
         scope "trigger"  (ablation):   mask the trigger tokens only
         scope "response" (ablation):   mask the whole response if it has a trigger
-    Responses with A >= 0 are never touched. adv_tok [B] or [B, T]. Returns the new mask, same dtype as mask.
+    Responses with A >= 0 are never touched. adv_tok [B] or [B, T]. Returns the new mask, same
+    dtype as mask.
     """
     if scope not in VETO_SCOPES:
         raise ValueError(f"veto scope must be one of {VETO_SCOPES}, got {scope!r}")
     adv = adv_tok[:, None] if adv_tok.dim() == 1 else adv_tok                 # [B, 1] or [B, T]
     valid = mask.bool()
-    trigger = valid & (adv < 0) & ((logp - old_logp) < math.log(threshold))   # [B, T]; log space: no exp underflow
+    # [B, T]; log space: no exp underflow
+    trigger = valid & (adv < 0) & ((logp - old_logp) < math.log(threshold))
     if scope == "trigger":
         drop = trigger
     elif scope == "response":
         drop = trigger.any(-1, keepdim=True).expand_as(trigger)
     else:
-        n_before = trigger.long().cumsum(-1) - trigger.long()                 # triggers strictly before t
+        # triggers strictly before t
+        n_before = trigger.long().cumsum(-1) - trigger.long()
         drop = n_before > 0
     return torch.where(drop, torch.zeros_like(mask), mask)
 
 
 
-# ---------------------------------------------------------------- variants: KL to a reference, truncated importance sampling
+# ------------------------------------ variants: KL to a reference, truncated importance sampling
 
 def _k1(d: Tensor) -> Tensor:
     return d
@@ -392,10 +434,13 @@ KL_ESTIMATORS = {"k1": _k1, "abs": _abs, "k2": _k2, "k3": _k3}
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
-    """Per-token estimate of KL(pi || pi_ref) (Schulman, "Approximating KL divergence", 2020), d = logp - ref_logp:
+    """Per-token estimate of KL(pi || pi_ref) (Schulman, "Approximating KL divergence", 2020),
+    d = logp - ref_logp:
 
-        k1 = d,  abs = |d|,  k2 = d^2 / 2,  k3 = exp(-d') + d' - 1 with d' = clamp(d, -20, 20), clamped to [-10, 10]
-    k3 is DeepSeekMath's eq. 4 (verl's low_var_kl). Not masked: aggregate it with the loss mask. [B, T].
+        k1 = d,  abs = |d|,  k2 = d^2 / 2,  k3 = exp(-d') + d' - 1 with d' = clamp(d, -20, 20),
+                                            clamped to [-10, 10]
+    k3 is DeepSeekMath's eq. 4 (verl's low_var_kl). Not masked: aggregate it with the loss mask.
+    [B, T].
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"KL estimator must be one of {tuple(KL_ESTIMATORS)}, got {estimator!r}")
@@ -404,18 +449,20 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
 
 @torch.no_grad()
 def tis_weight(old_logp_trainer: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
-    """Truncated importance sampling for the engine/trainer mismatch (Yao et al., "Your efficient RL framework
-    secretly brings you off-policy RL training", 2025): w_t = min(pi_trainer_old / pi_engine, C), detached. [B, T]."""
+    """Truncated importance sampling for the engine/trainer mismatch (Yao et al., "Your efficient
+    RL framework secretly brings you off-policy RL training", 2025):
+    w_t = min(pi_trainer_old / pi_engine, C), detached. [B, T]."""
     if cap <= 0:
         raise ValueError(f"TIS cap must be > 0, got {cap}")
     return torch.exp((old_logp_trainer - engine_logp).clamp(max=math.log(cap)))
 
 
 
-# ---------------------------------------------------------------- variants: DAPO's extras
+# ------------------------------------ variants: DAPO's extras
 
 def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
-    """Share of groups (not rollouts) with zero variance, i.e. whose advantages are all exactly 0."""
+    """Share of groups (not rollouts) with zero variance, i.e. whose advantages are all
+    exactly 0."""
     _, inv = torch.unique(group_ids, return_inverse=True)
     _, _, constant = _group_stats(rewards, group_ids)
     per_group = torch.zeros(int(inv.max()) + 1, dtype=torch.bool, device=rewards.device)
@@ -424,13 +471,15 @@ def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
 
 
 def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """DAPO dynamic sampling (arXiv 2503.14476, 'Dynamic Sampling': keep groups with 0 < |{correct}| < G) as a bool
-    [B]: True for rollouts whose group has non-zero variance. Groups of one are kept (their advantage is not 0)."""
+    """DAPO dynamic sampling (arXiv 2503.14476, 'Dynamic Sampling': keep groups with
+    0 < |{correct}| < G) as a bool [B]: True for rollouts whose group has non-zero variance.
+    Groups of one are kept (their advantage is not 0)."""
     return ~_group_stats(rewards, group_ids)[2]
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO soft overlong punishment (arXiv 2503.14476, 'Overlong Reward Shaping'), added to each response's reward:
+    """DAPO soft overlong punishment (arXiv 2503.14476, 'Overlong Reward Shaping'), added to each
+    response's reward:
 
         R(|y|) = 0                                   if |y| <= L_max - L_cache
                = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
@@ -438,24 +487,26 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
     lengths [B] (tokens), max_len = L_max, cache_len = L_cache. Returns float [B] in [-1, 0].
     """
     if not 0 < cache_len <= max_len:
-        raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
+        raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, "
+                         f"max_len={max_len}")
     n = lengths.to(torch.get_default_dtype())
     soft = ((max_len - cache_len) - n) / cache_len
     return torch.where(n <= max_len - cache_len, 0.0, torch.where(n <= max_len, soft, -1.0))
 
 
 def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:
-    """DAPO overlong filtering (arXiv 2503.14476, 'Overlong Reward Shaping'): each truncated response (bool [B])
-    gets an all-zero loss mask. Returns a new mask [B, T] of mask's dtype."""
+    """DAPO overlong filtering (arXiv 2503.14476, 'Overlong Reward Shaping'): each truncated
+    response (bool [B]) gets an all-zero loss mask. Returns a new mask [B, T] of mask's dtype."""
     return torch.where(truncated.bool()[:, None], torch.zeros_like(mask), mask)
 
 
 
-# ---------------------------------------------------------------- logged only: entropy, masked means
+# ------------------------------------ logged only: entropy, masked means
 
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_t[v], z = logits / temperature, the full-vocabulary entropy of
-    the sampling distribution. logits [B, T, V]. Returns [B, T]. Wrap in torch.no_grad() when it is only logged."""
+    """H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_t[v], z = logits / temperature, the
+    full-vocabulary entropy of the sampling distribution. logits [B, T, V]. Returns [B, T]. Wrap in
+    torch.no_grad() when it is only logged."""
     out = []
     for s in _slabs(logits):                                                   # as token_logprobs
         z = _as_float(logits[s], temperature)                                  # [b, T, V]
@@ -464,13 +515,14 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """sum over valid tokens of x / number of valid tokens (0 for an empty mask). For logged means (entropy, KL)."""
+    """sum over valid tokens of x / number of valid tokens (0 for an empty mask). For logged means
+    (entropy, KL)."""
     valid = mask.bool()
     return torch.where(valid, x, 0.0).sum() / valid.sum().clamp(min=1)
 
 
 
-# ---------------------------------------------------------------- the tables the flags choose from
+# ------------------------------------ the tables the flags choose from
 
 ADVANTAGES = {"grpo": grpo_advantages, "drgrpo": drgrpo_advantages}
 RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio, "pnpo": pnpo_log_ratio}
@@ -482,11 +534,12 @@ if __name__ == "__main__":
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     adv = grpo_advantages(rewards, groups)
     print("rewards", rewards.tolist(), "groups", groups.tolist())
-    print("GRPO advantages", [round(a, 4) for a in adv.tolist()], "zero-std groups", zero_std_fraction(rewards, groups))
+    print("GRPO advantages", [round(a, 4) for a in adv.tolist()],
+          "zero-std groups", zero_std_fraction(rewards, groups))
     old = -torch.rand(8, 12, generator=g) * 3
     logp = (old + 0.3 * torch.randn(8, 12, generator=g)).requires_grad_()
     mask = torch.arange(12)[None, :] < torch.randint(4, 13, (8, 1), generator=g)
     for name, fn in RATIOS.items():
-        loss, m = policy_loss(fn(logp, old, mask), adv, mask, eps_low=0.2, eps_high=0.28, dual_clip=3.0,
-                              normaliser=loss_normaliser(mask, "token-mean"))
+        loss, m = policy_loss(fn(logp, old, mask), adv, mask, eps_low=0.2, eps_high=0.28,
+                              dual_clip=3.0, normaliser=loss_normaliser(mask, "token-mean"))
         print(f"{name:6s} loss {loss.item():+.4f}  clip_frac {float(m['loss/clip_frac']):.3f}")

@@ -3,6 +3,7 @@ CLI end to end on a tiny random model (outputs, same numbers as in-process evalu
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 from fractions import Fraction
@@ -142,9 +143,14 @@ def tiny_model(path):
     tok.save_pretrained(path)
 
 
+# eval.py runs on 1 torch thread, as the in-process comparison below does: kernels may sum in another order on
+# another thread count, and a sampled or greedy token can then differ (1 thread is also what train.py --threads 1 uses)
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def run_cli(*flags):
     return subprocess.run([sys.executable, str(ROOT / "eval.py"), *flags], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+                          cwd=ROOT, timeout=120, env=ONE_THREAD)
 
 
 @pytest.fixture(scope="module")
@@ -185,11 +191,17 @@ def test_cli_end_to_end(model_dir, tmp_path):
     assert table.strip() in p.stdout
 
     # What train.py logs (evaluate() on its own engine) equals what the CLI reports for the same model and settings.
+    import torch
     from rollout import TorchEngine, load_model
     model, tok = load_model(str(model_dir))
     engine = TorchEngine(model, tok, batch_size=ev.Args.batch_size)
-    s, recs = ev.evaluate(engine, tok, data.load_benchmark("builtin")[:3], template="builtin", k=2,
-                          sampling=Sampling(temperature=1.0, max_new_tokens=4, seed=5))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                        # as the CLI ran: the same computation, token for token
+    try:
+        s, recs = ev.evaluate(engine, tok, data.load_benchmark("builtin")[:3], template="builtin", k=2,
+                              sampling=Sampling(temperature=1.0, max_new_tokens=4, seed=5))
+    finally:
+        torch.set_num_threads(threads)
     cli = [json.loads(line) for line in (out / "builtin.jsonl").read_text().splitlines()]
     assert [r["responses"] for r in recs] == [r["responses"] for r in cli]
     assert [r["prompt"] for r in cli] == [data.builtin_prompt(e.question) for e in data.load_benchmark("builtin")[:3]]

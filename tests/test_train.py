@@ -47,10 +47,12 @@ def test_three_steps_change_weights_and_replay(tmp_path):
     assert len(changed) == len(before)                      # every tensor moved
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(str(out / "final"))  # the checkpoint loads in plain transformers
-    # `python eval.py` on the saved checkpoint gives the accuracy train.py logged (same prompts, greedy, same length)
+    # `python eval.py` on the saved checkpoint gives the accuracy train.py logged (same prompts, greedy, same length;
+    # on 1 thread as train.py's --threads 1: on another thread count a kernel may sum in another order, moving a tie)
     ev = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--model", str(out / "final"),
                          "--limit", "16", "--max-new-tokens", "6", "--out", str(tmp_path / "eval")],
-                        cwd=ROOT, capture_output=True, text=True, timeout=240)
+                        cwd=ROOT, capture_output=True, text=True, timeout=240,
+                        env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     assert ev.returncode == 0, ev.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert summary["benchmarks"]["builtin"]["mean@k"] == pytest.approx(steps[-1]["eval/accuracy"], abs=1e-12)

@@ -1,0 +1,57 @@
+"""Do two runs log the same numbers? Compares metrics.jsonl of run directories pairwise, every key but time/*.
+
+    python bench/same_metrics.py RUNS_A RUNS_B          # each holds run directories of the same names
+    python bench/same_metrics.py runs/a runs/b --single  # two run directories
+
+A refactor that must not change what any run computes is checked this way (same flags, same --threads, same
+machine): it prints, per run, the lines compared and the keys that differ, and exits 1 on any difference.
+"""
+import argparse
+import json
+import os
+import sys
+
+
+def rows(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def differences(a: list[dict], b: list[dict]) -> list[str]:
+    """'step S key: A != B' for each shared key (time/* aside) whose values differ, and for missing steps."""
+    out = [] if len(a) == len(b) else [f"{len(a)} lines != {len(b)} lines"]
+    for ra, rb in zip(a, b):
+        for key in sorted(set(ra) | set(rb)):
+            if key.startswith("time/"):
+                continue
+            if ra.get(key, "<absent>") != rb.get(key, "<absent>"):
+                out.append(f"step {ra.get('step')} {key}: {ra.get(key, '<absent>')} != "
+                           f"{rb.get(key, '<absent>')}")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--single", action="store_true", help="a and b are run directories themselves")
+    args = ap.parse_args(argv)
+    names = [""] if args.single else sorted(n for n in os.listdir(args.a)
+                                            if os.path.isfile(os.path.join(args.a, n, "metrics.jsonl")))
+    bad = 0
+    for name in names:
+        a, b = os.path.join(args.a, name), os.path.join(args.b, name)
+        if not os.path.isfile(os.path.join(b, "metrics.jsonl")):
+            print(f"{name}: missing in {args.b}")
+            bad += 1
+            continue
+        diff = differences(rows(a), rows(b))
+        print(f"{name or a}: {len(rows(a))} lines, {len(diff)} differences")
+        for line in diff[:10]:
+            print("   ", line)
+        bad += bool(diff)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Command-line flags from a dataclass: one `--flag` per field, the string under the field as its
+help, a `Literal[...]` type as its allowed values, and `# ---- title` comments in the class body as
+the groups of --help. Used by train.py (flags.Args) and eval.py (eval.Args). Imports nothing heavy,
+so `--help` answers at once.
+
+    @dataclass
+    class Args:
+        # ---- objective
+        ratio: Literal["token", "gspo"] = "token"
+        \"\"\"importance weight\"\"\"
+    args = cli.parse(Args, sys.argv[1:], description=__doc__)   # --ratio {token,gspo}, help from its string
+"""
+import argparse
+import ast
+import dataclasses
+import inspect
+import re
+import typing
+
+GROUP_HEADER = re.compile(r"^\s*# -+ (.+?) -*$")
+FIELD = re.compile(r"^\s*(\w+)\s*:")
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The string literal under each dataclass field, whitespace folded, which becomes its --help
+    text."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            docs[a.target.id] = " ".join(b.value.value.split())
+    return docs
+
+
+def field_groups(cls) -> dict[str, str]:
+    """{field: the title of the `# ---- title` comment above it in the class body} ('' before any)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    groups, title = {}, ""
+    for line in inspect.getsource(cls).splitlines():
+        header = GROUP_HEADER.match(line)
+        field = FIELD.match(line)
+        if header:
+            title = header.group(1)
+        elif field and field.group(1) in names and field.group(1) not in groups:
+            groups[field.group(1)] = title
+    return groups
+
+
+def choices(cls, name: str) -> tuple | None:
+    """The allowed values of a `Literal[...]` field, else None."""
+    hint = typing.get_type_hints(cls)[name]
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+
+
+def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHelpFormatter,
+                 presets: dict | None = None) -> argparse.ArgumentParser:
+    """The parser of `parse`: one argument per field, in argparse groups by the class's headers."""
+    epilog = None
+    if presets:
+        lines = [f"  {name:15s} {text}" for name, (text, _) in presets.items()]
+        epilog = "presets (--preset NAME):\n" + "\n".join(lines)
+    ap = argparse.ArgumentParser(description=description, formatter_class=formatter, epilog=epilog)
+    docs, groups, sections = field_docs(cls), field_groups(cls), {}
+    for f in dataclasses.fields(cls):
+        title = groups.get(f.name, "")
+        if title not in sections:
+            sections[title] = ap.add_argument_group(title) if title else ap
+        # argparse %-formats help strings: a literal % must be doubled
+        help_text = f"{docs[f.name]} (default: {f.default!r})".replace("%", "%%")
+        kw = dict(default=f.default, help=help_text, choices=choices(cls, f.name))
+        if isinstance(f.default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = type(f.default)
+        sections[title].add_argument("--" + f.name.replace("_", "-"), **kw)
+    return ap
+
+
+def parse(cls, argv=None, description: str = "", formatter=argparse.RawDescriptionHelpFormatter,
+          presets: dict | None = None):
+    """An instance of the flags dataclass `cls` from the command line; bools are --flag / --no-flag.
+    A bad value (unknown choice, not a number) ends in argparse's one `error:` line and exit status
+    2. With `presets` ({name: (description, {field: value})}, `cls` has a `preset` field): the
+    command line is parsed twice, the second time with the chosen preset's values as the defaults,
+    so a flag given explicitly wins over its preset."""
+    ap = build_parser(cls, description, formatter, presets)
+    ns = ap.parse_args(argv)
+    if presets and ns.preset in presets:
+        ap.set_defaults(**presets[ns.preset][1])
+        ns = ap.parse_args(argv)
+    return cls(**vars(ns))

@@ -1,0 +1,197 @@
+"""R²PO, whole: training rollouts sampled from a residual rollout head that inference never uses.
+
+    python train.py --preset r2po                        # rank-64 head, 1 head step per 4 policy steps
+
+R²PO (arXiv 2601.11960; its code is public) decouples the policy that explores from the policy that
+is deployed. Training rollouts are sampled from
+
+    z_rollout = z + W2 · ReLU(W1 · h),      z = lm_head(h) the base logits, h the last hidden state (after
+                                            the final norm),
+
+while eval and the saved model use z alone. The loop alternates two phases (`--r2po-schedule H,P`: H
+loop steps of the head phase, then P of the policy phase, and again; a function of the step, so a
+resumed run continues in the same phase):
+
+- head phase (`R2PO.head_step`): the base is frozen, the head takes one optimizer step on this
+  step's head-sampled rollouts, with rarity advantages (`rarity_advantages`: an outcome rare in its
+  group is worth more) and a k3 KL of the rollout policy to the current base policy;
+- policy phase: plain GRPO (train.update) on head-sampled rollouts, ratios against the base head's
+  log-probs at generation (`Rollout.logprobs`). No correction for sampling from the head: the
+  paper's choice.
+
+What was read and what was chosen: the paper's text was not available here; this follows its
+abstract and a summary of its official code (rarity advantages line for line). The head's learning
+rate (1e-2), the KL coefficient (0.05) and the initial scale (std 1e-6) are this implementation's
+choices.
+
+Where it plugs in: `TorchEngine.logits_head` is the head (the engine samples through it when
+`Sampling.use_head`); the loop asks `phase(step)` and runs `head_step` instead of
+sample/store/update/sync in the head phase; checkpoints call `save` / `state_dict` / `restore` (the
+head in HEAD_FILE beside the HF model, which transformers ignores; its AdamW state in the rank
+files). vLLM cannot add the head to its logits: flags.py refuses `--r2po-head residual` with
+`--engine vllm`.
+"""
+import dataclasses
+import os
+
+import torch
+from torch import Tensor
+
+import grpo
+import parallel
+from metrics import Metrics, distinct_answers
+from rollout import Prompt, Sampling, micro_batches
+
+HEADS = ("none", "residual")
+HEAD_FILE = "r2po_head.safetensors"
+
+
+def rarity_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+    """The head phase's advantage: reward the rollout head for outcomes that are rare in their
+    group,
+
+        u_i = 1 / |{j in g(i) : r_j = r_i}|,     A_i = (u_i - mean_g(u)) / (std_g(u) + eps)
+
+    standardised as grpo.grpo_advantages does (Bessel std, eps = 1e-6). With 0/1 rewards and 1
+    correct of 8, the correct rollout has u = 1 and the 7 wrong ones u = 1/7. A group whose u are
+    all equal (all one outcome, or as many of each) gets exactly 0: the head step skips those
+    groups. Returns [B].
+    """
+    pairs = torch.stack([group_ids.double(), rewards.double()], 1)  # [B, 2] (group, outcome)
+    _, inv, count = torch.unique(pairs, dim=0, return_inverse=True, return_counts=True)
+    return grpo.grpo_advantages(1.0 / count[inv].to(rewards.dtype), group_ids, eps)   # [B]
+
+
+class ResidualHead(torch.nn.Module):
+    """The residual rollout head W2 · ReLU(W1 · h) on the last hidden state. Low-rank, W1: r x d and
+    W2: V x r, so r (d + V) parameters: a full head (d² + V d) is more than a quarter of a 0.5B
+    model, r = 64 is 2% of Qwen2.5-0.5B (and of the built-in model). Both weights start as N(0,
+    std²) with std = 1e-6, so the rollout policy starts as the base policy (Adam's steps do not
+    depend on the gradients' scale, so the head still moves). fp32 always."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, std: float = 1e-6):
+        super().__init__()
+        self.w1 = torch.nn.Linear(hidden, rank, bias=False)
+        self.w2 = torch.nn.Linear(rank, vocab, bias=False)
+        for w in (self.w1.weight, self.w2.weight):
+            torch.nn.init.normal_(w, std=std)
+
+    def forward(self, h: Tensor) -> Tensor:
+        """[..., d] -> [..., V]: the residual on the logits."""
+        return self.w2(torch.relu(self.w1(h.float())))
+
+
+def head_forward(model, head: ResidualHead, batch: dict,
+                 temperature: float) -> tuple[Tensor, Tensor]:
+    """(log pi_base [b, T], log pi_rollout [b, T]) of a collated batch's tokens: the base model runs
+    without gradient (the head phase freezes it), the head on top of it with."""
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    output_hidden_states=True)
+    logits = out.logits[:, :-1]
+    ids = batch["input_ids"][:, 1:]
+    head_logits = logits.float() + head(out.hidden_states[-1][:, :-1])
+    return grpo.token_logprobs(logits, ids, temperature), grpo.token_logprobs(head_logits, ids, temperature)
+
+
+def group_ids(rollouts) -> Tensor:
+    return torch.tensor([r.prompt_id for r in rollouts])
+
+
+class R2PO:
+    """The head, its optimizer and its schedule, for one run (`make` builds it from train.py's
+    flags). The head is the same on every rank (made from the same seed) and stays whole: it is
+    replicated, not sharded, and its gradients are summed over ranks."""
+
+    def __init__(self, head: ResidualHead, args):
+        self.head = head
+        self.args = args  # flags.Args: the schedule, the head's lr and KL, and the clip/agg shared
+        self.opt = torch.optim.AdamW(head.parameters(), lr=args.r2po_head_lr)
+        h, p = (int(x) for x in args.r2po_schedule.split(","))
+        self.head_steps, self.policy_steps = h, p
+
+    def phase(self, step: int) -> str:
+        """"head" or "policy": H loop steps of the head phase, then P of the policy phase, and
+        again."""
+        in_cycle = step % (self.head_steps + self.policy_steps)
+        return "head" if in_cycle < self.head_steps else "policy"
+
+    def head_step(self, model, rollouts: list, pad_id: int, world: int) -> Metrics:
+        """The head phase: one optimizer step of the rollout head with the base frozen,
+
+            L = clipped surrogate of pi_rollout / pi_rollout,gen with rarity advantages
+                + r2po_kl_coef * k3 KL(pi_rollout || pi_base)      (the reference: the current base policy)
+
+        on this step's head-sampled rollouts; groups whose rarities are all equal are skipped. The
+        base gets no gradient (its forward runs without one), so FSDP joins only the forward passes,
+        in lockstep; the head's gradients are summed over ranks here."""
+        a, metrics = self.args, Metrics()
+        rewards = torch.tensor([r.reward for r in rollouts])
+        adv = rarity_advantages(rewards, group_ids(rollouts)).tolist()
+        live = {r.prompt_id for r, A in zip(rollouts, adv) if A != 0}
+        batch = [dataclasses.replace(r, advantage=A) for r, A in zip(rollouts, adv) if r.prompt_id in live]
+        n_groups = len({r.prompt_id for r in rollouts})
+        metrics.mean("r2po/head_groups_used", len(live) / max(n_groups, 1), 1)
+        device = next(self.head.parameters()).device
+        # the ratio's old log-probs: the head's, at generation
+        mbs = micro_batches(batch, a.micro_batch_size, pad_id, device,
+                            old_logprobs=[r.head_logprobs for r in batch])
+        normaliser = parallel.global_normaliser(mbs, a.agg, a.max_new_tokens, world)
+        if normaliser is None:
+            return metrics
+        head_loss = 0.0
+        for mb in parallel.lockstep(mbs, model, pad_id, world, backward=False):
+            base_logp, logp = head_forward(model, self.head, mb, a.temperature)       # [b, T] each
+            mask = mb["completion_mask"]
+            log_w = grpo.token_log_ratio(logp, mb["old_logprobs"], mask)
+            loss, _ = grpo.policy_loss(log_w, mb["advantages"], mask, eps_low=a.eps_low,
+                                       eps_high=a.eps_high, agg=a.agg, normaliser=normaliser)
+            kl = grpo.kl_penalty(logp, base_logp, "k3")
+            (loss + a.r2po_kl_coef * grpo.aggregate(kl, mask, a.agg, normaliser)).backward()
+            head_loss += loss.item()
+            metrics.token_means({"r2po/head_kl": grpo.masked_mean(kl.detach(), mask)}, float(mask.sum()))
+        metrics.total("r2po/head_loss", head_loss)  # the step's surrogate, summed over ranks
+        parallel.sum_gradients(self.head, world)
+        torch.nn.utils.clip_grad_norm_(self.head.parameters(), a.max_grad_norm or float("inf"))
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return metrics
+
+    def report(self, metrics: Metrics, step: int) -> None:
+        # 0 = the head's, 1 = the policy's
+        metrics.max("r2po/phase", float(self.phase(step) == "policy"))
+
+    def base_diversity(self, engine, generated: list, sampling: Sampling, metrics: Metrics) -> None:
+        """At eval: the distinct-answer share of `group_size` completions of this step's prompts
+        sampled from the base policy (no head), beside rollout/distinct_answers of the head-sampled
+        ones."""
+        by_id = {r.prompt_id: Prompt(r.prompt_id, r.prompt_ids, r.answer) for r in generated}
+        prompts = list(by_id.values())
+        base = engine.generate(prompts, self.args.group_size, sampling)
+        metrics.mean("r2po/base_distinct_answers", distinct_answers(base), len(prompts))
+
+    # ---- checkpoints: the head beside the HF model, its optimizer in the rank files --------------
+
+    def save(self, directory: str) -> None:
+        """Rank 0: the head's weights (the same on every rank) as HEAD_FILE in the checkpoint
+        directory."""
+        from safetensors.torch import save_file
+        save_file(self.head.state_dict(), os.path.join(directory, HEAD_FILE))
+
+    def state_dict(self) -> dict:
+        """This rank's part: the head's AdamW state."""
+        return {"head_opt": self.opt.state_dict()}
+
+    def restore(self, directory: str, state: dict) -> None:
+        from safetensors.torch import load_file
+        device = str(next(self.head.parameters()).device)
+        self.head.load_state_dict(load_file(os.path.join(directory, HEAD_FILE), device=device))
+        self.opt.load_state_dict(state["head_opt"])
+
+
+def make(args, model, device) -> R2PO | None:
+    """R²PO for `--r2po-head residual`, else None (no head: the loop is plain GRPO)."""
+    if args.r2po_head == "none":
+        return None
+    head = ResidualHead(model.config.hidden_size, model.config.vocab_size, args.r2po_head_rank)
+    return R2PO(head.to(device), args)
