@@ -8,7 +8,8 @@ so `--help` answers at once.
         # ---- objective
         ratio: Literal["token", "gspo"] = "token"
         \"\"\"importance weight\"\"\"
-    args = cli.parse(Args, sys.argv[1:], description=__doc__)   # --ratio {token,gspo}, help from its string
+    # --ratio {token,gspo}, its help from the string under it, in the group "objective"
+    args = cli.parse(Args, sys.argv[1:], description=__doc__)
 """
 import argparse
 import ast
@@ -27,13 +28,14 @@ def field_docs(cls) -> dict[str, str]:
     body = ast.parse(inspect.getsource(cls)).body[0].body
     docs = {}
     for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+        documented = isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+        if isinstance(a, ast.AnnAssign) and documented:
             docs[a.target.id] = " ".join(b.value.value.split())
     return docs
 
 
 def field_groups(cls) -> dict[str, str]:
-    """{field: the title of the `# ---- title` comment above it in the class body} ('' before any)."""
+    """{field: the title of the `# ---- title` comment above it in the class body, or ''}."""
     names = {f.name for f in dataclasses.fields(cls)}
     groups, title = {}, ""
     for line in inspect.getsource(cls).splitlines():

@@ -1,12 +1,12 @@
 """R²PO, whole: training rollouts sampled from a residual rollout head that inference never uses.
 
-    python train.py --preset r2po                        # rank-64 head, 1 head step per 4 policy steps
+    python train.py --preset r2po          # rank-64 head, 1 head step per 4 policy steps
 
 R²PO (arXiv 2601.11960; its code is public) decouples the policy that explores from the policy that
 is deployed. Training rollouts are sampled from
 
-    z_rollout = z + W2 · ReLU(W1 · h),      z = lm_head(h) the base logits, h the last hidden state (after
-                                            the final norm),
+    z_rollout = z + W2 · ReLU(W1 · h),      z = lm_head(h) the base logits,
+                                            h the last hidden state (after the final norm),
 
 while eval and the saved model use z alone. The loop alternates two phases (`--r2po-schedule H,P`: H
 loop steps of the head phase, then P of the policy phase, and again; a function of the step, so a
@@ -91,7 +91,8 @@ def head_forward(model, head: ResidualHead, batch: dict,
     logits = out.logits[:, :-1]
     ids = batch["input_ids"][:, 1:]
     head_logits = logits.float() + head(out.hidden_states[-1][:, :-1])
-    return grpo.token_logprobs(logits, ids, temperature), grpo.token_logprobs(head_logits, ids, temperature)
+    base_logp = grpo.token_logprobs(logits, ids, temperature)
+    return base_logp, grpo.token_logprobs(head_logits, ids, temperature)
 
 
 def group_ids(rollouts) -> Tensor:
@@ -120,7 +121,7 @@ class R2PO:
         """The head phase: one optimizer step of the rollout head with the base frozen,
 
             L = clipped surrogate of pi_rollout / pi_rollout,gen with rarity advantages
-                + r2po_kl_coef * k3 KL(pi_rollout || pi_base)      (the reference: the current base policy)
+                + r2po_kl_coef * k3 KL(pi_rollout || pi_base)    (pi_base: the current base policy)
 
         on this step's head-sampled rollouts; groups whose rarities are all equal are skipped. The
         base gets no gradient (its forward runs without one), so FSDP joins only the forward passes,
@@ -129,7 +130,8 @@ class R2PO:
         rewards = torch.tensor([r.reward for r in rollouts])
         adv = rarity_advantages(rewards, group_ids(rollouts)).tolist()
         live = {r.prompt_id for r, A in zip(rollouts, adv) if A != 0}
-        batch = [dataclasses.replace(r, advantage=A) for r, A in zip(rollouts, adv) if r.prompt_id in live]
+        batch = [dataclasses.replace(r, advantage=A)
+                 for r, A in zip(rollouts, adv) if r.prompt_id in live]
         n_groups = len({r.prompt_id for r in rollouts})
         metrics.mean("r2po/head_groups_used", len(live) / max(n_groups, 1), 1)
         device = next(self.head.parameters()).device
@@ -149,7 +151,8 @@ class R2PO:
             kl = grpo.kl_penalty(logp, base_logp, "k3")
             (loss + a.r2po_kl_coef * grpo.aggregate(kl, mask, a.agg, normaliser)).backward()
             head_loss += loss.item()
-            metrics.token_means({"r2po/head_kl": grpo.masked_mean(kl.detach(), mask)}, float(mask.sum()))
+            head_kl = grpo.masked_mean(kl.detach(), mask)
+            metrics.token_means({"r2po/head_kl": head_kl}, float(mask.sum()))
         metrics.total("r2po/head_loss", head_loss)  # the step's surrogate, summed over ranks
         parallel.sum_gradients(self.head, world)
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), a.max_grad_norm or float("inf"))

@@ -1,26 +1,21 @@
 """Rollouts: the record that flows through the trainer, its batching into tensors, the trainer's
 forward over them, the pure-PyTorch engine that samples them, how many each prompt gets, and the
-canary that checks the engine.
+canary that checks the engine. (The vLLM engine, same interface: vllm_engine.py.)
 
     python rollout.py                      # samples a few completions from the built-in tiny model
 
 - `Rollout`: one completion of one prompt, plain Python values (DESIGN.md's table).
-- Batching: `collate(rollouts, pad_id)` is the one function that turns rollouts into padded tensors
-  (the update's micro-batches, TIS's and Headroom-Drift's no-grad passes, the canary);
-  `mini_batches` cuts a step's batch into optimizer steps, `micro_batches` each of those into
-  length-bucketed forward passes.
-- `forward_logprobs`: the trainer's one forward for scoring rollouts.
+- Batching: `collate` is the one function that turns rollouts into padded tensors; `mini_batches`
+  cuts a step's batch into optimizer steps, `micro_batches` each of those into length-bucketed
+  forward passes. `forward_logprobs`: the trainer's one forward for scoring rollouts.
 - `TorchEngine`: generation from a private copy of the weights, batched, with a KV cache, in small
   functions (`prefill`, `decode_one_token`, `sample_token`; gpt-fast style). It records the
-  behaviour log-prob of every sampled token, which is the denominator of every importance ratio in
-  grpo.py. `load_weights(named_tensors)` refreshes the copy once per loop step, after the update. A
-  `logits_head` hook lets a module add to the logits it samples from (R²PO's rollout head, r2po.py).
-  The vLLM engine, same interface: vllm_engine.py.
-- Allocation: `vigor_generate`, VIGOR's variance-guided group sizes (the fixed allocation is one
-  `engine.generate(prompts, group_size, ...)`).
-- The canary: `logprob_diff` and `check_canary`, is the engine sampling from the trainer's weights?
-- `load_model(path)`: a Hugging Face directory -> (model, tokenizer), with a clear error for a bad
-  path.
+  behaviour log-prob of every sampled token, the denominator of every importance ratio in grpo.py.
+  `load_weights(named_tensors)` refreshes the copy once per loop step, after the update; its
+  `logits_head` hook adds a module's output to the logits it samples from (R²PO's head, r2po.py).
+- Allocation: `vigor_generate`, VIGOR's variance-guided group sizes (fixed: `engine.generate`).
+- The canary: `logprob_diff` and `check_canary`: does the engine sample from the trainer's weights?
+- `load_model(path)`: a Hugging Face directory -> (model, tokenizer), a clear error for a bad path.
 
 Log-prob convention (the trainer must use the same, or ratios are biased): log softmax(logits /
 temperature) of the full vocabulary, before top-p truncation (as vLLM reports by default). Greedy
@@ -48,7 +43,7 @@ class Rollout:
     prompt_id: int
     prompt_ids: list[int]
     completion_ids: list[int]
-    logprobs: list[float]          # behaviour-policy log-prob of each completion token
+    logprobs: list[float]          # behaviour log-prob of each completion token (R²PO: the base's)
     text: str = ""                 # decoded completion
     answer: str = ""               # gold answer
     correct: float = 0.0           # the verifier's verdict (1.0 = right), set once, by grading
@@ -56,9 +51,7 @@ class Rollout:
     advantage: float = 0.0         # set once from its own fresh group; replay never recomputes it
     version: int = 0               # loop step whose weights generated it; age = step - version
     truncated: bool = False        # hit the max-new-tokens limit before EOS
-    # R²PO: log-probs under the rollout head that sampled it (`logprobs` then holds the base head's,
-    # which the policy's ratios use)
-    head_logprobs: list[float] | None = None
+    head_logprobs: list[float] | None = None   # R²PO: under the head that sampled it
 
 
 @dataclass
@@ -399,10 +392,8 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
     out.sort(key=lambda r: order[r.prompt_id])
     count = collections.Counter(r.prompt_id for r in out)
     sizes = [count[p.prompt_id] for p in prompts]
-    stats = {"vigor/rounds": rounds,
-             "vigor/group_size_min": min(sizes),
-             "vigor/group_size_max": max(sizes),
-             "vigor/group_size_mean": sum(sizes) / len(sizes),
+    stats = {"vigor/rounds": rounds, "vigor/group_size_min": min(sizes),
+             "vigor/group_size_max": max(sizes), "vigor/group_size_mean": sum(sizes) / len(sizes),
              "vigor/zero_std_frac_before": zero_before}
     if metrics is not None:
         metrics.min("vigor/group_size_min", stats["vigor/group_size_min"])

@@ -1,35 +1,35 @@
 """GRPO with rollout-level, advantage-prioritized experience replay: the algorithm, and its
 hand-written FSDP2 wrapping.
 
-    python train.py                          # built-in tiny model + arithmetic task, CPU, about a minute
-    python train.py --model PATH --train-data gsm8k_train --max-new-tokens 512 --prompt-template plain
-    torchrun --nproc-per-node 8 train.py --model PATH ...           # one node, 8 GPUs (or CPU processes)
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+    python train.py                     # built-in tiny model + arithmetic task, CPU, about a minute
+    python train.py --model PATH --train-data gsm8k_train --max-new-tokens 512 \
+        --prompt-template plain
+    torchrun --nproc-per-node 8 train.py --model PATH ...      # one node, 8 GPUs (or CPU processes)
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
         --rdzv-id run1 train.py --model PATH --out-dir /shared/run1 ...   # the same on every node
-    python train.py --out-dir runs/x --resume auto     # after a crash: from the newest complete checkpoint
+    python train.py --out-dir runs/x --resume auto   # after a crash: the newest complete checkpoint
 
-Each step of `train()` reads top to bottom: 1. generate  `prompts_per_step` prompts x `group_size`
-completions from the rollout engine (behaviour
-             log-probs kept), each graded by the verifier (r.correct); VIGOR: variance-guided group sizes
-             at the same budget (rollout.vigor_generate); DAPO: extra rounds for dropped groups;
+Each step of `train()` reads top to bottom:
+1. generate  `prompts_per_step` prompts x `group_size` completions from the rollout engine
+             (behaviour log-probs kept), each graded by the verifier (r.correct); VIGOR:
+             variance-guided group sizes at the same budget (rollout.vigor_generate); DAPO: extra
+             rounds for the groups dynamic sampling drops;
 2. score     the shaped reward (r.reward: the verdict, plus DAPO's overlong penalty), then one
-advantage per
-             rollout from its own group (grpo.py), set once;
+             advantage per rollout from its own group (grpo.py), set once;
 3. sample    replayed rollouts from earlier steps (buffer.py: `replay_ratio` x fresh, P(j) ∝
-|A_j|^alpha
-             among those no older than `tau_max` steps; Headroom-Drift: whole groups ranked by headroom,
-             gated by drift); every fresh rollout stays in the batch;
+             |A_j|^alpha among those no older than `tau_max` steps; Headroom-Drift: whole groups
+             ranked by headroom, gated by drift); every fresh rollout stays in the batch;
 4. store     the fresh rollouts, version = this step (after sampling: under a capacity bound, this
-step's
-             rollouts cannot push out the replayable ones; under --overlong-filter not the truncated ones);
+             step's rollouts cannot push out the replayable ones; under --overlong-filter the
+             truncated ones are not stored);
 5. update    `epochs` x `mini_batches` optimizer steps over fresh + replayed (each mini-batch holds
-its share
-             of both; a mu-GRPO stage is one step with a large prompt set and mini_batches = mu),
-             micro-batched, each step's loss normaliser fixed before its first micro-batch;
+             its share of both; a mu-GRPO stage is one step with a large prompt set and
+             mini_batches = mu), micro-batched, each step's loss normaliser fixed before its first
+             micro-batch;
 6. sync      the engine gets the new weights, so the next step samples from the current policy;
-(R²PO, r2po.py: the rollout head samples in 1.; in its head phase's steps, 3.-6. give way to its
-head step) then eval every `eval_every` steps, the log line and metrics.jsonl (rank 0), a checkpoint
-every `save_every` steps.
+(R²PO, r2po.py: the rollout head samples in 1.; in its head phase, 3.-6. give way to its head step)
+then eval every `eval_every` steps, the log line and metrics.jsonl (rank 0), a checkpoint every
+`save_every` steps.
 
 Under torchrun: data parallel over prompts (rank r takes every world-th prompt, generates whole
 groups, keeps its own replay buffer); FSDP2 shards the model (`shard_model`); the normaliser N is
@@ -194,7 +194,8 @@ def score(rollouts, args: Args) -> torch.Tensor:
     rewards = correct
     if args.overlong_buffer:
         lengths = torch.tensor([len(r.completion_ids) for r in rollouts])
-        rewards = rewards + grpo.overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer)
+        penalty = grpo.overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer)
+        rewards = rewards + penalty
     adv = grpo.ADVANTAGES[args.adv](rewards, groups(rollouts))                       # [B]
     for r, reward, a in zip(rollouts, rewards.tolist(), adv.tolist()):
         r.reward = reward
@@ -218,7 +219,8 @@ def generate(engine, prompts, args: Args, *, step: int, rank: int, round_: int, 
     """1. `group_size` completions per prompt, or VIGOR's variance-guided group sizes at the same
     budget (its rounds seeded round_ + 1, ...; its numbers go to `metrics`), each graded once."""
     if args.allocation == "fixed":
-        new = engine.generate(prompts, args.group_size, sampling(args, rank, step, round_), version=step)
+        s = sampling(args, rank, step, round_)
+        new = engine.generate(prompts, args.group_size, s, version=step)
         grade(new)
         return new
     budget = (args.vigor_budget or args.prompts_per_step * args.group_size) // world   # this rank's
@@ -226,14 +228,14 @@ def generate(engine, prompts, args: Args, *, step: int, rank: int, round_: int, 
     def sampling_for(k: int) -> Sampling:
         return sampling(args, rank, step, round_ + k)
 
-    new, _ = rollout.vigor_generate(engine, prompts, sampling_for, step, grade, n_init=args.vigor_n_init,
-                                    n_step=args.vigor_n_step, top=args.vigor_top, budget=budget,
-                                    metrics=metrics)
+    new, _ = rollout.vigor_generate(engine, prompts, sampling_for, step, grade,
+                                    n_init=args.vigor_n_init, n_step=args.vigor_n_step,
+                                    top=args.vigor_top, budget=budget, metrics=metrics)
     return new
 
 
-def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, *, step: int, rank: int,
-                       world: int, metrics: Metrics):
+def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, *, step: int,
+                       rank: int, world: int, metrics: Metrics):
     """1. generate and 2. score this rank's `prompts_per_step / world` prompts (`mine[pos:]`,
     wrapping around), with DAPO's extra rounds when dynamic sampling drops groups. Returns (fresh,
     every generated rollout, new pos)."""
@@ -244,8 +246,8 @@ def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, *
         need = per_rank - len({r.prompt_id for r in fresh})
         batch_prompts = [prompts[mine[(pos + i) % len(mine)]] for i in range(need)]
         pos += need
-        new = generate(engine, batch_prompts, args, step=step, rank=rank, round_=round_, world=world,
-                       metrics=metrics)
+        new = generate(engine, batch_prompts, args, step=step, rank=rank, round_=round_,
+                       world=world, metrics=metrics)
         correct = score(new, args)
         generated += new
         if args.dynamic_sampling:
@@ -275,12 +277,13 @@ def micro_batch_loss(model, ref_model, mb: dict, args: Args, normaliser: float,
     log_w = grpo.log_ratio(args.ratio, logp, old, mask, pnpo_grad=args.pnpo_grad)  # [b, T]
     w_tis = grpo.tis_weight(old, behaviour, args.tis_cap) if args.tis_cap else None
     loss, m = grpo.policy_loss(log_w, adv, loss_mask, eps_low=args.eps_low, eps_high=args.eps_high,
-                               dual_clip=args.dual_clip or None, agg=args.agg, normaliser=normaliser,
-                               token_weight=w_tis)
+                               dual_clip=args.dual_clip or None, agg=args.agg,
+                               normaliser=normaliser, token_weight=w_tis)
     n = float(m.pop("loss/tokens"))
     with torch.no_grad():
         entropy = grpo.masked_mean(grpo.entropy_from_logits(logits, args.temperature), mask)
-        extra = {"entropy": entropy, "loss/veto_frac": 1 - loss_mask.sum() / mask.sum().clamp(min=1)}
+        veto_frac = 1 - loss_mask.sum() / mask.sum().clamp(min=1)
+        extra = {"entropy": entropy, "loss/veto_frac": veto_frac}
     if ref_model is not None:
         with torch.no_grad():
             ref_logp = forward_logprobs(ref_model, mb, args.temperature)[1]       # [b, T]
@@ -311,8 +314,9 @@ def optimizer_step(model, ref_model, opt, mbs: list, args: Args, *, normaliser: 
     metrics.mean("loss/grad_norm", grad_norm, 1)       # the global norm: the same on every rank
 
 
-def update(model, ref_model, opt, fresh, replayed, args: Args, *, step: int, pad_id: int, world: int = 1,
-           guard: parallel.StepGuard | None = None, per_update: list | None = None) -> Metrics:
+def update(model, ref_model, opt, fresh, replayed, args: Args, *, step: int, pad_id: int,
+           world: int = 1, guard: parallel.StepGuard | None = None,
+           per_update: list | None = None) -> Metrics:
     """5. `epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts
     (mu-GRPO's stage: many), each with the global normaliser fixed first. Returns this rank's
     metrics; each optimizer step's own metrics are also appended to `per_update` when given (train()
@@ -347,71 +351,79 @@ def update(model, ref_model, opt, fresh, replayed, args: Args, *, step: int, pad
 
 # ---- the loop ------------------------------------------------------------------------------------
 
+def train_step(run: Setup, args: Args, prompts: list, mine: list[int], pos: int, *, step: int,
+               rank: int, world: int, pad_id: int, guard: parallel.StepGuard):
+    """One pass of the loop, 1. to 6. of the module docstring. Returns (this rank's metrics, the
+    fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
+    metrics)."""
+    engine, model, ref_model, opt, replay, r2po = run
+    t0 = time.perf_counter()
+    m, per_update = Metrics(), []
+    # 1. generate (VIGOR's numbers into m), 2. score
+    fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, args, step=step,
+                                               rank=rank, world=world, metrics=m)
+    if args.check_every and step % args.check_every == 0:     # does the engine hold our weights?
+        canary = rollout.logprob_diff(model, generated[:16], args.temperature, pad_id)
+        m.mean("rollout/logprob_diff", canary, 1)
+    t1 = time.perf_counter()
+    engine.sleep()                                 # vLLM on CUDA frees its memory for the update
+    if r2po is not None and r2po.phase(step) == "head":   # R²PO: the head learns, the policy waits
+        m.merge(r2po.head_step(model, fresh, pad_id, world))
+    else:
+        replayed = replay.sample(step, len(fresh)) if replay is not None else []      # 3. sample
+        if replay is not None:                                                         # 4. store
+            replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)
+        m.merge(update(model, ref_model, opt, fresh, replayed, args, step=step,       # 5. update
+                       pad_id=pad_id, world=world, guard=guard, per_update=per_update))
+        engine.load_weights(parallel.full_parameters(model))                          # 6. sync
+    t2 = time.perf_counter()
+    for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
+        m.max(f"time/{key}", seconds)
+    return m, fresh, generated, pos, per_update
+
+
 def train(args: Args, model, tok, prompts: list, eval_sets: dict, max_len: int, rank: int = 0,
           world: int = 1, device: str = "cpu", resume: str | None = None) -> dict:
     """The loop of the module docstring, from step 0 or from the checkpoint `resume`; returns the
     last step's metrics."""
     torch.manual_seed(args.seed)
-    engine, model, ref_model, opt, replay, r2po = setup(args, model, tok, rank=rank, world=world,
-                                                        device=device, max_len=max_len)
+    run = setup(args, model, tok, rank=rank, world=world, device=device, max_len=max_len)
     pad_id = tok.pad_token_id
     order = list(range(len(prompts)))
     random.Random(args.seed).shuffle(order)
     mine = order[rank::world]                          # this rank's share of the prompts
     guard = parallel.StepGuard(args.max_bad_steps)
-    start, pos = checkpoint.restore(resume, model, opt, replay=replay, guard=guard, rank=rank, args=args,
-                                    extra=r2po)
+    start, pos = checkpoint.restore(resume, run.model, run.opt, replay=run.replay, guard=guard,
+                                    rank=rank, args=args, extra=run.r2po)
     logs = metrics_lib.open_logs(args.out_dir, rank, start, args.tensorboard)
     parallel.print0(f"{json.dumps(dataclasses.asdict(args))}\nworld size {world} | "
-                    f"{args.prompts_per_step // world} prompts x {args.group_size} completions per rank "
-                    f"per step | device {device}")
+                    f"{args.prompts_per_step // world} prompts x {args.group_size} completions "
+                    f"per rank per step | device {device}")
 
     def evaluate(m: Metrics) -> None:
-        eval_lib.evaluate_shard(engine, tok, eval_sets, m, top_p=args.top_p, seed=args.seed,
+        eval_lib.evaluate_shard(run.engine, tok, eval_sets, m, top_p=args.top_p, seed=args.seed,
                                 max_new_tokens=args.max_new_tokens, rank=rank, world=world)
 
     if start == 0:                                     # step 0: the model before training
         m = Metrics()
         evaluate(m)
         metrics_lib.write_logs(logs, {"step": 0, **m.reduce(world)})
-
     row, ckpt = {}, resume
     for step in range(start, args.steps):
-        t0 = time.perf_counter()
         verified = verify.stats()
-        m = Metrics()
-        # 1. generate (VIGOR's numbers into m), 2. score
-        fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, args, step=step,
-                                                   rank=rank, world=world, metrics=m)
-        if args.check_every and step % args.check_every == 0:   # does the engine hold our weights?
-            canary = rollout.logprob_diff(model, generated[:16], args.temperature, pad_id)
-            m.mean("rollout/logprob_diff", canary, 1)
-        t1 = time.perf_counter()
-        engine.sleep()  # vLLM on CUDA frees its memory for the update
-        per_update = []
-        # R²PO: the head learns, the policy waits
-        if r2po is not None and r2po.phase(step) == "head":
-            m.merge(r2po.head_step(model, fresh, pad_id, world))
-        else:
-            replayed = replay.sample(step, len(fresh)) if replay is not None else []  # 3. sample
-            if replay is not None:  # 4. store
-                replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)
-            m.merge(update(model, ref_model, opt, fresh, replayed, args, step=step,  # 5. update
-                           pad_id=pad_id, world=world, guard=guard, per_update=per_update))
-            engine.load_weights(parallel.full_parameters(model))                          # 6. sync
-        t2 = time.perf_counter()
-        for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
-            m.max(f"time/{key}", seconds)
+        m, fresh, generated, pos, per_update = train_step(run, args, prompts, mine, pos, step=step,
+                                                          rank=rank, world=world, pad_id=pad_id,
+                                                          guard=guard)
         metrics_lib.rollout_metrics(m, fresh, generated)
-        buffer.report(replay, m)                       # the buffer's state after this step
-        if r2po is not None:
-            r2po.report(m, step)
+        buffer.report(run.replay, m)                   # the buffer's state after this step
+        if run.r2po is not None:
+            run.r2po.report(m, step)
         if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
             evaluate(m)
-            if r2po is not None:
+            if run.r2po is not None:
                 base = Sampling(args.temperature, args.top_p, args.max_new_tokens,
                                 seed=sampling_seed(args.seed, rank, step, 999))
-                r2po.base_diversity(engine, generated, base, m)
+                run.r2po.base_diversity(run.engine, generated, base, m)
         for key, count in verify.stats().items():     # errors would zero rewards: count them
             m.total(f"verify/{key}", count - verified[key])
         row = {"step": step + 1, **m.reduce(world)}
@@ -419,11 +431,11 @@ def train(args: Args, model, tok, prompts: list, eval_sets: dict, max_len: int, 
         metrics_lib.write_logs(logs, row, generated[:args.log_samples], tok, per_update_rows)
         rollout.check_canary(row.get("rollout/logprob_diff", 0.0), args.max_logprob_diff, step + 1)
         if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps:
-            ckpt = checkpoint.save(os.path.join(args.out_dir, "checkpoints"), step + 1, model, opt, tok,
-                                   args, guard=guard, replay=replay, pos=pos, rank=rank, world=world,
-                                   extra=r2po)
+            ckpt = checkpoint.save(os.path.join(args.out_dir, "checkpoints"), step + 1, run.model,
+                                   run.opt, tok, args, guard=guard, replay=run.replay, pos=pos,
+                                   rank=rank, world=world, extra=run.r2po)
             parallel.print0(f"saved {ckpt}", flush=True)
-    engine.close()                                     # vLLM: after the trainer's last collective
+    run.engine.close()                                 # vLLM: after the trainer's last collective
     final = ckpt and rank == 0 and checkpoint.point_final(args.out_dir, ckpt)
     metrics_lib.close_logs(logs, row, final)
     return row
@@ -464,7 +476,7 @@ def main(argv=None) -> int:
             return 2
         if args.resume and not resume:
             where = os.path.join(args.out_dir, "checkpoints")
-            parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting from step 0")
+            parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting at step 0")
         try:
             train(args, model, tok, prompts, eval_sets, max_len, rank, world, device, resume)
             if dist.is_initialized():
