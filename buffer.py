@@ -9,7 +9,7 @@ In the trainer, at each step (fresh = this step's scored rollouts, advantages se
     replay = make_replay("prioritized", tau_max=4, ratio=0.5, alpha=1.0, seed=0)   # once
     batch = fresh + replay.sample(step, len(fresh))      # fresh-anchored: the replayed ones after
     replay.add(fresh, step)
-    replay.report(metrics)                                   # its numbers, each with how it reduces
+    report(replay, metrics)                                  # its numbers, each as it reduces
 
 Implements the replay buffer of "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"
 (Yoo et al., arXiv 2606.04560):

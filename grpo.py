@@ -50,7 +50,7 @@ One update step, as train.py wires it (flags in brackets):
         loss.backward()
     # m holds means over the call's loss tokens and their count 'loss/tokens' (EXTREMES: min/max):
     # the caller combines micro-batches and ranks as token-weighted means
-    # (train.py, parallel.Metrics)
+    # (train.py, metrics.Metrics)
 FSDP/DDP average gradients over ranks, so with N summed over ranks the caller multiplies each loss
 by world_size.
 Logged extras, all under torch.no_grad():

@@ -2,10 +2,10 @@
 hand-written FSDP2 wrapping.
 
     python train.py                     # built-in tiny model + arithmetic task, CPU, about a minute
-    python train.py --model PATH --train-data gsm8k_train --max-new-tokens 512 \
+    python train.py --model PATH --train-data gsm8k_train --max-new-tokens 512 \\
         --prompt-template plain
     torchrun --nproc-per-node 8 train.py --model PATH ...      # one node, 8 GPUs (or CPU processes)
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         --rdzv-id run1 train.py --model PATH --out-dir /shared/run1 ...   # the same on every node
     python train.py --out-dir runs/x --resume auto   # after a crash: the newest complete checkpoint
 

@@ -8,7 +8,7 @@ gold answer, and turn that into the reward. Nothing in model text is ever execut
     grade(response, gold) -> bool       reward(response, gold) -> float (1.0 / 0.0)       grade_batch(responses, golds)
     extract_answer(text) -> str | None  is_equivalent(pred, gold) -> bool                stats() -> dict (STATS)
 
-Extraction (issue 4): the text after the last `</think>`; "final answer is X. I hope it is correct" (the Minerva
+Extraction: the text after the last `</think>`; "final answer is X. I hope it is correct" (the Minerva
 format); the last `\\boxed{}`/`\\fbox{}` (nested braces), joined with the boxes just before it when only a short
 connective separates them ("\\boxed{1} and \\boxed{2}"); `#### N`; "answer is / answer: / réponse : / 答案：" then the
 first value after it; the whole text when it reads as maths; else the rightmost maths span or number, sign kept

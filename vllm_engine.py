@@ -49,7 +49,7 @@ def _import_vllm():
     ValueError (one sentence, how to install it) when it is missing, of another version, or does not
     import."""
     problem = vllm_problem()
-    how = (f"Install it with: pip install 'vllm{VLLM_VERSIONS}' (README, 'GPUs and vLLM'), "
+    how = (f"Install it with: pip install 'vllm{VLLM_VERSIONS}' (docs/gpus.md), "
            f"or use --engine torch.")
     if problem:
         raise ValueError(f"--engine vllm: {problem}. {how}")

@@ -1,4 +1,5 @@
-"""Times RolloutReplay.sample() (numpy, vectorised) against a naive per-rollout Python loop doing the same job.
+"""Times RolloutReplay.draw() (numpy, vectorised) against a naive per-rollout Python loop doing the
+same job.
 
     python bench/bench_buffer.py                    # 100k stored rollouts, k = 1000
     python bench/bench_buffer.py --n 1000000 --k 4096
@@ -9,12 +10,13 @@ Both do one prioritized draw at a step where every stored rollout is inside the 
 rollouts (version < step, |A| > 0), give each the Efraimidis–Spirakis key E_j / |A_j|^alpha with E_j ~ Exp(1), keep
 the k smallest in order. The naive one walks the records one by one; the buffer uses its parallel numpy arrays.
 
---overhead: the replay's cost per training step at a steady state of N stored rollouts, for each N of --sizes. Each
-step does what train.py does, in its order: sample(round(replay_ratio x fresh), step) (which evicts by age first),
-then add(fresh, step). tau_max is set to N / fresh, so that the buffer holds N rollouts from tau_max earlier steps
-(prefilled) and eviction removes one step's rollouts per step, as in a long run. The per-step time (median of
---repeats steps) is printed next to a training step's time: measured with bench/step_time.py's `measure` on the
-built-in default, or given with --step-seconds.
+--overhead: the replay's cost per training step at a steady state of N stored rollouts, for each N
+of --sizes. Each step does what train.py does, in its order: sample(step, fresh), which draws
+round(replay_ratio x fresh) (evicting by age first), then add(fresh, step). tau_max is set to N /
+fresh, so that the buffer holds N rollouts from tau_max earlier steps (prefilled) and eviction
+removes one step's rollouts per step, as in a long run. The per-step time (median of --repeats
+steps) is printed next to a training step's time: measured with bench/step_time.py's `measure` on
+the built-in default, or given with --step-seconds.
 """
 import argparse
 import heapq
@@ -55,7 +57,8 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def steady_buffer(n: int, fresh: int, alpha: float, seed: int) -> tuple[RolloutReplay, int]:
+def steady_buffer(n: int, fresh: int, alpha: float, seed: int,
+                  ratio: float = 1.0) -> tuple[RolloutReplay, int]:
     """A buffer holding n rollouts, `fresh` per step over tau_max = n // fresh earlier steps; (buffer, next step).
     The rollouts share their token lists (the buffer never reads them): memory is the records, not the tokens."""
     tau_max = max(1, n // fresh)
@@ -65,14 +68,14 @@ def steady_buffer(n: int, fresh: int, alpha: float, seed: int) -> tuple[RolloutR
     records = [Rollout(prompt_id=i % fresh, prompt_ids=prompt, completion_ids=completion, logprobs=logprobs,
                        advantage=rng.choice((0.0, rng.gauss(0.0, 1.0))), version=step - 1 - (i // fresh) % tau_max)
                for i in range(n)]
-    replay = RolloutReplay(tau_max=tau_max, alpha=alpha, seed=seed)
+    replay = RolloutReplay(tau_max=tau_max, alpha=alpha, seed=seed, ratio=ratio)
     replay.add(records, step=step)
     return replay, step
 
 
 def overhead_per_step(n: int, fresh: int, replay_ratio: float, alpha: float, repeats: int) -> dict:
     """Median seconds of sample + add per step at a steady state of about n stored rollouts."""
-    replay, step = steady_buffer(n, fresh, alpha, seed=0)
+    replay, step = steady_buffer(n, fresh, alpha, seed=0, ratio=replay_ratio)
     rng = random.Random(1)
     k = round(replay_ratio * fresh)
     t_sample, t_add, sizes = [], [], []
@@ -80,7 +83,7 @@ def overhead_per_step(n: int, fresh: int, replay_ratio: float, alpha: float, rep
         new = [Rollout(prompt_id=i, prompt_ids=[1], completion_ids=[2, 3], logprobs=[-0.1, -0.2],
                        advantage=rng.choice((0.0, rng.gauss(0.0, 1.0))), version=s) for i in range(fresh)]
         t0 = time.perf_counter()
-        drawn = replay.sample(k, s)
+        drawn = replay.sample(s, fresh)                   # round(replay_ratio x fresh), as train.py
         t1 = time.perf_counter()
         replay.add(new, s)
         t2 = time.perf_counter()
@@ -122,7 +125,7 @@ def main() -> None:
                    help="--overhead: a training step's time (0 = measure it with bench/step_time.py)")
     p.add_argument("--step-threads", type=int, default=0, help="--overhead: torch threads of that step (0 = default)")
     p.add_argument("--n", type=int, default=100_000, help="rollouts stored")
-    p.add_argument("--k", type=int, default=1000, help="rollouts drawn per sample()")
+    p.add_argument("--k", type=int, default=1000, help="rollouts drawn per draw()")
     p.add_argument("--tau-max", type=int, default=4, help="age window; versions are spread over it")
     p.add_argument("--alpha", type=float, default=1.0, help="priority exponent")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per method (median reported)")
@@ -136,13 +139,14 @@ def main() -> None:
     replay.add(records, step=args.tau_max)
     step = args.tau_max + 1                            # everything replayable except version 0 (age tau_max + 1)
     rng = random.Random(0)
-    assert len(replay.sample(args.k, step)) == len(naive_sample(records, args.k, step, args.tau_max, args.alpha, rng))
+    naive = naive_sample(records, args.k, step, args.tau_max, args.alpha, rng)
+    assert len(replay.draw(args.k, step)) == len(naive)
 
-    t_vec = median_seconds(lambda: replay.sample(args.k, step), args.repeats)
+    t_vec = median_seconds(lambda: replay.draw(args.k, step), args.repeats)
     t_naive = median_seconds(lambda: naive_sample(records, args.k, step, args.tau_max, args.alpha, rng),
                              args.repeats)
     print(f"n={args.n} stored (after eviction {len(replay)}), k={args.k}, alpha={args.alpha}")
-    print(f"RolloutReplay.sample  {1e3 * t_vec:9.2f} ms")
+    print(f"RolloutReplay.draw    {1e3 * t_vec:9.2f} ms")
     print(f"naive Python loop     {1e3 * t_naive:9.2f} ms")
     print(f"speed-up              {t_naive / t_vec:9.1f}x")
 

@@ -81,8 +81,10 @@ def load_run(run_dir: Path, metric: str) -> dict:
     with open(run_dir / "run.log") as f:
         flags_line = next(json.loads(line) for line in f if line.startswith("{"))
     per_step = flags_line["prompts_per_step"] * flags_line["group_size"]
-    if flags_line.get("allocation", "fixed") != "fixed" and flags_line.get("rollout_budget"):
-        per_step = flags_line["rollout_budget"]              # VIGOR spends exactly its budget per step
+    # VIGOR spends exactly its budget per step (--vigor-budget; older runs: rollout_budget)
+    budget = flags_line.get("vigor_budget", flags_line.get("rollout_budget"))
+    if flags_line.get("allocation", "fixed") != "fixed" and budget:
+        per_step = budget
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if line.strip()]
     wall, fresh, evals = 0.0, 0, []
     for r in rows:

@@ -20,12 +20,12 @@ export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d)}"
 
 python - <<'EOF'
 import torch
-import rollout
-problem = rollout.vllm_problem()
+import vllm_engine
+problem = vllm_engine.vllm_problem()
 print("torch", torch.__version__, "| cuda", torch.version.cuda, "| GPUs", torch.cuda.device_count(),
       "|", problem or "vllm ok")
 if problem:
-    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{rollout.VLLM_VERSIONS}'")
+    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}'")
 EOF
 
 if [ "$DRY" = 0 ]; then
@@ -42,8 +42,8 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 import grpo  # noqa: E402
-import rollout  # noqa: E402
-from rollout import Prompt, Sampling, TorchEngine, collate, logprob_diff, make_engine  # noqa: E402
+from rollout import Prompt, Sampling, TorchEngine, collate, logprob_diff  # noqa: E402
+from vllm_engine import make_engine  # noqa: E402
 
 DRY = os.environ["DRY"] == "1"
 cuda = torch.cuda.is_available() and not DRY

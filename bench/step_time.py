@@ -36,12 +36,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import buffer  # noqa: E402
 import data  # noqa: E402
 import flags  # noqa: E402
 import parallel  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
+import vllm_engine  # noqa: E402
+from metrics import Metrics  # noqa: E402
 
 PARTS = ("generate", "score", "sample+store", "update", "sync")
 TARGET_PAD, TARGET_RATIO = 0.15, 1.15                 # issue 14's targets on the built-in default
@@ -67,7 +68,8 @@ class TimedEngine:
 def update_micro_batches(args, fresh, replayed, pad_id, device) -> list[dict]:
     """The micro-batches train.update collates in its first epoch (same mini-batch split, same call)."""
     batch = fresh + replayed
-    return [mb for idx in buffer.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
+    parts = rollout.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
+    return [mb for idx in parts
             for mb in rollout.micro_batches([batch[i] for i in idx], args.micro_batch_size, pad_id, device,
                                             mask_truncated=args.overlong_filter)]
 
@@ -88,7 +90,8 @@ def bare_forward_backward(model, mbs: list[dict]) -> float:
     return seconds
 
 
-def consecutive_micro_batches(rollouts, size, pad_id, device, old_logprobs=None, mask_truncated=False):
+def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=None,
+                              mask_truncated=False):
     """The layout before length bucketing: rollouts[i:i + size] in batch order, collated as rollout.micro_batches
     collates its buckets. Same number of micro-batches of the same sizes."""
     old, starts = old_logprobs or None, range(0, len(rollouts), size)
@@ -103,7 +106,7 @@ def gradient(model, args, mbs, normaliser) -> list[torch.Tensor]:
     """Sum over micro-batches of d train.micro_batch_loss / d params (no optimizer step)."""
     model.zero_grad(set_to_none=True)
     for mb in mbs:
-        train.micro_batch_loss(model, None, mb, args, normaliser, parallel.Metrics()).backward()
+        train.micro_batch_loss(model, None, mb, args, normaliser, Metrics()).backward()
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     return grads
@@ -112,7 +115,7 @@ def gradient(model, args, mbs, normaliser) -> list[torch.Tensor]:
 def build(argv: list[str]):
     """(train args, engine, model, optimizer, replay, prompts, tokenizer) as train.main / train.train set them up."""
     args = flags.parse(train.Args, argv, "train.py flags")
-    args.engine = rollout.engine_kind(args.engine)
+    args.engine = vllm_engine.engine_kind(args.engine)
     flags.check_args(args, 1)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -122,8 +125,8 @@ def build(argv: list[str]):
     prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),
                                 data.template_for(name, args.prompt_template), tok)
     max_len = args.max_new_tokens + max(len(p.ids) for p in prompts)
-    engine, model, _, opt, replay, *_ = train.setup(args, model, tok, 0, 1, "cpu", max_len)   # (R²PO: the head)
-    return args, engine, model, opt, replay, prompts, tok
+    run = train.setup(args, model, tok, rank=0, world=1, device="cpu", max_len=max_len)
+    return args, run.engine, run.model, run.opt, run.replay, prompts, tok
 
 
 def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive: bool = False) -> dict:
@@ -136,18 +139,19 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive
         t = {}
         timed.seconds, timed.tokens = 0.0, 0
         t0 = time.perf_counter()
-        fresh, generated, pos = train.generate_and_score(timed, prompts, mine, pos, args, step, 0, 1)
+        fresh, generated, pos = train.generate_and_score(timed, prompts, mine, pos, args, step=step,
+                                                         rank=0, world=1, metrics=Metrics())
         t1 = time.perf_counter()
         t["generate"], t["score"] = timed.seconds, (t1 - t0) - timed.seconds
         replayed = []
         if replay is not None:
-            replayed = replay.sample(round(args.replay_ratio * len(fresh)), step)
+            replayed = replay.sample(step, len(fresh))             # as train.train_step
             replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)
         t2 = time.perf_counter()
         t["sample+store"] = t2 - t1
         mbs = update_micro_batches(args, fresh, replayed, pad_id, device)         # not timed: for the counts
         t3 = time.perf_counter()
-        train.update(model, None, opt, fresh, replayed, args, step, pad_id)
+        train.update(model, None, opt, fresh, replayed, args, step=step, pad_id=pad_id)
         t4 = time.perf_counter()
         engine.load_weights(parallel.full_parameters(model))
         t5 = time.perf_counter()
@@ -157,16 +161,19 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive
         t.update(gen_tokens=timed.tokens, fresh=len(fresh), replayed=len(replayed), real_tokens=real,
                  padded_tokens=padded, micro_batches=len(mbs), epochs=args.epochs)
         if consecutive:
-            cmbs = [mb for idx in buffer.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
-                    for mb in consecutive_micro_batches([(fresh + replayed)[i] for i in idx], args.micro_batch_size,
-                                                        pad_id, device, mask_truncated=args.overlong_filter)]
+            parts = rollout.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
+            cmbs = [mb for idx in parts
+                    for mb in consecutive_micro_batches([(fresh + replayed)[i] for i in idx],
+                                                        args.micro_batch_size, pad_id, device,
+                                                        mask_truncated=args.overlong_filter)]
             t["consec_padded_tokens"] = padding(cmbs)[1]
             t["consec_bare_fwd_bwd"] = bare_forward_backward(model, cmbs)
             rollout.micro_batches = consecutive_micro_batches        # train.update calls rollout.micro_batches
             try:
                 t5 = time.perf_counter()
-                train.update(model, None, opt, fresh, replayed, args, step, pad_id)   # one more optimizer step:
-                t["consec_update"] = time.perf_counter() - t5                         # same shapes, for the time
+                # one more optimizer step: same shapes, for the time
+                train.update(model, None, opt, fresh, replayed, args, step=step, pad_id=pad_id)
+                t["consec_update"] = time.perf_counter() - t5
             finally:
                 rollout.micro_batches = _bucketed_micro_batches
             engine.load_weights(parallel.full_parameters(model))

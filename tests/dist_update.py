@@ -110,12 +110,12 @@ def main(out_path: str) -> None:
         ref_model = copy.deepcopy(base).eval().requires_grad_(False) if a.kl_coef else None
         one, g1, g2 = copy.deepcopy(base).train(), [], []
         opt1 = record_gradients(make_opt(one.parameters(), lr=a.lr), one, g1)
-        m1 = train.update(one, ref_model, opt1, batch, [], a, 0,
-                          tok.pad_token_id, world=1)
+        m1 = train.update(one, ref_model, opt1, batch, [], a, step=0,
+                          pad_id=tok.pad_token_id, world=1)
         two = train.shard_model(copy.deepcopy(base), device).train()
         opt2 = record_gradients(make_opt(two.parameters(), lr=a.lr), two, g2)
-        m2 = train.update(two, ref_model, opt2, local, [], a, 0,
-                          tok.pad_token_id, world=world)
+        m2 = train.update(two, ref_model, opt2, local, [], a, step=0,
+                          pad_id=tok.pad_token_id, world=world)
         m1, m2 = m1.reduce(1), m2.reduce(world)
         engine = TorchEngine(base, tok)
         engine.load_weights(parallel.full_parameters(two))              # weight sync, gathered layer by layer
@@ -135,7 +135,8 @@ def main(out_path: str) -> None:
     two = train.shard_model(copy.deepcopy(base), device).train()
     bad = local if rank == 0 else [dataclasses.replace(local[0], advantage=float("nan"))] + local[1:]
     guard = parallel.StepGuard(a.max_bad_steps)
-    train.update(two, None, torch.optim.AdamW(two.parameters(), lr=a.lr), bad, [], a, 0, tok.pad_token_id, world, guard)
+    train.update(two, None, torch.optim.AdamW(two.parameters(), lr=a.lr), bad, [], a, step=0,
+                 pad_id=tok.pad_token_id, world=world, guard=guard)
     results["nan-on-rank-1"] = {"moved": max_diff(list(parallel.full_parameters(two)), base.named_parameters()),
                                 "skipped": parallel.all_reduce([float(guard.skipped)], world)[0]}
     if rank == 0:

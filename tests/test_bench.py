@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 REQUIRE_BENCH = os.environ.get("REQUIRE_BENCH") == "1"
 

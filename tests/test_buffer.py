@@ -6,16 +6,15 @@ k-sigma bound, A = 0 never drawn, no duplicates, capacity order, exact resume, s
 import copy
 import io
 import pickle
-import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from buffer import RolloutReplay, make_replay  # noqa: E402
-from rollout import Rollout  # noqa: E402
+import buffer
+from buffer import RolloutReplay, make_replay
+from metrics import Metrics
+from rollout import Rollout
 
 Z = 5.0  # k-sigma bound: a correct sampler fails one category with prob ~6e-7
 
@@ -31,8 +30,9 @@ def within_binomial_bound(counts: np.ndarray, probs: np.ndarray, n: int) -> bool
 
 
 def single_draw_counts(replay: RolloutReplay, n: int, step: int) -> np.ndarray:
-    """How often each stored rollout (identified by prompt_id) is the one drawn in n calls of sample(k=1)."""
-    ids = [replay.sample(1, step)[0].prompt_id for _ in range(n)]
+    """How often each stored rollout (identified by prompt_id) is the one drawn in n calls of
+    draw(1, step)."""
+    ids = [replay.draw(1, step)[0].prompt_id for _ in range(n)]
     return np.bincount(ids, minlength=len(replay))
 
 
@@ -42,9 +42,10 @@ def test_eviction_at_exactly_tau_max():
     for v in range(6):
         replay.add([mk(1.0, v), mk(-1.0, v)], step=v)
     assert replay.evict(5) == 4                     # versions 0, 1: age 5, 4 > 3
-    assert sorted({r.version for r in replay.sample(100, step=5)}) == [2, 3, 4]  # age 3 == tau_max is kept
+    # age 3 == tau_max is kept
+    assert sorted({r.version for r in replay.draw(100, step=5)}) == [2, 3, 4]
     assert len(replay) == 8                         # versions 2..5 stored, 5 not replayable yet
-    assert replay.sample(100, step=6) and all(6 - r.version <= 3 for r in replay.sample(100, step=6))
+    assert replay.draw(100, step=6) and all(6 - r.version <= 3 for r in replay.draw(100, step=6))
     assert replay.stats()["replay/evicted"] == 0    # the second sample at step 6 evicted nothing new
     assert len(replay) == 6                         # version 2 (age 4) went at step 6
 
@@ -52,17 +53,18 @@ def test_eviction_at_exactly_tau_max():
 def test_tau_max_zero_replays_nothing():
     replay = RolloutReplay(tau_max=0, alpha=1.0)
     replay.add([mk(1.0, 0)], step=0)
-    assert replay.sample(5, step=1) == [] and len(replay) == 0
+    assert replay.draw(5, step=1) == [] and len(replay) == 0
 
 
 def test_fresh_anchored_excludes_current_step_whatever_the_order():
-    """add(fresh, step) before or after sample(k, step): same draw, nothing of version step, all versions < step."""
+    """add(fresh, step) before or after draw(k, step): same draw, nothing of version step, all
+    versions < step."""
     a, b = RolloutReplay(tau_max=4, alpha=1.0, seed=3), RolloutReplay(tau_max=4, alpha=1.0, seed=3)
     for step in range(6):
         fresh = [mk(float(g - 1.5), step, pid=10 * step + g) for g in range(4)]
         a.add(fresh, step)                          # store first, then sample
-        got_a = a.sample(3, step)
-        got_b = b.sample(3, step)                   # sample first, then store
+        got_a = a.draw(3, step)
+        got_b = b.draw(3, step)                     # sample first, then store
         b.add(fresh, step)
         assert [asdict(r) for r in got_a] == [asdict(r) for r in got_b]
         assert all(r.version < step for r in got_a)
@@ -105,7 +107,7 @@ def test_k2_inclusion_follows_successive_draws_without_replacement():
     n = 6000
     counts, first = np.zeros(4), np.zeros(4)
     for _ in range(n):
-        got = replay.sample(2, step=1)
+        got = replay.draw(2, step=1)
         first[got[0].prompt_id] += 1
         for r in got:
             counts[r.prompt_id] += 1
@@ -130,7 +132,7 @@ def test_vectorised_sample_equals_naive_loop(alpha):
     replay, rng, stored = RolloutReplay(tau_max=2, alpha=alpha, seed=11), np.random.default_rng(11), []
     for step in range(6):
         expected = naive_sample(stored, rng, 1000, step, 2, alpha)  # 1000 of up to 3000: a partial selection
-        assert [id(r) for r in replay.sample(1000, step)] == [id(r) for r in expected]
+        assert [id(r) for r in replay.draw(1000, step)] == [id(r) for r in expected]
         fresh = [mk(float((step * 7 + g) % 5 - 2), step, pid=g) for g in range(1500)]  # A in {-2..2}, some 0
         replay.add(fresh, step)
         stored += fresh
@@ -140,19 +142,20 @@ def test_zero_advantage_never_drawn_when_alpha_positive():
     replay = RolloutReplay(tau_max=10, alpha=0.5, seed=5)
     replay.add([mk(0.0, 0, pid=j) for j in range(50)] + [mk(1e-6, 0, pid=50), mk(-2.0, 0, pid=51)], step=0)
     for _ in range(2000):
-        assert all(r.advantage != 0.0 for r in replay.sample(1, step=1))
-    assert sorted(r.prompt_id for r in replay.sample(10, step=1)) == [50, 51]  # fewer eligible than k: all of them
+        assert all(r.advantage != 0.0 for r in replay.draw(1, step=1))
+    # fewer eligible than k: all of them
+    assert sorted(r.prompt_id for r in replay.draw(10, step=1)) == [50, 51]
 
 
 def test_no_duplicates_and_all_eligible_when_short():
     replay = RolloutReplay(tau_max=10, alpha=1.0, seed=6)
     replay.add([mk(float(j % 7 + 1), j % 3, pid=j) for j in range(100)], step=2)
     for k in (1, 10, 50, 67):
-        got = [r.prompt_id for r in replay.sample(k, step=2)]   # version 2 (33 rollouts) not eligible
+        got = [r.prompt_id for r in replay.draw(k, step=2)]   # version 2 (33 rollouts) not eligible
         assert len(got) == k and len(set(got)) == k
-    got = replay.sample(1000, step=2)
+    got = replay.draw(1000, step=2)
     assert len(got) == 67 and len({id(r) for r in got}) == 67
-    assert replay.sample(0, step=2) == []
+    assert replay.draw(0, step=2) == []
 
 
 # ---- capacity, resume, stats, immutability, factory ---------------------------------------------------------------
@@ -162,16 +165,16 @@ def test_capacity_drops_oldest_version_then_earliest_inserted():
     replay.add([mk(1.0, 1, pid=3), mk(1.0, 3, pid=4), mk(1.0, 2, pid=5)], step=3)
     # versions in insertion order: 3 1 2 1 3 2 -> drop the two version-1 rollouts (pids 1 and 3)
     assert replay.stats()["replay/capacity_dropped"] == 2
-    assert sorted(r.prompt_id for r in replay.sample(10, step=4)) == [0, 2, 4, 5]
+    assert sorted(r.prompt_id for r in replay.draw(10, step=4)) == [0, 2, 4, 5]
     replay.add([mk(1.0, 4, pid=6)], step=4)         # versions 3 2 3 2 4: the first-inserted version 2 (pid 2) goes
-    assert sorted(r.prompt_id for r in replay.sample(10, step=5)) == [0, 4, 5, 6]
+    assert sorted(r.prompt_id for r in replay.draw(10, step=5)) == [0, 4, 5, 6]
 
 
 def _run(replay: RolloutReplay, steps: range) -> list[list[dict]]:
     """A toy loop: sample, then store a fresh group of 4 with rewards and advantages depending on the step."""
     out = []
     for step in steps:
-        out.append([asdict(r) for r in replay.sample(5, step)])
+        out.append([asdict(r) for r in replay.draw(5, step)])
         adv = [(-1.0) ** g * ((step + g) % 3) for g in range(4)]
         replay.add([mk(a, step, pid=100 * step + g) for g, a in enumerate(adv)], step)
     return out
@@ -211,7 +214,7 @@ def test_stats_on_a_hand_built_case():
     replay.add([mk(1.0, 0), mk(-3.0, 0), mk(0.0, 0)], step=0)
     replay.add([mk(2.0, 1), mk(-0.5, 1)], step=1)
     replay.add([mk(4.0, 2)], step=2)
-    got = replay.sample(10, step=3)                 # evicts version 0 (age 3 > 2); eligible |A| = 2, 0.5, 4
+    got = replay.draw(10, step=3)       # evicts version 0 (age 3 > 2); eligible |A| = 2, 0.5, 4
     assert sorted(abs(r.advantage) for r in got) == [0.5, 2.0, 4.0]
     replay.add([mk(0.0, 3), mk(1.0, 3)], step=3)
     assert replay.stats() == {
@@ -224,7 +227,7 @@ def test_stats_on_a_hand_built_case():
         "replay/abs_adv_sampled": pytest.approx((2 + 0.5 + 4) / 3),
         "replay/abs_adv_stored": pytest.approx((2 + 0.5 + 4 + 0 + 1) / 5),
     }
-    assert replay.sample(3, step=20) == [] and replay.stats()["replay/sampled"] == 0
+    assert replay.draw(3, step=20) == [] and replay.stats()["replay/sampled"] == 0
     assert replay.stats()["replay/age_mean"] == 0.0 and replay.stats()["replay/size"] == 0
 
 
@@ -234,11 +237,11 @@ def test_records_are_stored_as_given_and_never_mutated():
     replay = RolloutReplay(tau_max=1, alpha=1.0, capacity=4, seed=8)
     replay.add(rollouts[:3], step=1)
     replay.add(rollouts[3:], step=2)
-    got = replay.sample(10, step=2)
+    got = replay.draw(10, step=2)
     assert all(any(g is r for r in rollouts) for g in got)   # the very objects, not re-made copies
     replay.evict(3)
     replay.load_state_dict(replay.state_dict())
-    replay.sample(10, step=3)
+    replay.draw(10, step=3)
     assert rollouts == before
 
 
@@ -250,7 +253,7 @@ def test_add_rejects_future_versions_and_non_finite_advantages():
         replay.add([mk(float("nan"), 0)], step=0)
     assert len(replay) == 0
     with pytest.raises(ValueError, match="k must be"):
-        replay.sample(-1, step=0)
+        replay.draw(-1, step=0)
 
 
 def test_make_replay_kinds_and_argument_errors():
@@ -265,3 +268,84 @@ def test_make_replay_kinds_and_argument_errors():
         kw = dict(kind="prioritized", tau_max=2, alpha=1.0, capacity=None, seed=0) | override
         with pytest.raises(ValueError, match="replay: "):
             make_replay(**kw)
+
+
+# ---- the trainer's interface: sample(step, n_fresh), buffer.report ------------------------------
+def test_sample_draws_round_ratio_times_n_fresh():
+    """sample(step, n_fresh) is draw(round(ratio * n_fresh), step): the same rollouts, in the same
+    order."""
+    for n_fresh in (0, 1, 3, 7, 8, 16, 40):
+        a = RolloutReplay(tau_max=4, alpha=1.0, seed=9, ratio=0.5)
+        b = RolloutReplay(tau_max=4, alpha=1.0, seed=9, ratio=0.5)
+        stored = [mk(float(j % 5 + 1), 0, pid=j) for j in range(30)]
+        a.add(stored, step=0)
+        b.add(stored, step=0)
+        got = a.sample(1, n_fresh)
+        assert len(got) == round(0.5 * n_fresh), n_fresh
+        assert [id(r) for r in got] == [id(r) for r in b.draw(round(0.5 * n_fresh), 1)]
+    short = RolloutReplay(tau_max=4, alpha=1.0, ratio=2.0)
+    short.add([mk(1.0, 0, pid=j) for j in range(5)], step=0)
+    assert len(short.sample(1, 8)) == 5             # fewer eligible than round(2 x 8): all of them
+    assert make_replay("prioritized", tau_max=2, ratio=0.25).ratio == 0.25
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="ratio"):
+            RolloutReplay(tau_max=2, ratio=bad)
+
+
+def test_report_weights_each_key_by_what_it_averages():
+    """buffer.report: a mean with the count it averages (age_mean and abs_adv_sampled by
+    replay/sampled, abs_adv_stored by replay/size), age_max a maximum, the rest totals; two buffers
+    reported into one Metrics combine as two ranks do. No buffer: NO_REPLAY."""
+    one = RolloutReplay(tau_max=9, alpha=0.0)
+    one.add([mk(1.0, 0), mk(-3.0, 1), mk(2.0, 2)], step=2)
+    assert len(one.draw(10, step=3)) == 3                 # ages 3, 2, 1; |A| 1, 3, 2
+    two = RolloutReplay(tau_max=9, alpha=0.0)
+    two.add([mk(4.0, 5)], step=5)
+    assert len(two.draw(10, step=6)) == 1                 # age 1; |A| 4
+    empty = RolloutReplay(tau_max=9, alpha=0.0)
+    empty.add([mk(8.0, 7)] * 4, step=7)
+    assert empty.draw(10, step=7) == []                   # nothing drawn: its age_mean 0.0 weighs 0
+    m = Metrics()
+    for replay in (one, two, empty):
+        buffer.report(replay, m)
+    assert m.stats["replay/age_mean"][0] == "mean" and m.stats["replay/age_max"][0] == "max"
+    assert m.stats["replay/size"][0] == m.stats["replay/sampled"][0] == "sum"
+    row = m.reduce(1)
+    assert row["replay/size"] == 3 + 1 + 4 and row["replay/sampled"] == 4
+    assert row["replay/age_mean"] == pytest.approx((3 + 2 + 1 + 1) / 4)
+    assert row["replay/abs_adv_sampled"] == pytest.approx((1 + 3 + 2 + 4) / 4)
+    assert row["replay/abs_adv_stored"] == pytest.approx((1 + 3 + 2 + 4 + 8 * 4) / 8)
+    assert row["replay/age_max"] == 3
+    none = Metrics()
+    buffer.report(None, none)
+    assert none.reduce(1) == buffer.NO_REPLAY == {"replay/size": 0, "replay/sampled": 0,
+                                                  "replay/age_mean": 0.0}
+
+
+def test_report_weights_headroom_drift_keys():
+    """GroupReplay's means: headroom_mean over the replayed groups, drift_mean and drift_gated_frac
+    over the drift pass's candidates."""
+    def group(pid, version, rewards, shift):
+        return [Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[2, 3], logprobs=[-1.0, -1.0],
+                        reward=r, advantage=r - sum(rewards) / len(rewards), version=version,
+                        text=str(shift)) for r in rewards]
+
+    def logprobs(rollouts):                   # D(g) = |shift| for every rollout of a group
+        return [[lp + float(r.text) for lp in r.logprobs] for r in rollouts]
+
+    a = buffer.GroupReplay(tau_max=9, groups=8, candidates=8, drift_max=0.5, logprobs=logprobs)
+    a.add(group(0, 0, [1, 0], 0.0) + group(1, 0, [1, 0, 0, 0], 0.25) + group(2, 0, [1, 0], 1.0),
+          step=0)
+    assert len(a.sample(1, 0)) == 6                       # groups 0 and 1 pass, group 2 is gated
+    b = buffer.GroupReplay(tau_max=9, groups=8, candidates=8, drift_max=0.5, logprobs=logprobs)
+    b.add(group(3, 0, [1, 0, 0, 0], 0.5), step=0)
+    assert len(b.sample(1, 0)) == 4
+    m = Metrics()
+    buffer.report(a, m)
+    buffer.report(b, m)
+    row = m.reduce(1)
+    assert row["replay/groups"] == 3 and row["replay/drift_candidates"] == 4
+    assert row["replay/headroom_mean"] == pytest.approx((0.25 + 0.1875 + 0.1875) / 3)
+    assert row["replay/drift_mean"] == pytest.approx((0.0 + 0.25 + 1.0 + 0.5) / 4)
+    assert row["replay/drift_gated_frac"] == pytest.approx(1 / 4)
+    assert row["replay/age_mean"] == pytest.approx(1.0) and row["replay/sampled"] == 10

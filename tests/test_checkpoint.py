@@ -14,14 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checkpoint
+import r2po
+import train
+from rollout import Prompt, Sampling
+from tiny import SMALL, make_digit_task
 
-import checkpoint  # noqa: E402
-import train  # noqa: E402
-from rollout import Prompt, Sampling  # noqa: E402
-from tiny import SMALL, make_digit_task  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +154,13 @@ def test_latest_ignores_partial_checkpoints(tmp_path):
         checkpoint.resolve(str(root / "step_000012"), str(tmp_path))
     with pytest.raises(ValueError, match="written by 1 ranks, this run has 2"):
         checkpoint.resolve("auto", str(tmp_path), world=2)
+    # R²PO resumes only from a checkpoint with its head file
+    with pytest.raises(ValueError, match="has no r2po_head.safetensors: it was written by a run "
+                                         "without it"):
+        checkpoint.resolve("auto", str(tmp_path), needs=(r2po.HEAD_FILE,))
+    (root / "step_000010" / r2po.HEAD_FILE).write_text("")
+    found = checkpoint.resolve("auto", str(tmp_path), needs=(r2po.HEAD_FILE,))
+    assert found == str(root / "step_000010")
 
 
 def test_checkpoint_is_a_transformers_model_that_generates_like_the_engine(task, tmp_path, monkeypatch):

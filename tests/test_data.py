@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+import data
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import data  # noqa: E402
 
 DATA_DIR = ROOT.parent / "shared" / "data"
 # Row counts from ../shared/data/README.md's table.
@@ -218,7 +218,6 @@ def zlib_test(expr: str) -> bool:
 
 def test_shipped_tiny_steps_model_works_step_by_step_with_headroom():
     """assets/tiny-steps (assets/make_tiny_model.py --task steps): greedy answers in the worked form, some right."""
-    sys.path.insert(0, str(ROOT / "assets"))
     import torch
     from make_tiny_model import greedy_accuracy
     from rollout import load_model

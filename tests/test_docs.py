@@ -20,8 +20,9 @@ FLAGS_MD = ROOT / "docs" / "flags.md"
 REGENERATE = "python tests/test_docs.py --write"
 HEADER = f"""# Flags of train.py
 
-This page is `python train.py --help` (at `COLUMNS=100`), pinned by `tests/test_docs.py`: after changing a flag,
-regenerate it with `{REGENERATE}`. What each method's preset sets: [methods.md](methods.md).
+This page is `python train.py --help` (at `COLUMNS=100`), pinned by `tests/test_docs.py`: after
+changing a flag, regenerate it with `{REGENERATE}`. What each method's
+preset sets: [methods.md](methods.md).
 """
 FENCE = "```"
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+import cli
+import data
+import eval as ev
+from rollout import Rollout, Sampling
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import data  # noqa: E402
-import eval as ev  # noqa: E402
-import flags  # noqa: E402
-from rollout import Rollout, Sampling  # noqa: E402
 
 
 # ---- pure metrics --------------------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_make_prompts_templates():
 
 # ---- the CLI on a tiny random model ----------------------------------------------------------------------------------
 
-def tiny_model(path):
+def random_model(path):
     """A random 2-layer Qwen2 with a character tokenizer, saved as a Hugging Face directory."""
     import torch
     from tokenizers import Tokenizer, decoders, models
@@ -156,7 +156,7 @@ def run_cli(*flags):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
-    tiny_model(path)
+    random_model(path)
     return path
 
 
@@ -236,8 +236,23 @@ def test_cli_bad_input_is_one_line(model_dir, tmp_path, flags, message):
 
 
 def test_help_text_comes_from_field_docstrings():
-    docs = flags.field_docs(ev.Args)
+    docs = cli.field_docs(ev.Args)
     assert set(docs) == {f.name for f in ev.dataclasses.fields(ev.Args)}
     assert docs["k"].startswith("samples per problem")
     p = run_cli("--help")
     assert p.returncode == 0 and "--max-new-tokens" in p.stdout and "sampling temperature; 0 is greedy" in p.stdout
+
+
+def test_help_and_import_do_not_import_torch():
+    """eval.py's --help answers at once: importing eval and parsing --help load no torch (nor
+    transformers); the imports wait for the functions that use them."""
+    code = ("import sys, eval\n"
+            "try:\n"
+            "    eval.parse_args(['--help'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60)
+    assert p.returncode == 0 and p.stderr.strip() == "False False", p.stderr
+    assert "--max-new-tokens" in p.stdout

@@ -6,20 +6,17 @@ Checked on assets/tiny-arith and on a checkpoint written by checkpoint.save (wor
 whose configs had their ids taken out first, as in a model made before they were written: save puts them back."""
 import json
 import os
-import sys
 
 import pytest
 import torch
 
+import checkpoint
+import data
+import flags
+import parallel
+import rollout
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import checkpoint  # noqa: E402
-import data  # noqa: E402
-import flags  # noqa: E402
-import parallel  # noqa: E402
-import rollout  # noqa: E402
-
 SHIPPED = os.path.join(ROOT, "assets", "tiny-arith")
 EOS, PAD = 96, 97
 MAX_NEW = 20
@@ -33,8 +30,8 @@ def saved(tmp_path_factory):
         cfg.eos_token_id = cfg.pad_token_id = cfg.bos_token_id = None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     root = tmp_path_factory.mktemp("ckpt")
-    return checkpoint.save(str(root), 1, model, opt, tok, flags.Args(model=SHIPPED), parallel.StepGuard(3), None, 0,
-                           rank=0, world=1)
+    return checkpoint.save(str(root), 1, model, opt, tok, flags.Args(model=SHIPPED),
+                           guard=parallel.StepGuard(3), replay=None, pos=0, rank=0, world=1)
 
 
 @pytest.fixture(params=["shipped", "checkpoint"])

@@ -3,17 +3,13 @@ the optional tensorboard package (requirements-bench.txt) is missing. The scalar
 except under REQUIRE_BENCH=1 (.ci/run's stage with requirements-bench.txt), where it fails."""
 import io
 import json
-import os
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import train  # noqa: E402
-from test_bench import needs  # noqa: E402
+import train
+from test_bench import needs
 
 RUN = ["--tensorboard", "--steps", "2", "--eval-every", "1", "--eval-size", "50", "--prompts-per-step", "8",
        "--threads", "1"]

@@ -1,5 +1,6 @@
-"""The off-policy seed methods (issue 12): Headroom-Drift group replay (buffer.GroupReplay, train.group_drift),
-mu-GRPO's stage (one loop step, many optimizer steps, the engine at the stage-start weights) and the presets.
+"""The off-policy seed methods (issue 12): Headroom-Drift group replay (buffer.GroupReplay, its
+drift pass GroupReplay.drift), mu-GRPO's stage (one loop step, many optimizer steps, the engine at
+the stage-start weights) and the presets.
 
     python -m pytest -q tests/test_offpolicy.py
 """
@@ -10,24 +11,20 @@ import json
 import math
 import os
 import pickle
-import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "assets"))
-
-import buffer  # noqa: E402
-import checkpoint  # noqa: E402
-import flags  # noqa: E402
-import parallel  # noqa: E402
-import rollout  # noqa: E402
-import train  # noqa: E402
-from make_tiny_model import make_model, make_tokenizer  # noqa: E402
-from rollout import Rollout  # noqa: E402
+import buffer
+import checkpoint
+import flags
+import metrics
+import parallel
+import rollout
+import train
+from make_tiny_model import make_model, make_tokenizer
+from rollout import Rollout
 
 torch.set_num_threads(1)      # as BASE's --threads 1: two cores are shared, and a 0.8M-parameter model needs no more
 BASE = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "8",
@@ -40,8 +37,9 @@ def group(pid: int, version: int, rewards: list[float], completion=(5, 6, 7)) ->
                     reward=r, advantage=r - mean, version=version) for r in rewards]
 
 
-def zero_drift(groups):
-    return [0.0] * len(groups)
+def own_logprobs(rollouts):
+    """A policy forward that gives each rollout its own behaviour log-probs back: drift 0."""
+    return [list(r.logprobs) for r in rollouts]
 
 
 # ---- Headroom: ranking, storage, age -----------------------------------------------------------------------------------
@@ -51,12 +49,13 @@ def test_headroom_ranks_groups_and_all_equal_groups_are_never_stored():
     for headroom, order in [("variance", [0, 1, 2]),      # p(1-p): .25, then .1875 twice (newer version first)
                             ("failure", [1, 0, 2]),       # 1 - p: .75, .5, .25
                             ("abs-adv", [0, 1, 2])]:      # mean |A|: .5, .375, .375 (newer first)
-        replay = buffer.GroupReplay(tau_max=4, headroom=headroom, replay_groups=2, drift_candidates=8)
+        replay = buffer.GroupReplay(tau_max=4, headroom=headroom, groups=2, candidates=8,
+                                    logprobs=own_logprobs)
         replay.add(g_half + g_three + group(3, 0, [1, 1, 1, 1]) + group(4, 0, [0, 0, 0, 0]), step=0)
         assert replay.stats()["replay/unstored_groups"] == 2 and replay.stats()["replay/stored_groups"] == 2
         replay.add(g_quarter, step=1)
         assert [g[0].prompt_id for g in replay.candidates(step=2)] == order, headroom
-        out = replay.sample(2, zero_drift)
+        out = replay.sample(2, 0)
         assert [r.prompt_id for r in out] == [order[0]] * 4 + [order[1]] * 4      # whole groups, top 2
         assert out[0] is (g_half + g_quarter + g_three)[order[0] * 4]             # stored as given, not copied
     assert buffer.GroupReplay(4).candidates(0) == []
@@ -73,19 +72,21 @@ def test_fresh_groups_are_not_candidates_and_age_eviction_at_tau_max():
 
 
 def test_state_round_trip():
-    replay = buffer.GroupReplay(tau_max=3, headroom="failure", replay_groups=1, drift_candidates=2)
+    replay = buffer.GroupReplay(tau_max=3, headroom="failure", groups=1, candidates=2,
+                                logprobs=own_logprobs)
     for step in range(3):
         replay.add(group(step, step, [1, 0, 0]) + group(10 + step, step, [1, 1, 0]), step)
-    replay.sample(2, zero_drift)
+    replay.sample(2, 0)
     sd = replay.state_dict()
     buf = io.BytesIO()
     torch.save(sd, buf)
     buf.seek(0)
     for loaded in (torch.load(buf, weights_only=True), pickle.loads(pickle.dumps(sd))):
-        other = buffer.GroupReplay(tau_max=3, headroom="failure", replay_groups=1, drift_candidates=2)
+        other = buffer.GroupReplay(tau_max=3, headroom="failure", groups=1, candidates=2,
+                                   logprobs=own_logprobs)
         other.load_state_dict(loaded)
         assert other.stats() == replay.stats()
-        assert other.sample(3, zero_drift) == copy.deepcopy(replay).sample(3, zero_drift)
+        assert other.sample(3, 0) == copy.deepcopy(replay).sample(3, 0)
     with pytest.raises(ValueError, match="headroom"):
         buffer.GroupReplay(tau_max=3).load_state_dict(sd)
 
@@ -104,27 +105,51 @@ def _policy_groups(model, n_groups: int, size: int = 4) -> list[list[Rollout]]:
 def test_drift_gate_skips_then_replays_when_the_policy_returns_and_candidates_bound_the_forwards():
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0).eval()
-    a = train.Args(micro_batch_size=4, drift_max=0.05)                      # one forward pass per group of 4
-    replay = buffer.GroupReplay(tau_max=9, replay_groups=2, drift_candidates=3, drift_max=a.drift_max)
+    a = train.Args(micro_batch_size=4, hd_drift_max=0.05)          # one forward pass per group of 4
+
+    def policy_logprobs(rollouts):                                # as train.setup gives the buffer
+        return parallel.lockstep_logprobs(model, rollouts, a.micro_batch_size, a.temperature,
+                                          tok.pad_token_id, 1)
+    replay = buffer.GroupReplay(tau_max=9, groups=2, candidates=3, drift_max=a.hd_drift_max,
+                                logprobs=policy_logprobs)
     replay.add([r for g in _policy_groups(model, 5) for r in g], step=0)
     calls = []
     model.register_forward_hook(lambda *_: calls.append(1))
-    drift = lambda gs: train.group_drift(model, gs, a, tok.pad_token_id, 1)   # noqa: E731
 
-    assert len(replay.sample(1, drift)) == 8 and len(calls) == 3            # 5 stored, 3 candidates: 3 forwards
+    assert len(replay.sample(1, 0)) == 8 and len(calls) == 3    # 5 stored, 3 candidates: 3 forwards
     s = replay.stats()
     assert s["replay/groups"] == 2 and s["replay/drift_candidates"] == 3 and s["replay/drift_mean"] < 1e-5
     start = copy.deepcopy(model.state_dict())
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(3.0)                           # the policy moves away
-    assert replay.sample(2, drift) == [] and len(calls) == 6                # every candidate gated, still 3 forwards
+    assert replay.sample(2, 0) == [] and len(calls) == 6    # all candidates gated, still 3 forwards
     s = replay.stats()
-    assert s["replay/drift_gated_frac"] == 1.0 and s["replay/drift_mean"] > a.drift_max and s["replay/groups"] == 0
+    assert s["replay/drift_gated_frac"] == 1.0 and s["replay/drift_mean"] > a.hd_drift_max
+    assert s["replay/groups"] == 0
     assert len(replay) == 20                                                # skipped, not deleted
     model.load_state_dict(start)                                            # ... and returns
-    assert len(replay.sample(3, drift)) == 8 and replay.stats()["replay/drift_gated_frac"] == 0.0
+    assert len(replay.sample(3, 0)) == 8 and replay.stats()["replay/drift_gated_frac"] == 0.0
     calls.clear()
-    assert replay.sample(0, drift) == [] and calls == []                    # nothing eligible: no forward (1 rank)
+    assert replay.sample(0, 0) == [] and calls == []         # nothing eligible: no forward (1 rank)
+
+
+def test_drift_is_the_mean_over_rollouts_of_the_absolute_mean_log_ratio():
+    """D(g) = mean_i |mean_t (log pi_theta - log pi_behaviour)|, from the `logprobs` forward given
+    at construction: 0 for the rollouts' own log-probs, per group, one forward for all groups."""
+    gs = [group(0, 0, [1.0, 0.0]), group(1, 0, [1.0, 0.0, 0.0])]
+    shifts = {id(gs[0][0]): [0.3, 0.3, 0.3], id(gs[0][1]): [-0.6, 0.0, 0.0],      # |.3|, |-.2|
+              id(gs[1][0]): [0.5, -0.5, 0.0], id(gs[1][1]): [0.0] * 3, id(gs[1][2]): [-0.9] * 3}
+    calls = []
+
+    def shifted(rollouts):
+        calls.append(len(rollouts))
+        return [[lp + d for lp, d in zip(r.logprobs, shifts[id(r)])] for r in rollouts]
+    drift = buffer.GroupReplay(tau_max=2, logprobs=shifted).drift(gs)
+    assert drift == [pytest.approx((0.3 + 0.2) / 2), pytest.approx((0.0 + 0.0 + 0.9) / 3)]
+    assert calls == [5]
+    assert buffer.GroupReplay(tau_max=2, logprobs=own_logprobs).drift(gs) == [0.0, 0.0]
+    with pytest.raises(ValueError, match="logprobs"):
+        buffer.GroupReplay(tau_max=2).sample(1, 0)          # no forward given: no drift gate
 
 
 # ---- mu-GRPO: one stage = one loop step of many optimizer steps -------------------------------------------------------
@@ -147,8 +172,8 @@ def test_mu_grpo_stage_uses_stored_advantages_and_behaviour_logprobs_with_the_en
         return real_loss(model_, ref, mb, args, normaliser, metrics)
     monkeypatch.setattr(train, "micro_batch_loss", spy)
     per_update, before = [], copy.deepcopy(model.state_dict())
-    m = train.update(model, None, torch.optim.AdamW(model.parameters(), lr=a.lr), stage, [], a, 0,
-                     tok.pad_token_id, 1, per_update=per_update).reduce(1)
+    m = train.update(model, None, torch.optim.AdamW(model.parameters(), lr=a.lr), stage, [], a,
+                     step=0, pad_id=tok.pad_token_id, world=1, per_update=per_update).reduce(1)
     assert m["stage/updates"] == 4 and len(per_update) == 4 and len(seen) == 4
     for j, mb in enumerate(seen):                                           # update j: rollouts 8j .. 8j + 7, as stored
         want = rollout.collate(stored[8 * j:8 * j + 8], tok.pad_token_id)
@@ -157,7 +182,7 @@ def test_mu_grpo_stage_uses_stored_advantages_and_behaviour_logprobs_with_the_en
     assert stage == stored                                                  # nothing written back to the rollouts
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())   # the policy did move
     assert all(torch.equal(v, engine_start[k]) for k, v in engine.model.state_dict().items())  # sync comes after
-    rows = parallel.reduce_all(per_update, 1)
+    rows = metrics.reduce_all(per_update, 1)
     assert all("loss/clip_frac" in r and "loss/veto_frac" in r for r in rows)
 
 

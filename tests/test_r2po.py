@@ -14,27 +14,26 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import eval as eval_lib
+import flags
+import metrics as metrics_lib
+import r2po
+import rollout
+import train
+import vllm_engine
+from r2po import R2PO, ResidualHead
+from rollout import Prompt, Rollout, Sampling, TorchEngine, load_model
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import checkpoint  # noqa: E402
-import eval as eval_lib  # noqa: E402
-import flags  # noqa: E402
-import grpo  # noqa: E402
-import parallel  # noqa: E402
-import rollout  # noqa: E402
-import train  # noqa: E402
-from rollout import Prompt, ResidualHead, Rollout, Sampling, TorchEngine, load_model  # noqa: E402
-
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
 SHORT = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "16",
          "--threads", "1", "--preset", "r2po"]
 
 
-@pytest.fixture(scope="module")
-def tiny():
+@pytest.fixture
+def tiny(tiny_model):
     torch.manual_seed(0)
-    model, tok = load_model(MODEL)
+    model, tok = tiny_model
     prompts = [Prompt(i, tok.encode(q)) for i, q in enumerate(["3+4=", "12-5=", "6*7=", "9+9="])]
     return model, tok, prompts
 
@@ -60,12 +59,13 @@ def test_rarity_advantages_by_hand():
     2.474874 and -0.107143 / 0.303046 = -0.353553. Groups 1 (2 of 4) and 2 (4 of 4) have equal u: exactly 0."""
     r = torch.tensor([1.0] + [0.0] * 7 + [1.0, 1.0, 0.0, 0.0] + [1.0] * 4)
     g = torch.tensor([0] * 8 + [5] * 4 + [9] * 4)
-    a = grpo.rarity_advantages(r, g)
+    a = r2po.rarity_advantages(r, g)
     assert a[0].item() == pytest.approx(2.474874, abs=1e-5)
     assert a[1:8].tolist() == pytest.approx([-0.353553] * 7, abs=1e-5)
     assert a[8:].tolist() == [0.0] * 8
     # three outcomes in one group (shaped rewards): counts 1, 2, 3 -> u = 1, 1/2, 1/2, 1/3, 1/3, 1/3
-    a = grpo.rarity_advantages(torch.tensor([0.5, 1.0, 1.0, 0.0, 0.0, 0.0]), torch.zeros(6, dtype=torch.long))
+    a = r2po.rarity_advantages(torch.tensor([0.5, 1.0, 1.0, 0.0, 0.0, 0.0]),
+                               torch.zeros(6, dtype=torch.long))
     u = torch.tensor([1, 1 / 2, 1 / 2, 1 / 3, 1 / 3, 1 / 3], dtype=torch.float64)
     assert a.tolist() == pytest.approx(((u - u.mean()) / (u.std() + 1e-6)).tolist(), abs=1e-6)
 
@@ -73,31 +73,35 @@ def test_rarity_advantages_by_hand():
 def test_zero_head_samples_exactly_the_base_models_tokens(tiny):
     model, tok, prompts = tiny
     engine = TorchEngine(model, tok)
-    engine.head = head_of(model)
-    torch.nn.init.zeros_(engine.head.w2.weight)                          # W2 = 0: the residual is exactly 0
+    engine.logits_head = head_of(model)
+    torch.nn.init.zeros_(engine.logits_head.w2.weight)     # W2 = 0: the residual is exactly 0
     s = dict(temperature=1.0, max_new_tokens=6, seed=3)
     base = engine.generate(prompts, 8, Sampling(**s))
-    headed = engine.generate(prompts, 8, Sampling(**s, rollout_head=True))
+    headed = engine.generate(prompts, 8, Sampling(**s, use_head=True))
     assert [r.completion_ids for r in headed] == [r.completion_ids for r in base]
     assert [r.logprobs for r in headed] == [r.logprobs for r in base]
     assert [r.head_logprobs for r in headed] == [r.logprobs for r in base]
     assert all(r.head_logprobs is None for r in base)
     assert len({tuple(r.completion_ids) for r in base}) > 4              # sampled, not one greedy answer
+    engine.logits_head = None                       # use_head without a head: refused, not ignored
+    with pytest.raises(ValueError, match="logits_head"):
+        engine.generate(prompts, 1, Sampling(**s, use_head=True))
 
 
 def test_head_changes_sampling_and_the_trainer_scores_it_as_the_engine_did(tiny):
-    """A large head samples other tokens; rollout.head_forward (the trainer's) gives the engine's log-probs under
-    both heads to float precision: the head phase's ratio starts at 1, the policy phase's base ratio too."""
+    """A large head samples other tokens; r2po.head_forward (the trainer's) gives the engine's
+    log-probs under both heads to float precision: the head phase's ratio starts at 1, the policy
+    phase's base ratio too."""
     model, tok, prompts = tiny
     engine = TorchEngine(model, tok)
     torch.manual_seed(1)
-    engine.head = head_of(model, std=0.3)
+    engine.logits_head = head_of(model, std=0.3)
     s = dict(temperature=1.0, max_new_tokens=6, seed=3)
     base = engine.generate(prompts, 8, Sampling(**s))
-    headed = engine.generate(prompts, 8, Sampling(**s, rollout_head=True))
+    headed = engine.generate(prompts, 8, Sampling(**s, use_head=True))
     assert [r.completion_ids for r in headed] != [r.completion_ids for r in base]
     batch = rollout.collate(headed, tok.pad_token_id, [r.head_logprobs for r in headed])
-    base_logp, head_logp = rollout.head_forward(model, engine.head, batch, 1.0)
+    base_logp, head_logp = r2po.head_forward(model, engine.logits_head, batch, 1.0)
     mask = batch["completion_mask"].bool()
     assert torch.allclose(base_logp[mask], batch["behaviour_logprobs"][mask], atol=1e-4)
     assert torch.allclose(head_logp[mask], batch["old_logprobs"][mask], atol=1e-4)
@@ -106,7 +110,7 @@ def test_head_changes_sampling_and_the_trainer_scores_it_as_the_engine_did(tiny)
 
 def test_vllm_engine_refuses_the_head_and_flags_say_so():
     with pytest.raises(ValueError, match="--engine torch"):
-        rollout.VLLMEngine.generate(object(), [Prompt(0, [1])], 1, Sampling(rollout_head=True))
+        vllm_engine.VLLMEngine.generate(object(), [Prompt(0, [1])], 1, Sampling(use_head=True))
     args = flags.parse(flags.Args, ["--preset", "r2po", "--engine", "vllm"], presets=flags.PRESETS)
     with pytest.raises(ValueError, match="needs --engine torch"):
         flags.check_args(args)
@@ -119,7 +123,7 @@ def test_vllm_engine_refuses_the_head_and_flags_say_so():
 def test_head_parameters_stay_under_a_tenth_of_the_model(tiny):
     model = tiny[0]
     n_model = sum(p.numel() for p in model.parameters())
-    head = head_of(model, rank=flags.Args().rollout_head_rank)
+    head = head_of(model, rank=flags.Args().r2po_head_rank)
     n_head = sum(p.numel() for p in head.parameters())
     assert n_head == 64 * (model.config.hidden_size + model.config.vocab_size)
     assert n_head < 0.1 * n_model
@@ -129,38 +133,41 @@ def test_head_parameters_stay_under_a_tenth_of_the_model(tiny):
 # ---- the two phases ---------------------------------------------------------------------------------------------
 
 def test_phases_follow_the_schedule():
-    args = flags.Args(rollout_head="residual", r2po_schedule="2,3")
-    assert [train.r2po_phase(args, s) for s in range(7)] == ["head"] * 2 + ["policy"] * 3 + ["head"] * 2
-    assert train.r2po_phase(flags.Args(), 0) is None
-    assert train.r2po_phase(flags.Args(rollout_head="residual", r2po_schedule="0,1"), 5) == "policy"
+    def phases(args):
+        return R2PO(ResidualHead(4, 4, 1), args)
+
+    args = flags.Args(r2po_head="residual", r2po_schedule="2,3")
+    assert [phases(args).phase(s) for s in range(7)] == ["head"] * 2 + ["policy"] * 3 + ["head"] * 2
+    assert r2po.make(flags.Args(), None, "cpu") is None
+    assert phases(flags.Args(r2po_head="residual", r2po_schedule="0,1")).phase(5) == "policy"
 
 
 def test_head_phase_moves_only_the_head_and_policy_phase_only_the_base(tiny):
-    model0, tok, prompts = tiny
-    model = load_model(MODEL)[0].train()
-    args = flags.Args(rollout_head="residual", lr=1e-2, r2po_head_lr=1e-2)
+    model, tok, prompts = tiny
+    model.train()
+    args = flags.Args(r2po_head="residual", lr=1e-2, r2po_head_lr=1e-2)
     torch.manual_seed(0)
     head = head_of(model, std=0.05)
     engine = TorchEngine(model, tok)
-    engine.head = head
+    engine.logits_head = head
     rollouts = engine.generate(prompts * 4, 8, Sampling(temperature=1.0, max_new_tokens=6, seed=0,
-                                                      rollout_head=True))
+                                                      use_head=True))
     for i, r in enumerate(rollouts):
         r.prompt_id = i % 7                                             # 7 mixed groups, not 4 all-equal ones
-        r.reward = float(len(r.completion_ids) % 2)
+        r.correct = float(len(r.completion_ids) % 2)
     train.score(rollouts, args)
-    head_opt = torch.optim.AdamW(head.parameters(), lr=args.r2po_head_lr)
+    method = R2PO(head, args)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     base0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     head0 = {n: p.detach().clone() for n, p in head.named_parameters()}
 
-    m = train.head_phase(head, head_opt, model, rollouts, args, tok.pad_token_id, 1).reduce(1)
+    m = method.head_step(model, rollouts, tok.pad_token_id, 1).reduce(1)
     assert all(torch.equal(p, base0[n]) for n, p in model.named_parameters())
     assert all(not torch.equal(p, head0[n]) for n, p in head.named_parameters())
     assert m["r2po/head_groups_used"] > 0 and m["r2po/head_kl"] > 0
 
     head1 = {n: p.detach().clone() for n, p in head.named_parameters()}
-    train.update(model, None, opt, rollouts, [], args, 1, tok.pad_token_id)
+    train.update(model, None, opt, rollouts, [], args, step=1, pad_id=tok.pad_token_id)
     assert all(torch.equal(p, head1[n]) for n, p in head.named_parameters())
     assert not all(torch.equal(p, base0[n]) for n, p in model.named_parameters())
 
@@ -171,8 +178,9 @@ def test_eval_does_not_depend_on_the_head(tiny):
     results = []
     for head in (None, head_of(model, std=0.5)):
         engine = TorchEngine(model, tok)
-        engine.head = head
-        eval_lib.evaluate_shard(engine, tok, sets, m := parallel.Metrics(), top_p=1.0, seed=0, max_new_tokens=6)
+        engine.logits_head = head
+        eval_lib.evaluate_shard(engine, tok, sets, m := metrics_lib.Metrics(), top_p=1.0, seed=0,
+                                max_new_tokens=6)
         results.append(m.reduce(1))
     assert results[0] == results[1] and "eval/accuracy" in results[0]
 
@@ -196,7 +204,7 @@ def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(str(ckpt))               # no custom code, the head file ignored
     assert {n for n, _ in hf.named_parameters()} == {n for n, _ in load_model(MODEL)[0].named_parameters()}
-    saved = load_file(str(ckpt / checkpoint.HEAD_FILE))
+    saved = load_file(str(ckpt / r2po.HEAD_FILE))
     assert set(saved) == {"w1.weight", "w2.weight"} and saved["w2.weight"].shape == (98, 64)
     head = ResidualHead(128, 98, 64)
     head.load_state_dict(saved)                                         # round-trips into the module
@@ -208,7 +216,7 @@ def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
     assert run(argv + ["--out-dir", str(b), "--resume", "auto"]) == 0
     no_time = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}   # noqa: E731
     assert [no_time(m) for m in ma[3:]] == [no_time(m) for m in metrics(b)]
-    hb = load_file(str(b / "checkpoints" / "step_000004" / checkpoint.HEAD_FILE))
+    hb = load_file(str(b / "checkpoints" / "step_000004" / r2po.HEAD_FILE))
     assert all(torch.equal(saved[n], hb[n]) for n in saved)
 
 
@@ -226,7 +234,7 @@ def test_distinct_answers_by_hand():
     def r(pid, text):
         return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text=text)
     rs = [r(0, "7"), r(0, "7"), r(0, "8"), r(0, "The answer is 8"), r(1, "5"), r(1, "5")]
-    assert rollout.distinct_answers(rs) == pytest.approx((2 / 4 + 1 / 2) / 2)
+    assert metrics_lib.distinct_answers(rs) == pytest.approx((2 / 4 + 1 / 2) / 2)
 
 
 def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):
@@ -243,4 +251,4 @@ def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):
     assert [m["r2po/phase"] for m in rows[1:]] == [0.0, 1.0]
     assert rows[1]["r2po/head_groups_used"] > 0 and rows[1]["r2po/head_loss"] != 0   # seed 3: groups to learn from
     assert rows[1]["rollout/generated"] == 32                       # 8 prompts x 4 over both ranks
-    assert (out / "checkpoints" / "step_000002" / checkpoint.HEAD_FILE).is_file()
+    assert (out / "checkpoints" / "step_000002" / r2po.HEAD_FILE).is_file()

@@ -1,18 +1,12 @@
 """rollout.py: collate alignment, engine log-probs equal the trainer's, sampling and weight sync."""
-import os
-import sys
 import types
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "assets"))
-
-import grpo  # noqa: E402
-from make_tiny_model import make_model, make_tokenizer  # noqa: E402
-from rollout import Prompt, Rollout, Sampling, TorchEngine, collate, load_model  # noqa: E402
+import grpo
+from make_tiny_model import make_model, make_tokenizer
+from rollout import Prompt, Rollout, Sampling, TorchEngine, collate, load_model
 
 
 @pytest.fixture(scope="module")

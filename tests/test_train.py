@@ -1,4 +1,7 @@
-"""train.py through the real loop, in subprocesses: weights change, replay happens, flags work, bad input is one line."""
+"""train.py through the real loop, in subprocesses: weights change, replay happens, flags work, bad
+input is one line. Also: the flags grouped by owner, as --help shows them; the verdict and the
+shaped reward, set once each."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -7,6 +10,12 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+
+import cli
+import flags
+import grpo
+import train
+from rollout import Rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
@@ -125,3 +134,75 @@ def test_unreadable_data_file(tmp_path):
     proc, _ = run_train(["--steps", "1", "--train-data", str(bad)], tmp_path, timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "bad.jsonl" in proc.stderr and "2" in proc.stderr     # names the file and the line
+
+
+# ---- the flags, grouped by owner; a method's own flags carry its prefix --------------------------
+
+GROUPS = ("run", "optimisation", "objective", "replay", "VIGOR", "R²PO", "engine", "eval and logs")
+# a method's flags: the prefix of their names, their group, the first word of their help
+METHODS = {"vigor_": ("VIGOR", "VIGOR:"), "r2po_": ("R²PO", "R²PO:"),
+           "hd_": ("replay", "Headroom-Drift:")}
+
+
+def test_every_flag_is_in_one_group_and_help_shows_the_groups():
+    groups = cli.field_groups(flags.Args)
+    assert set(groups) == {f.name for f in dataclasses.fields(flags.Args)}
+    assert tuple(dict.fromkeys(groups.values())) == GROUPS       # each group once, in this order
+    env = {**os.environ, "COLUMNS": "100", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--help"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    titles, shown = [], {}                     # the group titles, and {flag: the title it is under}
+    for line in p.stdout.splitlines():
+        if line.endswith(":") and line[:-1] in GROUPS:
+            titles.append(line[:-1])
+        elif line.startswith("  --") and titles:
+            shown[line.split()[0][2:].rstrip(",").replace("-", "_")] = titles[-1]  # bool: "--x,"
+    assert titles == list(GROUPS) and shown == groups
+
+
+def test_a_methods_own_flags_carry_its_prefix():
+    """Every field named vigor_* / r2po_* / hd_* is in the VIGOR / R²PO / replay group, and every
+    flag whose help says it is VIGOR's, R²PO's or Headroom-Drift's is named with that prefix."""
+    groups, docs = cli.field_groups(flags.Args), cli.field_docs(flags.Args)
+    for prefix, (group, word) in METHODS.items():
+        named = {n for n in groups if n.startswith(prefix)}
+        assert named and all(groups[n] == group for n in named), prefix
+        assert {n for n, d in docs.items() if d.startswith(word)} == named, prefix
+    assert {n for n, g in groups.items() if g in ("VIGOR", "R²PO")} == {
+        n for n in groups if n.startswith(("vigor_", "r2po_"))} | {"allocation"}
+    old = {"n_init", "n_step", "rollout_budget", "rollout_head", "rollout_head_rank", "headroom",
+           "replay_groups", "drift_candidates", "drift_max"}
+    assert not old & set(groups)                                  # the names before the prefixes
+
+
+# ---- the verdict and the shaped reward: set once each --------------------------------------------
+
+def test_grade_sets_the_verdict_and_score_the_shaped_reward():
+    """train.grade sets r.correct (the verifier's verdict) and nothing else; train.score reads it,
+    sets r.reward (with DAPO's overlong penalty: not the verdict) and r.advantage, leaves the
+    verdict as it was and returns the verdicts. Scoring again gives the same rewards: it starts from
+    r.correct, never from an earlier r.reward."""
+    texts = ["7", "7", "8", "8", "5", "5"]
+    lengths = [1, 4, 1, 3, 2, 4]       # max_new_tokens 4, buffer 2: penalty 0, -1, 0, -0.5, 0, -1
+    rs = [Rollout(prompt_id=i // 4, prompt_ids=[1], completion_ids=[2] * n, logprobs=[0.0] * n,
+                  text=t, answer="7" if i < 4 else "5")
+          for i, (t, n) in enumerate(zip(texts, lengths))]
+    train.grade(rs)
+    assert [r.correct for r in rs] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert all(r.reward == 0.0 and r.advantage == 0.0 for r in rs)  # grading scores nothing
+    args = flags.Args(max_new_tokens=4, overlong_buffer=2)
+    verdicts = train.score(rs, args)
+    assert verdicts.tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert [r.correct for r in rs] == verdicts.tolist()            # the verdict unchanged
+    rewards = [1.0, 0.0, 0.0, -0.5, 1.0, 0.0]
+    assert [r.reward for r in rs] == rewards                       # shaped: not the verdict
+    adv = grpo.grpo_advantages(torch.tensor(rewards), torch.tensor([0, 0, 0, 0, 1, 1]))
+    assert [r.advantage for r in rs] == pytest.approx(adv.tolist())
+    # DAPO's dynamic sampling reads the verdicts: group 1 is all correct, whatever its rewards
+    assert grpo.dynamic_sampling_keep(verdicts, torch.tensor([0, 0, 0, 0, 1, 1])).tolist() == [
+        True] * 4 + [False] * 2
+    train.score(rs, args)
+    assert [r.reward for r in rs] == rewards and [r.correct for r in rs] == verdicts.tolist()
+    train.score(rs, flags.Args())                                  # no penalty: reward = verdict
+    assert [r.reward for r in rs] == [r.correct for r in rs]

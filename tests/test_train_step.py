@@ -5,23 +5,20 @@ import json
 import io
 import math
 import os
-import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "assets"))
+import flags
+import parallel
+import rollout
+import train
+from make_tiny_model import make_model, make_tokenizer
+from metrics import Metrics
+from rollout import Rollout
 
-import buffer  # noqa: E402
-import flags  # noqa: E402
-import parallel  # noqa: E402
-import rollout  # noqa: E402
-import train  # noqa: E402
-from make_tiny_model import make_model, make_tokenizer  # noqa: E402
-from rollout import Rollout  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- 3. fresh-anchored mini-batches ---------------------------------------------------------------------------------
@@ -30,8 +27,8 @@ def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
     """512 fresh + 256 replayed in 3 mini-batches: (170 or 171 fresh, 85 or 86 replayed) each, never pure replay;
     every index exactly once per epoch; epoch 0 keeps the batch order; later epochs are seeded shuffles."""
     def mini_batches(n_fresh, n_replayed, a, step, epoch):                  # as train.update calls it
-        return buffer.mini_batches(n_fresh, n_replayed, a.mini_batches,
-                                   train.shuffle_seed(a.seed, step, epoch) if epoch else None)
+        return rollout.mini_batches(n_fresh, n_replayed, a.mini_batches,
+                                    train.shuffle_seed(a.seed, step, epoch) if epoch else None)
     a = train.Args(mini_batches=3, seed=5)
     for epoch in range(3):
         parts = mini_batches(512, 256, a, step=7, epoch=epoch)
@@ -71,7 +68,7 @@ def test_veto_uses_behaviour_logprobs_under_tis():
     mask = mb["completion_mask"].bool()
     mb["old_logprobs"] = torch.where(mask, current, 0.0)                   # TIS: proximal = the current weights
     mb["behaviour_logprobs"] = torch.where(mask, current + 20.0, 0.0)      # behaviour: far more likely back then
-    m, m_off = parallel.Metrics(), parallel.Metrics()
+    m, m_off = Metrics(), Metrics()
     train.micro_batch_loss(model, None, mb, a, 2.0, m)
     assert m.reduce(1)["loss/veto_frac"] == pytest.approx(0.5)              # 2 tokens: the second is vetoed
     train.micro_batch_loss(model, None, mb, dataclasses.replace(a, veto_scope="none"), 2.0, m_off)
@@ -105,12 +102,13 @@ def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
         model.zero_grad(set_to_none=True)
         loss = 0.0
         for mb in mbs:
-            mb_loss = train.micro_batch_loss(model, None, mb, a, n, parallel.Metrics())
+            mb_loss = train.micro_batch_loss(model, None, mb, a, n, Metrics())
             mb_loss.backward()
             loss += mb_loss.item()
         return n, loss, [p.grad.clone() for p in model.parameters()]
     n0, loss0, g0 = loss_and_grads([rollout.collate(rs, tok.pad_token_id, old)])            # by hand: no bucketing
-    n1, loss1, g1 = loss_and_grads(rollout.micro_batches(rs, 3, tok.pad_token_id, "cpu", old))
+    n1, loss1, g1 = loss_and_grads(rollout.micro_batches(rs, 3, tok.pad_token_id, "cpu",
+                                                         old_logprobs=old))
     assert n1 == n0 and loss1 == pytest.approx(loss0, abs=1e-6) and loss0 != 0
     assert max(float((x - y).abs().max()) for x, y in zip(g0, g1)) <= 1e-6
     assert max(float(x.abs().max()) for x in g0) > 1e-3                                     # not vacuous
@@ -139,8 +137,9 @@ def test_dynamic_sampling_drops_all_correct_groups_whatever_their_lengths():
     a = train.Args(max_new_tokens=8, overlong_buffer=4, dynamic_sampling=True, prompts_per_step=2, group_size=4)
     group0 = [_rollout(0, "5", "5", n) for n in (2, 6, 7, 8)]             # all correct, lengths differ
     group1 = [_rollout(1, t, "5", 2) for t in ("5", "4", "4", "4")]          # one correct
-    fresh, generated, _ = train.generate_and_score(FixedEngine(group0 + group1), prompts=[None] * 2, mine=[0, 1],
-                                                   pos=0, args=a, step=0, rank=0, world=1)
+    fresh, generated, _ = train.generate_and_score(FixedEngine(group0 + group1), prompts=[None] * 2,
+                                                   mine=[0, 1], pos=0, args=a, step=0, rank=0,
+                                                   world=1, metrics=Metrics())
     shaped = [r for r in generated if r.prompt_id == 0]
     assert len({r.reward for r in shaped}) > 1 and any(r.advantage != 0 for r in shaped)   # shaped rewards differ
     assert [r.prompt_id for r in fresh] == [1] * 4                          # ...but group 0 is all correct: dropped
@@ -308,7 +307,7 @@ def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
 
 def test_help_lists_every_flag_and_preset(capsys):
     """`python train.py --help` exits 0 (argparse %-formats help strings: a literal % in a field's docstring, as in
-    --rollout-head-rank's '2% of a 0.5B model', once made it a traceback)."""
+    --r2po-head-rank's '2% of a 0.5B model', once made it a traceback)."""
     with pytest.raises(SystemExit) as exit_:
         train.main(["--help"])
     assert exit_.value.code == 0

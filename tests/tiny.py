@@ -8,15 +8,10 @@ steps the model answers with *some* digit, right about a third of the time, so g
 """
 import json
 import os
-import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "assets"))
-
-from make_tiny_model import make_model, make_tokenizer  # noqa: E402
+from make_tiny_model import make_model, make_tokenizer  # assets/ (on the path: tests/conftest.py)
 
 DIGITS = [str(d) for d in range(10)]
 

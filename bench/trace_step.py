@@ -1,0 +1,73 @@
+"""What a reader opens to follow one loop step: the project functions one default step of train.py calls,
+within --depth calls of train(), in first-call order, and how often that order switches files.
+
+    python bench/trace_step.py               # the 2nd of 3 steps of the built-in default, depth 3
+    python bench/trace_step.py --depth 99    # every project function the step reaches
+
+It traces a real run (sys.setprofile), so what it lists is what runs, not what a reading guesses. The
+step is the second one (the first pays for a canary check every --check-every steps); eval is off.
+"""
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def trace(depth: int, out_dir: str) -> list[tuple[str, str]]:
+    """(file, function) of every project function called within `depth` calls of train() during the
+    second loop step, in first-call order."""
+    sys.path.insert(0, ROOT)
+    import train
+    state = {"train_depth": None, "stats_calls": 0, "recording": False}
+    order: list[tuple[str, str]] = []
+
+    def stack_depth(frame) -> int:
+        d = 0
+        while frame is not None:
+            d, frame = d + 1, frame.f_back
+        return d
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event != "call" or not code.co_filename.startswith(ROOT) or code.co_name.startswith("<"):
+            return
+        if os.sep + "tests" + os.sep in code.co_filename:
+            return
+        if state["train_depth"] is None:
+            if code.co_name == "train" and code.co_filename.endswith("train.py"):
+                state["train_depth"] = stack_depth(frame)
+            return
+        rel = stack_depth(frame) - state["train_depth"]
+        if rel == 1 and code.co_name == "stats" and code.co_filename.endswith("verify.py"):
+            state["stats_calls"] += 1            # twice a step, at its start and its end
+            state["recording"] = state["stats_calls"] in (3, 4)
+        key = (os.path.relpath(code.co_filename, ROOT), code.co_name)
+        if state["recording"] and 1 <= rel <= depth and key not in order:
+            order.append(key)
+
+    sys.setprofile(profile)
+    try:
+        train.main(["--steps", "3", "--threads", "1", "--eval-every", "0", "--eval-size", "8",
+                    "--save-every", "0", "--out-dir", out_dir])
+    finally:
+        sys.setprofile(None)
+    return order
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--depth", type=int, default=3, help="calls below train() to follow (default: 3)")
+    ap.add_argument("--out-dir", default="runs/trace_step", help="the traced run's output directory")
+    args = ap.parse_args(argv)
+    order = trace(args.depth, args.out_dir)
+    switches = sum(a[0] != b[0] for a, b in zip(order, order[1:]))
+    files = len({f for f, _ in order})
+    print(f"{len(order)} functions in {files} files, {switches} file switches (depth {args.depth})")
+    for f, name in order:
+        print(f"  {f}:{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
