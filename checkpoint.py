@@ -32,10 +32,10 @@ nowhere: buffer.py owns a Generator), and the engine's sampling seed, which trai
 (seed, rank, step), so it needs no state. A checkpoint written by W ranks resumes with W ranks: each
 rank's replay buffer belongs to that rank's share of the prompts.
 
-Around them: `resolve` reads `--resume DIR|auto`; `open_log` continues metrics.jsonl / samples.jsonl
-on resume (appending after the resumed step, dropping lines of steps that are being redone);
-`point_final` keeps `out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a
-resumed run changed.
+Around them: `load_model` reads any Hugging Face directory (a checkpoint or a base model); `resolve`
+reads `--resume DIR|auto`; `open_log` continues metrics.jsonl / samples.jsonl on resume (appending
+after the resumed step, dropping lines of steps that are being redone); `point_final` keeps
+`out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed.
 """
 import dataclasses
 import json
@@ -165,6 +165,22 @@ def save(root: str, step: int, model, opt, tokenizer, args, *, guard, replay, po
         shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
+
+
+def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) from a local Hugging Face directory. FileNotFoundError / ValueError, never
+    downloads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory not found: {path}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    model = model.to(device)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
 
 
 def latest(root: str) -> str | None:

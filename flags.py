@@ -16,7 +16,7 @@ import buffer
 import data
 import grpo
 import r2po
-import rollout
+import vigor
 import vllm_engine
 from cli import choices, field_docs, field_groups, parse  # noqa: F401  (flags.parse, as before)
 
@@ -126,6 +126,9 @@ class Args:
     """optimizer steps per pass (the batch is split into this many)"""
     micro_batch_size: int = 256
     """rollouts per forward/backward (memory only: does not change the gradient)"""
+    micro_batch_tokens: int = 0
+    """padded tokens (rows x longest row) per forward/backward at most, beside --micro-batch-size
+    (memory only); 0 = auto: 2^28 / vocabulary size, about 1 GiB of fp32 logits"""
     # ---- objective -------------------------------------------------------------------------------
     adv: Literal[tuple(grpo.ADVANTAGES)] = "grpo"
     """advantage: grpo ((r - mean) / (std + 1e-6)) | drgrpo (r - mean)"""
@@ -189,7 +192,7 @@ class Args:
     """Headroom-Drift: skip (keep) a group whose drift mean_i |mean_t log(pi_theta / pi_behaviour)|
     is above this"""
     # ---- VIGOR -----------------------------------------------------------------------------------
-    allocation: Literal[rollout.ALLOCATIONS] = "fixed"
+    allocation: Literal[vigor.ALLOCATIONS] = "fixed"
     """completions per prompt: fixed (group_size each) | vigor (variance-guided at the same budget:
     --vigor-*)"""
     vigor_n_init: int = 2
@@ -255,7 +258,8 @@ class Args:
 AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size",
               "epochs", "hd_groups", "hd_candidates", "mini_batches", "max_bad_steps", "eval_k",
               "vigor_n_init", "vigor_n_step", "vigor_top", "r2po_head_rank")
-AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "kl_coef", "tis_cap",
+AT_LEAST_0 = ("micro_batch_tokens", "tau_max", "replay_ratio", "priority_alpha", "replay_capacity",
+              "kl_coef", "tis_cap",
               "dual_clip", "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay",
               "max_grad_norm", "eval_every", "save_every", "log_samples", "threads",
               "eval_temperature", "seed", "check_every", "max_logprob_diff", "hd_drift_max",
@@ -333,10 +337,32 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
     ]
 
 
-def check_sizes(args, model, prompts: list, world: int) -> None:
+AUTO_LOGITS = 2 ** 28        # --micro-batch-tokens 0: logits per micro-batch (1 GiB in fp32)
+
+
+def micro_batch_tokens(args, model) -> int:
+    """--micro-batch-tokens, with 0 resolved to AUTO_LOGITS / the vocabulary size."""
+    return args.micro_batch_tokens or max(AUTO_LOGITS // model.config.vocab_size, 1)
+
+
+def update_memory(args, model, longest_prompt: int) -> int:
+    """Bytes an optimizer step needs, roughly: weights, gradients and AdamW's two moments in fp32
+    (16 bytes a parameter), plus one micro-batch's activations: per padded token, the fp32 logits
+    with their gradient and log-softmax (12 V bytes) and about 34 d bytes a layer in 16 bits
+    (Korthikanti et al. 2022, without attention scores)."""
+    c = model.config
+    rows = args.micro_batch_size * (longest_prompt + args.max_new_tokens)
+    tokens = min(micro_batch_tokens(args, model), rows)
+    per_token = 12 * c.vocab_size + 34 * c.hidden_size * c.num_hidden_layers
+    n_params = sum(p.numel() for p in model.parameters())
+    return 16 * n_params + tokens * per_token
+
+
+def check_sizes(args, model, prompts: list, world: int, device_memory: int | None = None) -> list:
     """Bounds that need the model and the data: a prompt must not appear twice in one step (its two
     groups would share a prompt_id and be merged), the eval split must hold --eval-size prompts, and
-    the longest prompt plus --max-new-tokens must fit the model's positions."""
+    the longest prompt plus --max-new-tokens must fit the model's positions. Returns warnings: an
+    update that may not fit `device_memory` bytes (update_memory's estimate)."""
     if args.prompts_per_step // world > len(prompts) // world:
         raise ValueError(f"--prompts-per-step ({args.prompts_per_step}) exceeds the {len(prompts)} "
                          f"training prompts (at most {len(prompts) // world * world} on {world} "
@@ -350,3 +376,9 @@ def check_sizes(args, model, prompts: list, world: int) -> None:
     if limit and longest + args.max_new_tokens > limit:
         raise ValueError(f"--max-new-tokens ({args.max_new_tokens}) plus the longest prompt "
                          f"({longest} tokens) exceeds the model's {limit} positions")
+    need = update_memory(args, model, longest)
+    if device_memory is not None and need > device_memory:
+        return [f"the update may need about {need / 2**30:.1f} GiB (weights, gradients, AdamW "
+                f"and one micro-batch), more than the device's {device_memory / 2**30:.1f} GiB: "
+                f"lower --micro-batch-tokens or --micro-batch-size, or use more GPUs"]
+    return []

@@ -7,7 +7,7 @@
 
 Each component reports its own metrics, with the weight or kind that says how they combine:
 grpo.policy_loss's token means (through train.micro_batch_loss), the replay buffers
-(`buffer.report`), VIGOR's allocation (`rollout.vigor_generate`), R²PO (`r2po.R2PO`), the rollouts
+(`buffer.report`), VIGOR's allocation (`vigor.vigor_generate`), R²PO (`r2po.R2PO`), the rollouts
 of the step (`rollout_metrics`, here). Nothing here knows another module's key names;
 docs/metrics.md lists them all.
 

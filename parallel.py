@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 import grpo
@@ -62,21 +63,31 @@ def global_normaliser(micro_batches: list[dict], agg: str, max_len: int,
 
 @torch.no_grad()
 def lockstep_logprobs(model, rollouts: list, size: int, temperature: float, pad_id: int,
-                      world: int) -> list:
+                      world: int, max_tokens: int = 0) -> list:
     """Each rollout's completion log-probs under `model` (rollout.forward_logprobs), in
     micro-batches of `size` run in lockstep with the other ranks: a list of floats per rollout, in
     the order of `rollouts` (micro-batches group rows by length: rollout.length_buckets says where
     each row came from)."""
     out = [None] * len(rollouts)
-    mbs = micro_batches(rollouts, size, pad_id, next(model.parameters()).device)
-    buckets = length_buckets(rollouts, size)
+    device = next(model.parameters()).device
+    mbs = micro_batches(rollouts, size, pad_id, device, max_tokens=max_tokens)
+    buckets = length_buckets(rollouts, size, max_tokens)
     # to the end: the padding passes too
     for j, mb in enumerate(lockstep(mbs, model, pad_id, world, backward=False)):
         logp = forward_logprobs(model, mb, temperature)[1]                       # [b, T]
         for b, i in enumerate(buckets[j]):
             P, T = len(rollouts[i].prompt_ids), len(rollouts[i].completion_ids)
             out[i] = logp[b, P - 1:P - 1 + T].tolist()
+    reshard(model)
     return out
+
+
+def reshard(model) -> None:
+    """Under FSDP2, free the gathered parameters a no-grad forward left behind: without a backward
+    the root keeps its full (bf16 on CUDA) parameters until the next one. A no-op unsharded."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def clip_gradients(model, max_norm: float) -> float:

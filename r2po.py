@@ -137,7 +137,8 @@ class R2PO:
         device = next(self.head.parameters()).device
         # the ratio's old log-probs: the head's, at generation
         mbs = micro_batches(batch, a.micro_batch_size, pad_id, device,
-                            old_logprobs=[r.head_logprobs for r in batch])
+                            old_logprobs=[r.head_logprobs for r in batch],
+                            max_tokens=a.micro_batch_tokens)
         normaliser = parallel.global_normaliser(mbs, a.agg, a.max_new_tokens, world)
         if normaliser is None:
             return metrics
@@ -153,6 +154,7 @@ class R2PO:
             head_loss += loss.item()
             head_kl = grpo.masked_mean(kl.detach(), mask)
             metrics.token_means({"r2po/head_kl": head_kl}, float(mask.sum()))
+        parallel.reshard(model)                    # the base ran its forwards without a backward
         metrics.total("r2po/head_loss", head_loss)  # the step's surrogate, summed over ranks
         parallel.sum_gradients(self.head, world)
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), a.max_grad_norm or float("inf"))

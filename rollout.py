@@ -13,16 +13,16 @@ canary that checks the engine. (The vLLM engine, same interface: vllm_engine.py.
   behaviour log-prob of every sampled token, the denominator of every importance ratio in grpo.py.
   `load_weights(named_tensors)` refreshes the copy once per loop step, after the update; its
   `logits_head` hook adds a module's output to the logits it samples from (R²PO's head, r2po.py).
-- Allocation: `vigor_generate`, VIGOR's variance-guided group sizes (fixed: `engine.generate`).
+- Allocation: a fixed `group_size` per prompt is one `engine.generate`; VIGOR's variance-guided
+  group sizes are vigor.py's.
 - The canary: `logprob_diff` and `check_canary`: does the engine sample from the trainer's weights?
-- `load_model(path)`: a Hugging Face directory -> (model, tokenizer), a clear error for a bad path.
+- `load_model(path)` (checkpoint.py's, re-exported): a Hugging Face directory -> (model, tokenizer).
 
 Log-prob convention (the trainer must use the same, or ratios are biased): log softmax(logits /
 temperature) of the full vocabulary, before top-p truncation (as vLLM reports by default). Greedy
 decoding (temperature 0) records log softmax(logits). Shapes: B sequences, P prompt tokens, T
 completion tokens, L = P + T, V vocabulary.
 """
-import collections
 import copy
 import functools
 import inspect
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 import grpo
+from checkpoint import load_model  # noqa: F401  (rollout.load_model, as before)
 from data import Prompt  # noqa: F401  (the engines' input; also rollout.Prompt)
 
 
@@ -121,27 +122,33 @@ def mini_batches(n_fresh: int, n_replayed: int, parts: int,
     return [piece(fresh, j) + piece(replayed, j) for j in range(parts)]
 
 
-def length_buckets(rollouts: list[Rollout], size: int) -> list[list[int]]:
-    """Indices of `rollouts` in chunks of at most `size`, sorted by length (prompt + completion;
-    stable), so that a micro-batch pads to about its own rows' length (built-in default: 16.8% of
-    the forward positions are padding in consecutive chunks, 7.9% sorted; bench/step_time.py). As
-    many chunks of the same sizes as consecutive ones; every index once."""
+def length_buckets(rollouts: list[Rollout], size: int, max_tokens: int = 0) -> list[list[int]]:
+    """Indices of `rollouts` in chunks of at most `size` rows, sorted by length (prompt +
+    completion; stable), so that a micro-batch pads to about its own rows' length (built-in
+    default: 16.8% of the forward positions are padding in consecutive chunks, 7.9% sorted); with
+    `max_tokens`, also at most that many padded positions (rows x longest; a longer row alone)."""
     def length(i: int) -> int:
         return len(rollouts[i].prompt_ids) + len(rollouts[i].completion_ids)
 
-    order = sorted(range(len(rollouts)), key=length)
-    return [order[i:i + size] for i in range(0, len(order), size)]
+    chunks: list[list[int]] = []
+    for i in sorted(range(len(rollouts)), key=length):    # ascending: i is its chunk's longest
+        full = chunks and (len(chunks[-1]) == size
+                           or max_tokens and (len(chunks[-1]) + 1) * length(i) > max_tokens)
+        if not chunks or full:
+            chunks.append([])
+        chunks[-1].append(i)
+    return chunks
 
 
 def micro_batches(rollouts: list[Rollout], size: int, pad_id: int, device, *,
-                  old_logprobs: list | None = None, mask_truncated: bool = False) -> list[dict]:
-    """`rollouts` in micro-batches of at most `size`, rows grouped by length (`length_buckets`:
-    micro-batch j holds rollouts[i] for i in length_buckets(rollouts, size)[j]), each collated once
-    and moved to `device`. The order does not change the gradient: the loss is a sum over tokens
-    with a normaliser fixed before the first micro-batch (parallel.global_normaliser), so only the
-    float summation order differs."""
+                  old_logprobs: list | None = None, mask_truncated: bool = False,
+                  max_tokens: int = 0) -> list[dict]:
+    """`rollouts` in micro-batches of at most `size` rows and `max_tokens` padded positions (0: no
+    bound), in the chunks of `length_buckets`, each collated once and moved to `device`. Neither
+    changes the gradient: the loss is a sum over tokens with a normaliser fixed before the first
+    micro-batch (parallel.global_normaliser), so only the float summation order differs."""
     out = []
-    for idx in length_buckets(rollouts, size):
+    for idx in length_buckets(rollouts, size, max_tokens):
         old = [old_logprobs[i] for i in idx] if old_logprobs else None
         batch = collate([rollouts[i] for i in idx], pad_id, old, mask_truncated)
         out.append({k: v.to(device) for k, v in batch.items()})
@@ -154,22 +161,6 @@ def forward_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tens
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     logits = out.logits[:, :-1]
     return logits, grpo.token_logprobs(logits, batch["input_ids"][:, 1:], temperature)
-
-
-def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from a local Hugging Face directory. FileNotFoundError / ValueError, never
-    downloads."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory not found: {path}")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    model = model.to(device)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
 
 
 # ---- sampling, in small pieces -------------------------------------------------------------------
@@ -332,77 +323,6 @@ class TorchEngine:
         return out
 
 
-# ---- allocation: how many completions each prompt gets -------------------------------------------
-
-ALLOCATIONS = ("fixed", "vigor")
-
-
-def group_variance(rollouts: list[Rollout]) -> dict[int, float]:
-    """{prompt_id: population variance of its rollouts' verdicts} (for 0/1 verdicts p(1 - p))."""
-    by_prompt: dict[int, list[float]] = {}
-    for r in rollouts:
-        by_prompt.setdefault(r.prompt_id, []).append(r.correct)
-    return {pid: sum((x - sum(rs) / len(rs)) ** 2 for x in rs) / len(rs)
-            for pid, rs in by_prompt.items()}
-
-
-def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, grade, *, n_init: int,
-                   n_step: int, top: int, budget: int, metrics=None) -> tuple[list[Rollout], dict]:
-    """VIGOR's variance-guided allocation. The paper was not available; this is the reading of its
-    abstract ("begins with a small number of rollouts for all examples in a batch and iteratively
-    allocates additional rollouts to those with the highest group reward variance until a fixed
-    total rollout budget is reached"):
-
-        round 0:  every prompt gets n_init completions;
-        round k:  the `top` prompts with the highest reward variance (population variance of their
-                  group so far, > 0 only: a prompt whose completions all agree gets no more) get
-                  n_step more each, in one engine call; the last round is cut to fit, so exactly
-                  `budget` completions are generated in all (fewer only when every prompt's variance
-                  is 0: nothing is left to learn from them this step).
-
-    `sampling_for(k)` is round k's Sampling (its own seed); `grade(rollouts)` sets each one's
-    r.correct (the variance is of those verdicts). A prompt's completions keep its prompt_id, so its
-    whole variable-size group is one GRPO group. Returns (rollouts grouped by prompt in prompt
-    order, stats); with `metrics` (a metrics.Metrics) the stats are also reported there, each with
-    how it combines over ranks."""
-    if budget < n_init * len(prompts):
-        raise ValueError(f"VIGOR: budget {budget} < n_init {n_init} x {len(prompts)} prompts")
-    out = engine.generate(prompts, n_init, sampling_for(0), version=version)
-    grade(out)
-    zero_before = sum(v == 0 for v in group_variance(out).values()) / len(prompts)
-    rounds = 0
-    while len(out) < budget:
-        var = group_variance(out)
-        with_variance = (p for p in prompts if var[p.prompt_id] > 0)
-        ranked = sorted(with_variance, key=lambda p: -var[p.prompt_id])[:top]
-        if not ranked:
-            break
-        left, extra = budget - len(out), []
-        # n_step each, highest variance first, the last one cut
-        for p in ranked:
-            extra += [p] * min(n_step, left - len(extra))
-            if len(extra) == left:
-                break
-        rounds += 1
-        new = engine.generate(extra, 1, sampling_for(rounds), version=version)
-        grade(new)
-        out += new
-    order = {p.prompt_id: i for i, p in enumerate(prompts)}
-    # stable: each group's completions in generation order
-    out.sort(key=lambda r: order[r.prompt_id])
-    count = collections.Counter(r.prompt_id for r in out)
-    sizes = [count[p.prompt_id] for p in prompts]
-    stats = {"vigor/rounds": rounds, "vigor/group_size_min": min(sizes),
-             "vigor/group_size_max": max(sizes), "vigor/group_size_mean": sum(sizes) / len(sizes),
-             "vigor/zero_std_frac_before": zero_before}
-    if metrics is not None:
-        metrics.min("vigor/group_size_min", stats["vigor/group_size_min"])
-        metrics.max("vigor/group_size_max", stats["vigor/group_size_max"])
-        for key in ("vigor/rounds", "vigor/group_size_mean", "vigor/zero_std_frac_before"):
-            metrics.mean(key, stats[key], len(prompts))
-    return out, stats
-
-
 # ---- the canary: does the engine sample from the trainer's weights? ------------------------------
 
 class EngineMismatchError(RuntimeError):
@@ -418,6 +338,15 @@ def check_canary(diff: float, limit: float, step: int) -> None:
                                   f"the trainer's weights (stale or wrongly loaded)")
 
 
+def _collated(model, rollouts: list[Rollout], pad_id: int) -> dict:
+    device = next(model.parameters()).device
+    return {k: v.to(device) for k, v in collate(rollouts, pad_id).items()}
+
+
+def _token_gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return ((a - b).abs() * mask).sum().item() / max(mask.sum().item(), 1.0)
+
+
 @torch.no_grad()
 def logprob_diff(model, rollouts: list[Rollout], temperature: float, pad_id: int) -> float:
     """The canary: mean over completion tokens of |engine log-prob - trainer log-prob|, the
@@ -427,12 +356,28 @@ def logprob_diff(model, rollouts: list[Rollout], temperature: float, pad_id: int
     it (the forward is a collective). 0.0 for no tokens."""
     if not rollouts:
         return 0.0
-    device = next(model.parameters()).device
-    b = {k: v.to(device) for k, v in collate(rollouts, pad_id).items()}
+    b = _collated(model, rollouts, pad_id)
     logp = forward_logprobs(model, b, temperature or 1.0)[1]                  # greedy: log softmax
-    mask = b["completion_mask"]
-    gap = ((logp - b["behaviour_logprobs"]).abs() * mask).sum().item()
-    return gap / max(mask.sum().item(), 1.0)
+    return _token_gap(logp, b["behaviour_logprobs"], b["completion_mask"])
+
+
+@torch.no_grad()
+def logprob_floor(model, rollouts: list[Rollout], temperature: float, pad_id: int) -> float:
+    """The canary's floor: mean over completion tokens of |bf16 log-prob - fp32 log-prob| of the
+    trainer's own forward, what precision alone moves a log-prob (a bf16 engine's logprob_diff
+    cannot go below it). A model wrapped by train.autocast_bf16 runs its class's fp32 forward."""
+    if not rollouts:
+        return 0.0
+    b = _collated(model, rollouts, pad_id)
+    wrapper = model.__dict__.pop("forward", None)                 # autocast_bf16's, if any
+    try:
+        fp32 = forward_logprobs(model, b, temperature or 1.0)[1]
+        with torch.autocast(b["input_ids"].device.type, dtype=torch.bfloat16):
+            bf16 = forward_logprobs(model, b, temperature or 1.0)[1]
+    finally:
+        if wrapper is not None:
+            model.forward = wrapper
+    return _token_gap(bf16, fp32, b["completion_mask"])
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ hand-written FSDP2 wrapping.
 Each step of `train()` reads top to bottom:
 1. generate  `prompts_per_step` prompts x `group_size` completions from the rollout engine
              (behaviour log-probs kept), each graded by the verifier (r.correct); VIGOR:
-             variance-guided group sizes at the same budget (rollout.vigor_generate); DAPO: extra
+             variance-guided group sizes at the same budget (vigor.vigor_generate); DAPO: extra
              rounds for the groups dynamic sampling drops;
 2. score     the shaped reward (r.reward: the verdict, plus DAPO's overlong penalty), then one
              advantage per rollout from its own group (grpo.py), set once;
@@ -67,6 +67,7 @@ import parallel
 import r2po as r2po_lib
 import rollout
 import verify
+import vigor
 import vllm_engine
 from flags import Args
 from metrics import Metrics
@@ -101,6 +102,11 @@ def setup_distributed() -> tuple[int, int, str]:
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
+        if local >= torch.cuda.device_count():
+            raise ValueError(f"LOCAL_RANK {local}, but this machine shows "
+                             f"{torch.cuda.device_count()} GPU(s): start at most that many "
+                             f"processes per node (--nproc-per-node), or check "
+                             f"CUDA_VISIBLE_DEVICES")
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         return rank, world, f"cuda:{local}"
@@ -135,6 +141,21 @@ def shard_model(model, device: str):
     return model
 
 
+def precision(device: str, distributed: bool) -> str:
+    """How the trainer's forward computes: "fsdp-bf16" under torchrun on CUDA (shard_model's
+    policy), "autocast-bf16" in one process on CUDA (bf16 matmuls, fp32 weights and AdamW: the same
+    precision without a process group), "fp32" on CPU."""
+    if torch.device(device).type != "cuda":
+        return "fp32"
+    return "fsdp-bf16" if distributed else "autocast-bf16"
+
+
+def autocast_bf16(model, device_type: str = "cuda"):
+    """The model's forward under bf16 autocast (in place; returns the model)."""
+    model.forward = torch.autocast(device_type, dtype=torch.bfloat16)(model.forward)
+    return model
+
+
 class Setup(NamedTuple):
     engine: object                        # TorchEngine or vllm_engine.VLLMEngine
     model: torch.nn.Module                # the policy, sharded under torchrun
@@ -142,6 +163,7 @@ class Setup(NamedTuple):
     opt: torch.optim.Optimizer
     replay: object | None                 # buffer.RolloutReplay, buffer.GroupReplay or None
     r2po: r2po_lib.R2PO | None            # R²PO's head and its optimizer (--r2po-head residual)
+    precision: str                        # the trainer's forward: fp32 | autocast-bf16 | fsdp-bf16
 
 
 def setup(args: Args, model, tok, *, rank: int, world: int, device: str, max_len: int) -> Setup:
@@ -156,6 +178,9 @@ def setup(args: Args, model, tok, *, rank: int, world: int, device: str, max_len
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = shard_model(model, device).train()
+    forward = precision(device, dist.is_initialized())     # before vLLM starts a process group
+    if forward == "autocast-bf16":
+        model = autocast_bf16(model)               # one GPU: bf16, as torchrun's policy gives
     if engine is None:
         engine = vllm_engine.make_engine("vllm", model, tok, args.model, device,
                                          seed=replay_seed(args.seed, rank), max_model_len=max_len,
@@ -165,7 +190,7 @@ def setup(args: Args, model, tok, *, rank: int, world: int, device: str, max_len
 
     def policy_logprobs(rollouts):                 # Headroom-Drift's drift forward, in lockstep
         return parallel.lockstep_logprobs(model, rollouts, args.micro_batch_size, args.temperature,
-                                          tok.pad_token_id, world)
+                                          tok.pad_token_id, world, args.micro_batch_tokens)
 
     replay = buffer.make_replay(args.replay, tau_max=args.tau_max, ratio=args.replay_ratio,
                                 alpha=args.priority_alpha, capacity=args.replay_capacity or None,
@@ -175,7 +200,7 @@ def setup(args: Args, model, tok, *, rank: int, world: int, device: str, max_len
     r2po = r2po_lib.make(args, model, device)
     if r2po is not None:
         engine.logits_head = r2po.head               # the engine samples through the trainer's head
-    return Setup(engine, model, ref_model, opt, replay, r2po)
+    return Setup(engine, model, ref_model, opt, replay, r2po, forward)
 
 
 # ---- 1. generate and 2. score --------------------------------------------------------------------
@@ -228,7 +253,7 @@ def generate(engine, prompts, args: Args, *, step: int, rank: int, round_: int, 
     def sampling_for(k: int) -> Sampling:
         return sampling(args, rank, step, round_ + k)
 
-    new, _ = rollout.vigor_generate(engine, prompts, sampling_for, step, grade,
+    new, _ = vigor.vigor_generate(engine, prompts, sampling_for, step, grade,
                                     n_init=args.vigor_n_init, n_step=args.vigor_n_step,
                                     top=args.vigor_top, budget=budget, metrics=metrics)
     return new
@@ -328,13 +353,15 @@ def update(model, ref_model, opt, fresh, replayed, args: Args, *, step: int, pad
     size = args.micro_batch_size
     old = None
     if args.tis_cap:  # TIS: the proximal policy's log-probs, recomputed
-        old = parallel.lockstep_logprobs(model, batch, size, args.temperature, pad_id, world)
+        old = parallel.lockstep_logprobs(model, batch, size, args.temperature, pad_id, world,
+                                         args.micro_batch_tokens)
     for epoch in range(args.epochs):
         seed = shuffle_seed(args.seed, step, epoch) if epoch else None
         for idx in rollout.mini_batches(len(fresh), len(replayed), args.mini_batches, seed):
             mbs = rollout.micro_batches([batch[i] for i in idx], size, pad_id, device,
                                         old_logprobs=old and [old[i] for i in idx],
-                                        mask_truncated=args.overlong_filter)
+                                        mask_truncated=args.overlong_filter,
+                                        max_tokens=args.micro_batch_tokens)
             normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, world)
             if normaliser is None:                     # no rank has a rollout in it: no step
                 continue
@@ -356,7 +383,7 @@ def train_step(run: Setup, args: Args, prompts: list, mine: list[int], pos: int,
     """One pass of the loop, 1. to 6. of the module docstring. Returns (this rank's metrics, the
     fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
     metrics)."""
-    engine, model, ref_model, opt, replay, r2po = run
+    engine, model, ref_model, opt, replay, r2po = run[:6]
     t0 = time.perf_counter()
     m, per_update = Metrics(), []
     # 1. generate (VIGOR's numbers into m), 2. score
@@ -365,6 +392,10 @@ def train_step(run: Setup, args: Args, prompts: list, mine: list[int], pos: int,
     if args.check_every and step % args.check_every == 0:     # does the engine hold our weights?
         canary = rollout.logprob_diff(model, generated[:16], args.temperature, pad_id)
         m.mean("rollout/logprob_diff", canary, 1)
+        if run.precision == "autocast-bf16":       # what bf16 alone moves: the canary's floor
+            floor = rollout.logprob_floor(model, generated[:16], args.temperature, pad_id)
+            m.mean("rollout/logprob_floor", floor, 1)
+        parallel.reshard(model)                    # the no-grad forward's gathered parameters
     t1 = time.perf_counter()
     engine.sleep()                                 # vLLM on CUDA frees its memory for the update
     if r2po is not None and r2po.phase(step) == "head":   # R²PO: the head learns, the policy waits
@@ -398,7 +429,7 @@ def train(args: Args, model, tok, prompts: list, eval_sets: dict, max_len: int, 
     logs = metrics_lib.open_logs(args.out_dir, rank, start, args.tensorboard)
     parallel.print0(f"{json.dumps(dataclasses.asdict(args))}\nworld size {world} | "
                     f"{args.prompts_per_step // world} prompts x {args.group_size} completions "
-                    f"per rank per step | device {device}")
+                    f"per rank per step | device {device} | {run.precision}")
 
     def evaluate(m: Metrics) -> None:
         eval_lib.evaluate_shard(run.engine, tok, eval_sets, m, top_p=args.top_p, seed=args.seed,
@@ -454,7 +485,11 @@ def load_run(args: Args, rank: int, world: int, device: str):
     name = data.train_split(args.train_data)  # the built-in tasks: their train splits
     template = data.template_for(name, args.prompt_template)
     prompts = data.make_prompts(data.load_benchmark(name, args.data_dir), template, tok)
-    flags.check_sizes(args, model, prompts, world)
+    args.micro_batch_tokens = flags.micro_batch_tokens(args, model)           # 0: auto
+    cuda = torch.device(device).type == "cuda"
+    memory = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    for warning in flags.check_sizes(args, model, prompts, world, memory):
+        parallel.print0(f"warning: {warning}")
     eval_sets = eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k,
                                          args.eval_temperature, args.prompt_template, args.data_dir,
                                          args.train_data)
@@ -466,7 +501,11 @@ def load_run(args: Args, rank: int, world: int, device: str):
 
 def main(argv=None) -> int:
     args = flags.parse(Args, argv, __doc__, presets=flags.PRESETS)
-    rank, world, device = setup_distributed()
+    try:
+        rank, world, device = setup_distributed()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         # bad input ends in one line and exit status 2; a bug past this point shows its traceback
         try:

@@ -227,8 +227,15 @@ class VLLMEngine:
             self.llm.sleep(level=1)
             self.asleep = True
 
+    def _free_trainer_cache(self) -> None:
+        """Before vLLM takes memory back: the trainer's caching allocator still holds its peak from
+        the update, which vLLM cannot see as free, so waking could run out of memory."""
+        if self.cuda:
+            torch.cuda.empty_cache()
+
     def wake_up(self) -> None:
         if self.asleep:
+            self._free_trainer_cache()
             self.llm.wake_up()
             self.asleep = False
             self.llm.reset_prefix_cache()
@@ -247,9 +254,11 @@ class VLLMEngine:
                 yield name, full.detach().to(self.dtype)
 
         if self.asleep:
+            self._free_trainer_cache()
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("push_full_weights", args=(cast(),))
         if self.asleep:
+            self._free_trainer_cache()              # the gathered full tensors are gone by now
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()   # its cached prompt KV was computed with the old weights

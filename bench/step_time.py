@@ -91,9 +91,10 @@ def bare_forward_backward(model, mbs: list[dict]) -> float:
 
 
 def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=None,
-                              mask_truncated=False):
-    """The layout before length bucketing: rollouts[i:i + size] in batch order, collated as rollout.micro_batches
-    collates its buckets. Same number of micro-batches of the same sizes."""
+                              mask_truncated=False, max_tokens=0):
+    """The layout before length bucketing: rollouts[i:i + size] in batch order, collated as
+    rollout.micro_batches collates its buckets. Same number of micro-batches of the same sizes
+    (max_tokens is ignored: this layout is the one before the token budget too)."""
     old, starts = old_logprobs or None, range(0, len(rollouts), size)
     return [{k: v.to(device) for k, v in rollout.collate(rollouts[i:i + size], pad_id, old and old[i:i + size],
                                                          mask_truncated).items()} for i in starts]

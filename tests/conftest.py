@@ -3,23 +3,77 @@ make_tiny_model, bench/ for the benchmark scripts, tests/ for tiny.py) and the b
 
     def test_something(tiny_model):
         model, tok = tiny_model          # a fresh copy of assets/tiny-arith, fp32, on the CPU
+
+Also what lets the suite run on any machine (a copy of the repository alone, a GPU image):
+  * ../shared (golden values, benchmark files, verifier tables) is optional: `require_shared(...)`
+    and the `shared_data` fixture skip, with the missing path in the reason, where it is absent.
+  * `cpu_env()` is the environment of every subprocess that runs train.py or torchrun: CUDA
+    hidden, so 2 ranks are gloo on the CPU even on a one-GPU machine (not rank 1 on cuda:1).
+  * the `cpu_only` fixture does the same in process for train.main / train.setup.
 """
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = os.path.join(ROOT, "assets", "tiny-arith")
 
-for path in (os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench"), os.path.join(ROOT, "assets"), ROOT):
+for path in (os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench"), os.path.join(ROOT, "assets"),
+             ROOT):
     if path not in sys.path:
         sys.path.insert(0, path)
 
 
 @pytest.fixture
 def tiny_model():
-    """(model, tokenizer) of the shipped tiny model, loaded anew for each test (0.8M parameters: a test
-    may train it)."""
+    """(model, tokenizer) of the shipped tiny model, loaded anew for each test (0.8M parameters:
+    a test may train it)."""
     from rollout import load_model
     return load_model(TINY_MODEL)
+
+
+# ---- ../shared: next to the repository, not in it ----------------------------------------------
+
+SHARED = Path(ROOT).parent / "shared"
+
+
+def require_shared(*parts: str) -> Path:
+    """../shared/<parts> (golden/, data/, data/math500.jsonl, ...); where it does not exist, skip
+    the calling test, or the whole module when called at import, with the missing path in the
+    reason."""
+    __tracebackhide__ = True               # pytest reports the skip at the caller's line, not here
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"needs {path}, which does not exist: the shared data (../shared) is not next "
+                    f"to this copy of the repository", allow_module_level=True)
+    return path
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """../shared/data (the benchmark files, verifier_cases.jsonl); the test skips where it is
+    missing."""
+    return require_shared("data")
+
+
+# ---- the CPU, whatever devices the machine has ---------------------------------------------------
+
+def cpu_env(**extra: str) -> dict:
+    """os.environ with CUDA hidden (CUDA_VISIBLE_DEVICES=""), plus `extra`: for every subprocess
+    that runs train.py or torchrun. Under torchrun train.py puts rank r on cuda:r when CUDA is
+    there, so a 2-rank test on a one-GPU machine would fail; hidden, the ranks use gloo on the CPU,
+    as in CI (and plain `python train.py` runs on the CPU too, engine TorchEngine)."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """In process, CUDA looks absent for the test (torch.cuda.is_available() is False), so
+    train.main and train.setup pick the CPU and --engine auto picks TorchEngine, as in CI. Tests
+    that compare such a run with CPU computations bit for bit (a checkpoint loaded by transformers
+    on the CPU, straight vs resumed runs) hold on the CPU only: CUDA kernels round differently, and
+    some (embedding backward's atomics) are not even deterministic run to run."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

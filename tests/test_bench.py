@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cpu_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 REQUIRE_BENCH = os.environ.get("REQUIRE_BENCH") == "1"
@@ -28,7 +30,10 @@ TINY = ["--prompts-per-step", "4", "--group-size", "4", "--micro-batch-size", "8
 
 
 def run(*args, timeout=120) -> str:
-    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    """A bench script with CUDA hidden (cpu_env): compare.py and step_time.py run train.py's set-up,
+    which takes CUDA (and, --engine auto, vLLM) where present; these checks are the CPU's."""
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout, env=cpu_env())
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
 
@@ -71,7 +76,8 @@ def test_plot_run_writes_png_next_to_the_run(tmp_path):
     assert f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
-def test_step_time_splits_a_real_step_and_checks_bucketing():
+def test_step_time_splits_a_real_step_and_checks_bucketing(cpu_only):
+    """In process on the CPU (cpu_only): --engine auto would be vLLM where CUDA and vllm are."""
     import step_time
     m = step_time.measure(TINY, warmup=2, repeats=1, consecutive=True)
     assert m["fresh"] == 16 and m["replayed"] == 8                       # replay ratio 0.5 after the warm-up

@@ -17,10 +17,15 @@ from safetensors.torch import load_file
 import checkpoint
 import r2po
 import train
+from conftest import cpu_env
 from rollout import Prompt, Sampling
 from tiny import SMALL, make_digit_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The CPU whatever the machine has: the torchrun subprocesses get cpu_env() (2 ranks are gloo, not
+# rank 1 on a missing cuda:1), the in-process train.main runs cpu_only (their weights are compared
+# bit for bit with runs and with transformers' generate on the CPU).
+pytestmark = pytest.mark.usefixtures("cpu_only")
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +77,13 @@ def test_kill_and_resume_on_two_ranks_equals_straight_run(task, tmp_path):
     same metrics, bit for bit (time/* aside)."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     args = ["--steps", "8", "--save-every", "2"]
-    proc = subprocess.run(torchrun(task, straight, *args), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(torchrun(task, straight, *args), cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=cpu_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world size 2 | 2 prompts x 4 completions per rank" in proc.stdout
 
     agent = subprocess.Popen(torchrun(task, killed, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, env=cpu_env())
     first = killed / "checkpoints" / "step_000002" / checkpoint.MARKER
     deadline = time.time() + 250
     while not first.exists() and agent.poll() is None and time.time() < deadline:
@@ -101,7 +107,7 @@ def test_kill_and_resume_on_two_ranks_equals_straight_run(task, tmp_path):
     (tmp / checkpoint.MARKER).write_text("")
 
     proc = subprocess.run(torchrun(task, killed, *args, "--resume", "auto"), cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=cpu_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {resumed_from} at step {k}" in proc.stdout
 

@@ -10,47 +10,50 @@ import data
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DATA_DIR = ROOT.parent / "shared" / "data"
+# The published files are read from ../shared/data (conftest's `shared_data` fixture: a test that
+# needs them skips, naming the path, where the repository is copied without ../shared).
 # Row counts from ../shared/data/README.md's table.
 README_ROWS = {"gsm8k_train": 7473, "gsm8k_test": 1319, "math500": 500, "aime24": 30, "amc23": 40,
                "minerva": 272, "olympiadbench": 675}
 
 
 @pytest.mark.parametrize("name", sorted(README_ROWS))
-def test_every_benchmark_loads_with_readme_row_count_and_gold(name):
-    exs = data.load_benchmark(name, data_dir=str(DATA_DIR))
+def test_every_benchmark_loads_with_readme_row_count_and_gold(name, shared_data):
+    exs = data.load_benchmark(name, data_dir=str(shared_data))
     assert len(exs) == README_ROWS[name]
     assert all(isinstance(e.question, str) and e.question.strip() for e in exs)
     assert all(isinstance(e.answer, str) and e.answer.strip() for e in exs)
 
 
-def test_every_published_file_has_a_loader():
-    files = {p.name for p in DATA_DIR.glob("*.jsonl")} - {"verifier_cases.jsonl"}
+def test_every_published_file_has_a_loader(shared_data):
+    files = {p.name for p in shared_data.glob("*.jsonl")} - {"verifier_cases.jsonl"}
     assert files == {f for f, _, _ in data.BENCHMARKS.values()}
 
 
-def test_readme_table_matches_counts():
-    readme = (DATA_DIR / "README.md").read_text()
+def test_readme_table_matches_counts(shared_data):
+    readme = (shared_data / "README.md").read_text()
     assert "| `gsm8k_train.jsonl`, `gsm8k_test.jsonl` | 7473, 1319 |" in readme
     for name, file in [("math500", "math500"), ("aime24", "aime24"), ("amc23", "amc23"),
                        ("minerva", "minerva_math"), ("olympiadbench", "olympiadbench")]:
         assert f"| `{file}.jsonl` | {README_ROWS[name]} |" in readme
 
 
-def test_gold_answers_as_published():
-    first = {n: data.load_benchmark(n, data_dir=str(DATA_DIR))[0].answer
+def test_gold_answers_as_published(shared_data):
+    load = lambda name: data.load_benchmark(name, data_dir=str(shared_data))   # noqa: E731
+    first = {n: load(n)[0].answer
              for n in ("gsm8k", "math500", "aime24", "amc23", "minerva", "olympiadbench")}
     assert first == {"gsm8k": "18", "math500": "\\left( 3, \\frac{\\pi}{2} \\right)", "aime24": "204",
                      "amc23": "27", "minerva": "1.6", "olympiadbench": "2"}
     # GSM8K's "#### 1,080"-style answers lose the separator; every gold is then a plain integer.
-    assert all(e.answer.lstrip("-").isdigit() for e in data.load_benchmark("gsm8k_train", data_dir=str(DATA_DIR)))
+    assert all(e.answer.lstrip("-").isdigit() for e in load("gsm8k_train"))
     # AIME keeps its published zero-padded strings; the verifier compares them as numbers.
-    assert "025" in {e.answer for e in data.load_benchmark("aime24", data_dir=str(DATA_DIR))}
+    assert "025" in {e.answer for e in load("aime24")}
 
 
-def test_minerva_all_272_from_boxed_with_nested_braces():
-    rows = [json.loads(line) for line in (DATA_DIR / "minerva_math.jsonl").read_text().splitlines()]
-    exs = data.load_benchmark("minerva", data_dir=str(DATA_DIR))
+def test_minerva_all_272_from_boxed_with_nested_braces(shared_data):
+    text = (shared_data / "minerva_math.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines()]
+    exs = data.load_benchmark("minerva", data_dir=str(shared_data))
     assert len(exs) == 272
     for row, ex in zip(rows, exs):
         assert "\\boxed{" + ex.answer in row["solution"].replace("\\boxed{ ", "\\boxed{")
@@ -71,7 +74,10 @@ def test_olympiad_answers():
     assert data.olympiad_answer(["$69$,$84$"]) == "69,84"
     assert data.olympiad_answer(["3", "5"]) == "3, 5"
     assert data.olympiad_answer("['$2^{1009}$', '7']") == "2^{1009}, 7"     # the list written as a string
-    exs = data.load_benchmark("olympiadbench", data_dir=str(DATA_DIR))
+
+
+def test_olympiadbench_answers_as_published(shared_data):
+    exs = data.load_benchmark("olympiadbench", data_dir=str(shared_data))
     assert "(1,8,19), (2,7,13), (4,5,7)" in {e.answer for e in exs}
     assert not any("$" in e.answer for e in exs)
 

@@ -8,12 +8,17 @@ import sys
 
 import pytest
 
+from conftest import cpu_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
 def torchrun(args, timeout=300):
-    return subprocess.run(TORCHRUN + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    """CUDA hidden (cpu_env): gloo on the CPU whatever the machine has, as the tolerances below
+    assume (with CUDA, rank 1 would go to cuda:1, absent on a one-GPU machine)."""
+    return subprocess.run(TORCHRUN + args, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=cpu_env())
 
 
 def test_one_update_on_two_ranks_equals_one_rank(tmp_path):

@@ -11,6 +11,10 @@ import pytest
 import train
 from test_bench import needs
 
+# train.main in process, on the CPU whatever the machine has (conftest's cpu_only): on CUDA it would
+# run another precision and --engine auto would pick vLLM, not the runs these tests pin.
+pytestmark = pytest.mark.usefixtures("cpu_only")
+
 RUN = ["--tensorboard", "--steps", "2", "--eval-every", "1", "--eval-size", "50", "--prompts-per-step", "8",
        "--threads", "1"]
 

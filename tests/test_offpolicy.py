@@ -26,6 +26,9 @@ import train
 from make_tiny_model import make_model, make_tokenizer
 from rollout import Rollout
 
+# train.main in process, on the CPU whatever the machine has (conftest's cpu_only): on CUDA it would
+# run another precision and --engine auto would pick vLLM, not the runs these tests pin.
+pytestmark = pytest.mark.usefixtures("cpu_only")
 torch.set_num_threads(1)      # as BASE's --threads 1: two cores are shared, and a 0.8M-parameter model needs no more
 BASE = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "8",
         "--threads", "1", "--eval-every", "0"]

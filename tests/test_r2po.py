@@ -21,6 +21,7 @@ import r2po
 import rollout
 import train
 import vllm_engine
+from conftest import cpu_env
 from r2po import R2PO, ResidualHead
 from rollout import Prompt, Rollout, Sampling, TorchEngine, load_model
 
@@ -28,6 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
 SHORT = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "16",
          "--threads", "1", "--preset", "r2po"]
+# The CPU whatever the machine has (conftest): train.main in process under cpu_only, the torchrun
+# subprocess under cpu_env(); resumed runs are compared with straight ones bit for bit.
+pytestmark = pytest.mark.usefixtures("cpu_only")
 
 
 @pytest.fixture
@@ -245,7 +249,7 @@ def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(ROOT, "train.py"), *SHORT, "--r2po-schedule", "1,1", "--steps", "2", "--eval-every", "0",
            "--seed", "3", "--out-dir", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=cpu_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = metrics(out)
     assert [m["r2po/phase"] for m in rows[1:]] == [0.0, 1.0]

@@ -15,6 +15,7 @@ import cli
 import flags
 import grpo
 import train
+from conftest import cpu_env
 from rollout import Rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,9 +25,10 @@ SMALL = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6"
 
 
 def run_train(args, tmp_path, timeout=240):
+    """train.py with CUDA hidden (cpu_env): its accuracy is compared with eval.py's on the CPU."""
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--out-dir", str(out), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=cpu_env())
     return proc, out
 
 
@@ -61,7 +63,7 @@ def test_three_steps_change_weights_and_replay(tmp_path):
     ev = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--model", str(out / "final"),
                          "--limit", "16", "--max-new-tokens", "6", "--out", str(tmp_path / "eval")],
                         cwd=ROOT, capture_output=True, text=True, timeout=240,
-                        env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+                        env=cpu_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
     assert ev.returncode == 0, ev.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert summary["benchmarks"]["builtin"]["mean@k"] == pytest.approx(steps[-1]["eval/accuracy"], abs=1e-12)

@@ -19,6 +19,9 @@ from metrics import Metrics
 from rollout import Rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# train.main in process, on the CPU whatever the machine has (conftest's cpu_only): on CUDA it would
+# run another precision and --engine auto would pick vLLM, not the runs these tests pin.
+pytestmark = pytest.mark.usefixtures("cpu_only")
 
 
 # ---- 3. fresh-anchored mini-batches ---------------------------------------------------------------------------------

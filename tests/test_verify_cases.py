@@ -7,14 +7,14 @@
 """
 import collections
 import json
-from pathlib import Path
 
 import pytest
 
 import verify
 import verify_known_failures as known
+from conftest import require_shared
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = require_shared("data")      # every test reads ../shared/data: without it the module skips
 
 
 def _rows(name: str) -> list[dict]:

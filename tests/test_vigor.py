@@ -1,11 +1,12 @@
-"""VIGOR's variance-guided allocation (rollout.vigor_generate): the budget, who gets the extra completions, and
+"""VIGOR's variance-guided allocation (vigor.vigor_generate): the budget, who gets the extra completions, and
 variable-size groups through the advantages, the loss's normaliser and the replay buffer."""
 import pytest
 import torch
 
 import buffer
 import grpo
-from rollout import Prompt, Rollout, Sampling, vigor_generate
+from rollout import Prompt, Rollout, Sampling
+from vigor import vigor_generate
 
 # prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2 right 1 in 4,
 # 3 always wrong. Variances after 2 completions: 0, 0.25, 0 or 0.25 (...) , 0.
@@ -94,7 +95,7 @@ def test_variable_size_groups_advantages_normaliser_and_replay():
     assert {r.prompt_id for r in drawn} == {7, 9}
 
 
-def test_vigor_preset_trains_through_the_loop(tmp_path):
+def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only):
     """`--preset vigor` on the built-in task: 8 prompts x 4 = a budget of 32 completions per step, 2 each first,
     the rest to the prompts with reward variance; the metrics say so."""
     import io

@@ -28,6 +28,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # vLLM's CUDA kernels may use TF32 or other reduction orders, hence the looser bound there.
 TOL = 1e-5 if DEVICE == "cpu" else 1e-4
 TOL_PUSHED = 1e-4 if DEVICE == "cpu" else 5e-4
+# TorchEngine's sampled log-probs (incremental decode over the KV cache) against one full forward of
+# the same fp32 model on the same device. CPU: measured ~1e-6. CUDA: cuBLAS and SDPA pick kernels
+# by shape, so decode and full forward sum in other orders (not measured here; fp32, TF32 off as
+# torch's default): 1e-4, still 100x below the stale engine's 1e-2.
+CANARY_TOL = 1e-5 if DEVICE == "cpu" else 1e-4
 
 
 def _vllm_skip_reason() -> str | None:
@@ -110,7 +115,7 @@ def test_logprob_diff_canary_on_torch_engine(tiny):
     model, tok = tiny
     engine = TorchEngine(model, tok)
     rs = engine.generate(_prompts(tok), 2, Sampling(temperature=1.0, max_new_tokens=8, seed=1))
-    assert logprob_diff(model, rs, 1.0, tok.pad_token_id) <= 1e-5
+    assert logprob_diff(model, rs, 1.0, tok.pad_token_id) <= CANARY_TOL
     stale = copy.deepcopy(model)
     with torch.no_grad():
         stale.model.embed_tokens.weight.mul_(1.5)
@@ -215,6 +220,9 @@ CANARY = ["--engine", "vllm", "--check-every", "1", "--max-logprob-diff", str(LI
 
 
 def _run_train(launcher, tmp_path, timeout=600):
+    """train.py --engine vllm with the devices this process sees, unlike every other train.py or
+    torchrun test (conftest.cpu_env): this file is also the CUDA check of vLLM (bench/gpu_check.sh),
+    and a CUDA build of vllm does not start with CUDA hidden. 2 ranks on one GPU skip instead."""
     out = tmp_path / "run"
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_NO_USAGE_STATS": "1"}
     proc = subprocess.run([*launcher, os.path.join(ROOT, "train.py"), "--out-dir", str(out), "--steps", "3",

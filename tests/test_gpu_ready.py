@@ -1,0 +1,226 @@
+"""What a first GPU run needs, checked on the CPU: one process on CUDA takes the bf16 path,
+micro-batches cut by a token budget leave the gradient alone, the update's memory estimate warns, a
+LOCAL_RANK past the GPUs is one error line, vLLM wakes only after the trainer's cache is freed, the
+canary's bf16 floor, and FSDP2 reshards after a no-grad forward."""
+import copy
+import dataclasses
+import io
+import os
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import flags
+import parallel
+import rollout
+import train
+import vllm_engine
+from conftest import cpu_env
+from make_tiny_model import make_model, make_tokenizer
+from rollout import Rollout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rollouts(vocab: int, n: int = 12, seed: int = 0) -> list[Rollout]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        P, T = 2 + i % 4, 1 + (i * 5) % 7
+        prompt = torch.randint(0, vocab - 2, (P,), generator=g).tolist()
+        completion = torch.randint(0, vocab - 2, (T,), generator=g).tolist()
+        out.append(Rollout(prompt_id=i // 4, prompt_ids=prompt, completion_ids=completion,
+                           logprobs=[-4.0] * T, advantage=float(i % 3) - 1.0))
+    return out
+
+
+# ---- precision -----------------------------------------------------------------------------------
+
+def test_precision_of_each_configuration():
+    assert train.precision("cuda", distributed=False) == "autocast-bf16"
+    assert train.precision("cuda:0", distributed=True) == "fsdp-bf16"
+    assert train.precision("cpu", distributed=False) == "fp32"
+    assert train.precision("cpu", distributed=True) == "fp32"
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")       # the wrapper is made, not run
+def test_one_process_cuda_setup_takes_the_bf16_path(tiny_model):
+    """setup() as plain `python train.py` on CUDA makes it (nothing here touches the GPU: the model
+    stays on the CPU, only the configuration is CUDA's): the policy's forward runs under bf16
+    autocast, the engine keeps its own fp32 copy."""
+    model, tok = tiny_model
+    args = flags.Args(engine="torch", replay="none")
+    run = train.setup(args, model, tok, rank=0, world=1, device="cuda", max_len=32)
+    assert run.precision == "autocast-bf16"
+    assert "forward" in vars(run.model)             # the autocast wrapper, on the instance
+    assert "forward" not in vars(run.engine.model)
+    cpu = train.setup(args, make_model(len(tok), seed=0), tok, rank=0, world=1, device="cpu", max_len=32)
+    assert cpu.precision == "fp32" and "forward" not in vars(cpu.model)
+
+
+def test_autocast_bf16_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
+    tok = make_tokenizer()
+    model = train.autocast_bf16(make_model(len(tok), seed=0), "cpu")
+    ids = torch.tensor([[3, 4, 5, 6]])
+    logits = model(input_ids=ids).logits
+    assert logits.dtype == torch.bfloat16
+    logits.float().sum().backward()
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
+               for p in model.parameters() if p.grad is not None)
+
+
+def test_canary_floor_is_what_bf16_alone_moves():
+    tok = make_tokenizer()
+    model = make_model(len(tok), seed=0)
+    rs = rollouts(len(tok))
+    floor = rollout.logprob_floor(model, rs, 1.0, tok.pad_token_id)
+    assert 1e-4 < floor < 0.5  # bf16 has 8 bits of mantissa: a visible, small gap
+    wrapped = train.autocast_bf16(copy.deepcopy(model), "cpu")
+    forward = wrapped.forward
+    assert rollout.logprob_floor(wrapped, rs, 1.0, tok.pad_token_id) == pytest.approx(floor, rel=1e-6)
+    assert wrapped.forward is forward               # the wrapper is put back
+    assert rollout.logprob_floor(model, [], 1.0, tok.pad_token_id) == 0.0
+
+
+# ---- micro-batches by token budget ---------------------------------------------------------------
+
+def test_length_buckets_respect_the_token_budget():
+    rs = rollouts(50, n=40)
+    length = [len(r.prompt_ids) + len(r.completion_ids) for r in rs]
+    for budget in (8, 20, 64):
+        chunks = rollout.length_buckets(rs, 16, budget)
+        assert sorted(i for c in chunks for i in c) == list(range(40))
+        assert all(len(c) <= 16 for c in chunks)
+        assert all(len(c) == 1 or len(c) * max(length[i] for i in c) <= budget for c in chunks)
+    assert rollout.length_buckets(rs, 16, 0) == rollout.length_buckets(rs, 16, 10 ** 9)
+
+
+def test_token_budget_leaves_the_update_alone():
+    """One SGD step with micro-batches of at most 12 padded tokens against one without a budget: the
+    same step up to float summation order (relative to the step's size)."""
+    tok = make_tokenizer()
+    base = make_model(len(tok), seed=0)
+    batch = rollouts(len(tok))
+    moved = []
+    for tokens in (0, 12):
+        model = copy.deepcopy(base).train()
+        args = dataclasses.replace(flags.Args(), micro_batch_tokens=tokens, lr=0.5, max_grad_norm=0.0)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+        m = train.update(model, None, opt, batch, [], args, step=0, pad_id=tok.pad_token_id)
+        pairs = zip(model.parameters(), base.parameters())
+        moved.append(torch.cat([(p - q).flatten() for p, q in pairs]))
+        assert m.reduce(1)["loss/tokens"] == sum(len(r.completion_ids) for r in batch)
+    scale = moved[0].abs().max()
+    assert scale > 1e-3
+    assert (moved[0] - moved[1]).abs().max() <= 1e-4 * scale
+
+
+def test_auto_token_budget_and_the_memory_warning():
+    tok = make_tokenizer()
+    model = make_model(len(tok), seed=0)
+    args = flags.Args()
+    assert flags.micro_batch_tokens(args, model) == flags.AUTO_LOGITS // len(tok)
+    assert flags.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
+    prompts = [SimpleNamespace(ids=[1, 2, 3])] * 64
+    assert flags.check_sizes(args, model, prompts, 1) == []
+    assert flags.check_sizes(args, model, prompts, 1, device_memory=10 ** 12) == []
+    warning = flags.check_sizes(args, model, prompts, 1, device_memory=1)
+    assert len(warning) == 1 and "--micro-batch-tokens" in warning[0]
+
+
+def test_memory_estimate_of_a_05b_model_is_in_range():
+    """Qwen2.5-0.5B's shape, 512 new tokens: weights + AdamW (~7.4 GiB) and one auto-sized
+    micro-batch (1,766 tokens at ~2.5 MB each, ~4 GiB): about 11 GiB, not the 650 GB of 256 rows."""
+    class Params:                                   # numel without allocating half a billion floats
+        def numel(self):
+            return 494_032_768
+
+    config = SimpleNamespace(vocab_size=151_936, hidden_size=896, num_hidden_layers=24)
+    model = SimpleNamespace(config=config, parameters=lambda: [Params()])
+    args = flags.Args(max_new_tokens=512)
+    need = flags.update_memory(args, model, longest_prompt=150)
+    assert 8 * 2 ** 30 < need < 20 * 2 ** 30
+
+
+# ---- start-up and the vLLM engine's memory -------------------------------------------------------
+
+def test_local_rank_past_the_gpus_is_one_error_line(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="LOCAL_RANK 1, but this machine shows 1 GPU"):
+        train.setup_distributed()
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        assert train.main(["--steps", "1"]) == 2
+    assert err.getvalue().startswith("error: LOCAL_RANK 1") and "Traceback" not in err.getvalue()
+
+
+def test_vllm_wakes_only_after_the_trainer_cache_is_freed(monkeypatch):
+    calls = []
+
+    class FakeLLM:
+        def wake_up(self, tags=None):
+            calls.append(("wake", tuple(tags or ())))
+
+        def collective_rpc(self, name, args):
+            calls.append(("push", len(list(args[0]))))
+
+        def reset_prefix_cache(self):
+            calls.append(("reset",))
+
+    engine = object.__new__(vllm_engine.VLLMEngine)
+    engine.llm, engine.cuda, engine.asleep, engine.expected = FakeLLM(), True, True, None
+    engine.dtype = torch.float32
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))
+    engine.load_weights([("w", torch.zeros(2))])
+    assert calls == [("empty_cache",), ("wake", ("weights",)), ("push", 1), ("empty_cache",),
+                     ("wake", ("kv_cache",)), ("reset",)]
+    calls.clear()
+    engine.asleep = True
+    engine.wake_up()
+    assert calls[:2] == [("empty_cache",), ("wake", ())]
+
+
+# ---- FSDP2: reshard after a no-grad forward ------------------------------------------------------
+
+RESHARD = """
+import sys, torch, torch.distributed as dist
+sys.path[:0] = [{root!r}, {assets!r}]
+import parallel, train
+from make_tiny_model import make_model, make_tokenizer
+from torch.distributed.tensor import DTensor
+torch.set_num_threads(1)
+rank, world, device = train.setup_distributed()
+tok = make_tokenizer()
+model = train.shard_model(make_model(len(tok), seed=0), device)
+rs = [train.rollout.Rollout(0, [3, 4], [5, 6], [-1.0, -1.0])] * (rank + 1)
+kind = lambda: type(model.model.embed_tokens.weight).__name__
+with torch.no_grad():
+    model(input_ids=torch.ones(1, 3, dtype=torch.long))
+left = kind()                                  # the root keeps its gathered parameters...
+parallel.reshard(model)
+after = kind()                                 # ...until resharded
+parallel.lockstep_logprobs(model, rs, 1, 1.0, tok.pad_token_id, world)
+print(rank, left, after, kind(), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_reshards_after_no_grad_passes(tmp_path):
+    script = tmp_path / "reshard.py"
+    script.write_text(RESHARD.format(root=ROOT, assets=os.path.join(ROOT, "assets")))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",  # CPU
+                           "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=cpu_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line[:2] in ("0 ", "1 "))
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert lines == ["0 Parameter DTensor DTensor", "1 Parameter DTensor DTensor"]
