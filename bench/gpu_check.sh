@@ -15,27 +15,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
+PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"   # GPU images may have python3 only
 export VLLM_NO_USAGE_STATS=1
 export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d)}"
 
-python - <<'EOF'
+"$PYTHON" - <<'EOF'
 import torch
 import vllm_engine
 problem = vllm_engine.vllm_problem()
 print("torch", torch.__version__, "| cuda", torch.version.cuda, "| GPUs", torch.cuda.device_count(),
       "|", problem or "vllm ok")
 if problem:
-    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}'")
+    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}' (this "
+                     f"script checks the vLLM engine; without vLLM, bench/gpu_smoke.sh checks the rest)")
 EOF
 
 if [ "$DRY" = 0 ]; then
-    python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device (use --dry-run on CPU)')"
+    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device (use --dry-run on CPU)')"
     echo "== 1. tests/test_vllm_engine.py on CUDA"
-    REQUIRE_VLLM=1 timeout 240 python -m pytest -q -rs tests/test_vllm_engine.py
+    REQUIRE_VLLM=1 timeout 240 "$PYTHON" -m pytest -q -rs tests/test_vllm_engine.py
 fi
 
 echo "== 2, 3. sleep/wake and throughput"
-DRY=$DRY timeout 240 python - <<'EOF'
+DRY=$DRY timeout 240 "$PYTHON" - <<'EOF'
 import copy, gc, json, os, statistics, sys, tempfile, time
 
 import torch
