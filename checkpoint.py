@@ -1,22 +1,23 @@
 """Checkpoints that a crash cannot corrupt and that resume a run exactly: save, find, load.
 
-    python train.py --save-every 10                        # out_dir/checkpoints/step_000010/, ..., and at the end
-    python train.py --resume auto                          # the newest complete checkpoint in out_dir/checkpoints
+    python train.py --save-every 10         # out_dir/checkpoints/step_000010/, ..., and at the end
+    python train.py --resume auto           # the newest complete checkpoint in out_dir/checkpoints
     python train.py --resume runs/x/checkpoints/step_000040
-    python eval.py --model runs/x/checkpoints/step_000040  # a checkpoint is a plain Hugging Face model directory
+    python eval.py --model runs/x/checkpoints/step_000040   # a plain Hugging Face model directory
 
 One checkpoint, `out_dir/checkpoints/step_000040/`:
 
-    config.json, generation_config.json, model.safetensors, tokenizer files   the policy, full (unsharded) weights,
-                                                                              gathered to rank 0: loads with
-                                                                              AutoModelForCausalLM.from_pretrained
+    config.json, generation_config.json, model.safetensors, tokenizer files
+                                  the policy, full (unsharded) weights, gathered to rank 0: loads
+                                  with AutoModelForCausalLM.from_pretrained
     r2po_head.safetensors         R²PO only: the residual rollout head (r2po.HEAD_FILE, written by
                                   r2po.R2PO.save); transformers ignores it, resume reads it
     args.json                     the run's Args
     trainer/state.json            step, skipped-step counters, world size (the same on every rank)
-    trainer/optimizer/            AdamW state through torch.distributed.checkpoint: each rank writes its own shard
-    trainer/rank_00000.pt, ...    per rank: its data position, its replay buffer (contents, RNG, last stats) and the
-                                  python / torch RNG states
+    trainer/optimizer/            AdamW state through torch.distributed.checkpoint: each rank
+                                  writes its own shard
+    trainer/rank_00000.pt, ...    per rank: its data position, its replay buffer (contents, RNG,
+                                  last stats), R²PO's head optimizer and the python / torch RNGs
     COMPLETE                      the marker, written last
 
 Atomic: everything is written into `checkpoints/.tmp-step_000040`, every file is fsynced, the marker
@@ -49,7 +50,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+                                                     get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
 
 MARKER = "COMPLETE"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -132,22 +134,26 @@ def save(root: str, step: int, model, opt, tokenizer, args, *, guard, replay, po
         os.makedirs(os.path.join(tmp, "trainer"))
     _barrier()
     # Full state dict: all-gathered tensor by tensor, kept on rank 0's CPU only (cpu_offload), so no
-    # GPU ever holds
-    # the whole model twice. An un-sharded model (plain `python`) is its own full state dict.
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) \
-        if dist.is_initialized() else model.state_dict()
+    # GPU ever holds the whole model twice. An un-sharded model (plain `python`) is its own.
+    if dist.is_initialized():
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(model, options=options)
+    else:
+        full = model.state_dict()
     if rank == 0:
         save_hf(model, tokenizer, tmp, state_dict=full)
         _write_json(os.path.join(tmp, "args.json"), dataclasses.asdict(args))
         if extra is not None:
             extra.save(tmp)
-        _write_json(os.path.join(tmp, "trainer", "state.json"), {**trainer_state, "world_size": world})
+        state = {**trainer_state, "world_size": world}
+        _write_json(os.path.join(tmp, "trainer", "state.json"), state)
     del full
     # plain `python`: a single-process DCP save is what we mean, say nothing
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.save({"optimizer": get_optimizer_state_dict(model, opt)},
-                 checkpoint_id=os.path.join(tmp, "trainer", "optimizer"), no_dist=not dist.is_initialized())
+                 checkpoint_id=os.path.join(tmp, "trainer", "optimizer"),
+                 no_dist=not dist.is_initialized())
     torch.save(rank_state, os.path.join(tmp, "trainer", f"rank_{rank:05d}.pt"))
     _barrier()
     if rank == 0:
@@ -209,21 +215,26 @@ def resolve(resume: str, out_dir: str, world: int = 1, needs: tuple = ()) -> str
     with open(os.path.join(path, "trainer", "state.json")) as f:
         written_by = json.load(f)["world_size"]
     if written_by != world:
-        raise ValueError(f"--resume: {path} was written by {written_by} ranks, this run has {world}: "
-                         f"each rank's replay buffer belongs to its share of the prompts")
+        raise ValueError(f"--resume: {path} was written by {written_by} ranks, this run has "
+                         f"{world}: each rank's replay buffer belongs to its share of the prompts")
     for name in needs:
         if not os.path.isfile(os.path.join(path, name)):
             raise ValueError(f"--resume: {path} has no {name}: it was written by a run without it")
     return path
 
 
-def changed_args(path: str, args: dict, free=("resume", "out_dir", "steps", "save_every", "eval_every",
-                                             "log_samples", "threads")) -> list[str]:
+# flags a resumed run may change without changing what its steps compute
+FREE_ON_RESUME = ("resume", "out_dir", "steps", "save_every", "eval_every", "log_samples",
+                  "threads")
+
+
+def changed_args(path: str, args: dict, free=FREE_ON_RESUME) -> list[str]:
     """'name: saved -> now' for each flag this run sets differently from the checkpoint's run (flags
     in `free` may change on resume without changing what the steps compute)."""
     with open(os.path.join(path, "args.json")) as f:
         saved = json.load(f)
-    return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in args.items() if k not in free and saved.get(k) != v]
+    return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in args.items()
+            if k not in free and saved.get(k) != v]
 
 
 def load(path: str, model, opt, rank: int) -> tuple[dict, dict]:

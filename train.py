@@ -254,8 +254,8 @@ def generate(engine, prompts, args: Args, *, step: int, rank: int, round_: int, 
         return sampling(args, rank, step, round_ + k)
 
     new, _ = vigor.vigor_generate(engine, prompts, sampling_for, step, grade,
-                                    n_init=args.vigor_n_init, n_step=args.vigor_n_step,
-                                    top=args.vigor_top, budget=budget, metrics=metrics)
+                                  n_init=args.vigor_n_init, n_step=args.vigor_n_step,
+                                  top=args.vigor_top, budget=budget, metrics=metrics)
     return new
 
 
@@ -383,7 +383,7 @@ def train_step(run: Setup, args: Args, prompts: list, mine: list[int], pos: int,
     """One pass of the loop, 1. to 6. of the module docstring. Returns (this rank's metrics, the
     fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
     metrics)."""
-    engine, model, ref_model, opt, replay, r2po = run[:6]
+    engine, model, ref_model, opt, replay, r2po, _ = run
     t0 = time.perf_counter()
     m, per_update = Metrics(), []
     # 1. generate (VIGOR's numbers into m), 2. score
