@@ -4,13 +4,21 @@ JSONL/JSON/Parquet file of questions and answers, and the prompt templates.
     python data.py                         # prints a few built-in examples
     python data.py math500 minerva         # loads benchmarks by name and prints a count and one example each
 
-The built-in task: integer expressions of 2-3 single-digit operands joined by + - *, evaluated with the usual
-precedence (9,300 expressions in all). Deterministic given a seed. Train and test are disjoint by construction: an expression belongs to the
-test split iff crc32(expression) % 10 == 0, whatever the seed, so no test expression can ever appear in training.
-The prompt is the expression followed by "=" and the gold answer is the integer value, e.g. "3+4*2=" -> "11".
-The second built-in task (`builtin_steps`, long completions): 3-4 operands, answered step by step, one operation
-per step, e.g. "7+6*9-3*2=" -> "7+54-3*2=7+54-6=61-6=55" (about 20 tokens); the gold answer is the final value, and
-the same crc32 rule splits it.
+The built-in task: integer expressions of 2-3 single-digit operands joined by + - *, evaluated with
+the usual precedence (9,300 expressions in all). Deterministic given a seed. Its three splits are
+disjoint by construction, whatever the seed: an expression is in the test split iff
+crc32(expression) % 10 == 0, in the dev split (what learning rates are chosen on) iff it is 1, and
+in the train split otherwise, so no test or dev expression can ever appear in training. The prompt
+is the expression followed by "=" and the gold answer is the integer value, e.g. "3+4*2=" -> "11";
+it is graded by value (verify.grade).
+The second built-in task (`builtin_steps`, long completions): 5-6 single-digit operands (at most
+two "*", never two side by side), answered step by step, one operation per step:
+    "7+6*9-3*2-1=" -> "7+54-3*2-1=7+54-6-1=61-6-1=55-1=54"
+(worked solutions of 19 to 41 characters = tokens, mean 28.1); 25,000 distinct expressions drawn
+with a fixed seed, split by the same crc32 rule. Its answer rule (STEPS_NAMES, verify.grader): only
+a plain integer final answer scores, the text after the completion's last "=" must be an integer
+literal equal to the gold, so a chain stopped early ("4-1+1*4=" answered "4-1+4", of the right
+value) scores 0.
 
 Benchmarks (`load_benchmark(name)`; files read in place from `data_dir`, default ../shared/data, in the layouts they
 are published in; a row without a gold answer is an error naming the file and line, never a silent skip):
@@ -18,8 +26,10 @@ are published in; a row without a gold answer is an error naming the file and li
 | name | file | question | gold answer |
 |---|---|---|---|
 | builtin | (generated) | expression | its value; the test split, BUILTIN_TEST_SIZE examples, seed 0 |
+| builtin_dev | (generated) | expression | BUILTIN_DEV_SIZE dev examples, seed 0 |
 | builtin_train | (generated) | expression | BUILTIN_TRAIN_SIZE train examples, seed 0 |
-| builtin_steps | (generated) | 3-4 operands | its value (worked step by step); STEPS_TEST_SIZE test examples |
+| builtin_steps | (generated) | 5-6 operands | its value; STEPS_TEST_SIZE test examples, seed 0 |
+| builtin_steps_dev | (generated) | same | STEPS_DEV_SIZE dev examples, seed 0 |
 | builtin_steps_train | (generated) | same | STEPS_TRAIN_SIZE train examples, seed 0 |
 | gsm8k, gsm8k_test / gsm8k_train | gsm8k_test.jsonl / gsm8k_train.jsonl | question | after "#### " in answer, commas removed |
 | math500 | math500.jsonl | problem | answer |
@@ -32,6 +42,7 @@ into nested objects, e.g. "reward_model.ground_truth"; a question given as a lis
 message). Without keys, the first of question/problem/prompt and of answer/final_answer/ground_truth present is used.
 """
 import ast
+import functools
 import json
 import random
 import zlib
@@ -42,7 +53,9 @@ BUILTIN = "builtin"          # name of the built-in task wherever a prompt set i
 OPERATORS = "+-*"
 MAX_OPERAND = 10             # operands are the digits 0..9
 BUILTIN_TEST_SIZE = 500      # `load_benchmark("builtin")`: the held-out split every accuracy in this repo is quoted on
-BUILTIN_TRAIN_SIZE = 8362         # the whole train split
+BUILTIN_DEV_SIZE = 500       # `load_benchmark("builtin_dev")`: of 912, what lrs are chosen on
+BUILTIN_TRAIN_SIZE = 7450    # the whole train split (9,300 less 938 test and 912 dev)
+SPLITS = ("train", "dev", "test")
 DEFAULT_DATA_DIR = "../shared/data"
 # The base-model instruction of the RLVR papers (Qwen2.5-Math evaluation, SimpleRL-Zoo, Dr. GRPO).
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -63,8 +76,14 @@ class Prompt:
     answer: str = ""
 
 
-def _is_test(expr: str) -> bool:
-    return zlib.crc32(expr.encode()) % 10 == 0
+def _split(expr: str) -> str:
+    """The split of an expression, whatever the seed: crc32 % 10 == 0 test, == 1 dev, else train."""
+    return {0: "test", 1: "dev"}.get(zlib.crc32(expr.encode()) % 10, "train")
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(map(repr, SPLITS))}, got {split!r}")
 
 
 def _all_expressions() -> list[str]:
@@ -75,10 +94,10 @@ def _all_expressions() -> list[str]:
 
 
 def arithmetic_examples(split: str, n: int | None = None, seed: int = 0) -> list[Example]:
-    """The first n examples (all if n is None) of the split ("train" or "test") in an order shuffled by seed."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    exprs = [e for e in _all_expressions() if _is_test(e) == (split == "test")]
+    """The first n examples (all if n is None) of the split ("train", "dev" or "test") in an
+    order shuffled by seed."""
+    _check_split(split)
+    exprs = [e for e in _all_expressions() if _split(e) == split]
     random.Random(f"{split}-{seed}").shuffle(exprs)
     if n is not None and n > len(exprs):
         raise ValueError(f"the built-in {split} split has {len(exprs)} examples, {n} were asked for")
@@ -88,16 +107,27 @@ def arithmetic_examples(split: str, n: int | None = None, seed: int = 0) -> list
 
 # ---- the second built-in task: the same arithmetic, worked step by step (long completions) --------------------------
 
-STEPS = "builtin_steps"      # its test split's name; "builtin_steps_train" its train split
-STEPS_TEST_SIZE = 500
-STEPS_TRAIN_SIZE = 20000     # of about 250,000 train expressions: enough for any run here, quick to tokenize
-STEPS_OPERANDS = (3, 4)
+STEPS = "builtin_steps"      # its test split's name; builtin_steps_dev, _train the others
+# The task's answer rule, on its splits only (verify.grader(name) -> verify.grade_integer): the text
+# after the completion's last "=" (all of it without one), stripped, must be a plain integer literal
+# -?[0-9]+ equal to the gold. "...=61-6=55", "55" and " 55 " score; "61-6" (unreduced), "55.0" and
+# "+55" do not. Every other prompt set is graded by value (verify.grade), which accepts an
+# unreduced expression of the right value.
+STEPS_NAMES = (STEPS, "builtin_steps_dev", "builtin_steps_train")
+STEPS_TEST_SIZE = 500        # of 2,455 test expressions
+STEPS_DEV_SIZE = 500         # of 2,514 dev expressions
+STEPS_TRAIN_SIZE = 20031     # the whole train split
+STEPS_OPERANDS = (5, 6)      # operands of an expression, each count equally likely
+STEPS_MAX_PRODUCTS = 2       # "*" per expression at most, never two side by side (digit x digit)
+STEPS_POOL = 25_000          # distinct expressions drawn, all splits together
+STEPS_POOL_SEED = "steps-pool"
+STEPS_MAX_NEW_TOKENS = 48    # the longest worked solution (41 characters) and EOS fit
 
 
 def worked_solution(expr: str) -> str:
     """The expression reduced one operation at a time, each intermediate form followed by "=", ending in its value:
     the leftmost * first (precedence), then + and - left to right. "7+6*9-3*2" -> "7+54-3*2=7+54-6=61-6=55".
-    The verifier reads the last value of such a chain ("3-5=-2" -> "-2"), so the gold answer is the final number."""
+    The task's rule (STEPS_NAMES) reads what follows the last "=": the gold is the final number."""
     tokens = []                                     # alternating ints and operator characters
     for ch in expr:
         if ch in OPERATORS and tokens and not isinstance(tokens[-1], str):
@@ -115,40 +145,76 @@ def worked_solution(expr: str) -> str:
     return "=".join(steps)
 
 
+def _steps_draw(rng: random.Random) -> str:
+    """One expression: an operand count from STEPS_OPERANDS, each operator uniform over + - * and
+    drawn again (all of them) while more than STEPS_MAX_PRODUCTS are "*" or two "*" are neighbours,
+    digits uniform 0-9. Every product is then digit x digit, every intermediate value within
+    -171..180."""
+    k = rng.choice(STEPS_OPERANDS)
+    while True:
+        ops = [rng.choice(OPERATORS) for _ in range(k - 1)]
+        if ops.count("*") <= STEPS_MAX_PRODUCTS and "**" not in "".join(ops):
+            break
+    return "".join(str(rng.randrange(MAX_OPERAND)) + op for op in ops + [""])
+
+
+@functools.lru_cache(maxsize=1)
+def _steps_pool() -> tuple[str, ...]:
+    """STEPS_POOL distinct expressions in the order first drawn (seed STEPS_POOL_SEED, whatever the
+    caller's seed): 5-6 operands are too many to enumerate (8.1M and 243M before the "*" rule)."""
+    rng, seen = random.Random(STEPS_POOL_SEED), {}
+    while len(seen) < STEPS_POOL:
+        seen.setdefault(_steps_draw(rng), None)
+    return tuple(seen)
+
+
 def _steps_expressions(split: str) -> list[str]:
-    """Every expression of 3 and 4 single-digit operands (279,000), in a fixed order, filtered by the split rule of
-    the arithmetic task (crc32 % 10 == 0 is test)."""
-    digits = [str(d) for d in range(MAX_OPERAND)]
-    out, level = [], digits
-    for n in range(2, max(STEPS_OPERANDS) + 1):
-        level = [e + o + d for e in level for o in OPERATORS for d in digits]
-        if n in STEPS_OPERANDS:
-            out += level
-    return [e for e in out if _is_test(e) == (split == "test")]
+    """The pool's expressions of one split, by the arithmetic task's rule (_split)."""
+    return [e for e in _steps_pool() if _split(e) == split]
 
 
 def arithmetic_chain_examples(split: str, n: int | None = None, seed: int = 0) -> list[Example]:
-    """The step-by-step task: the first n examples (all if None) of the split in an order shuffled by seed. The
-    question is the expression ("7+6*9-3*2", prompt "7+6*9-3*2=" under the builtin template), the gold answer its
-    value ("55"); the completion that earns the reward is worked_solution(question) or anything ending in the value."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    """The step-by-step task: the first n examples (all if None) of the split in an order shuffled
+    by seed. The question is the expression ("7+6*9-3*2-1", prompt "7+6*9-3*2-1=" under the builtin
+    template), the gold answer its value ("54"); a completion scores when its last "=" is followed
+    by that integer alone (the task's rule, at STEPS_NAMES), as worked_solution(question) does."""
+    _check_split(split)
     exprs = _steps_expressions(split)
     random.Random(f"steps-{split}-{seed}").shuffle(exprs)
     if n is not None and n > len(exprs):
         raise ValueError(f"the built-in steps {split} split has {len(exprs)} examples, {n} were asked for")
-    return [Example(question=e, answer=worked_solution(e).rsplit("=", 1)[-1]) for e in exprs[:n]]
+    golds = _steps_golds()
+    return [Example(question=e, answer=golds[e]) for e in exprs[:n]]
+
+
+@functools.lru_cache(maxsize=1)
+def _steps_golds() -> dict[str, str]:
+    """Each pool expression's value (the last step of its worked solution), computed once."""
+    return {e: worked_solution(e).rsplit("=", 1)[-1] for e in _steps_pool()}
 
 
 # The built-in prompt sets, each with its train split (what --train-data NAME should train on) and template builtin.
 BUILTIN_TRAIN_SPLITS = {BUILTIN: "builtin_train", STEPS: "builtin_steps_train"}
 
 
+BUILTIN_NAMES = (BUILTIN, "builtin_dev", "builtin_train", *STEPS_NAMES)
+
+
+def builtin_split(train_data: str, split: str, n: int | None = None) -> list[Example]:
+    """A split of the built-in task a run trains on: the step-by-step one for
+    builtin_steps[_train|_dev], the arithmetic one otherwise."""
+    steps = train_data in STEPS_NAMES
+    return (arithmetic_chain_examples if steps else arithmetic_examples)(split, n)
+
+
 def builtin_test(train_data: str, n: int | None = None) -> list[Example]:
-    """The held-out split of the built-in task a run trains on (the step-by-step one for builtin_steps[_train],
-    the arithmetic one otherwise): what train.py's eval/accuracy is measured on."""
-    steps = train_data in (STEPS, BUILTIN_TRAIN_SPLITS[STEPS])
-    return (arithmetic_chain_examples if steps else arithmetic_examples)("test", n)
+    """The test split of the built-in task trained on: what train.py's eval/accuracy is on."""
+    return builtin_split(train_data, "test", n)
+
+
+def builtin_dev(train_data: str, n: int | None = None) -> list[Example]:
+    """The dev split of the built-in task trained on: train.py's eval/dev_accuracy (--dev-size)."""
+    return builtin_split(train_data, "dev", n)
 
 
 def train_split(name: str) -> str:
@@ -190,14 +256,15 @@ def template_for(name: str, choice: str = "auto") -> str:
     auto = builtin for the built-in task's splits, plain for every other set."""
     if choice != "auto":
         return choice
-    return "builtin" if name in (*BUILTIN_TRAIN_SPLITS, *BUILTIN_TRAIN_SPLITS.values()) else "plain"
+    return "builtin" if name in BUILTIN_NAMES else "plain"
 
 
 def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prompt]:
     """The token ids of each templated question. A chat template already holds its special tokens, so none are
     added to it."""
-    return [Prompt(i, tokenizer.encode(apply_template(ex, template, tokenizer), add_special_tokens=template != "chat"),
-                   ex.answer) for i, ex in enumerate(examples)]
+    texts = [apply_template(ex, template, tokenizer) for ex in examples]
+    ids = tokenizer(texts, add_special_tokens=template != "chat")["input_ids"] if texts else []
+    return [Prompt(i, row, ex.answer) for i, (row, ex) in enumerate(zip(ids, examples))]
 
 
 def bench_label(name: str) -> str:
@@ -256,7 +323,7 @@ BENCHMARKS = {
     "minerva": ("minerva_math.jsonl", "problem", lambda r: last_boxed(r["solution"]) or ""),
     "olympiadbench": ("olympiadbench.jsonl", "question", lambda r: olympiad_answer(r["final_answer"])),
 }
-BENCHMARK_NAMES = (BUILTIN, "builtin_train", STEPS, "builtin_steps_train", *BENCHMARKS)
+BENCHMARK_NAMES = (*BUILTIN_NAMES, *BENCHMARKS)
 
 
 # ---- reading files -----------------------------------------------------------------------------------------------
@@ -349,10 +416,14 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR, question
     with a message that names the file (and line) on bad input."""
     if name_or_path == BUILTIN:
         return arithmetic_examples("test", BUILTIN_TEST_SIZE, seed=0)
+    if name_or_path == "builtin_dev":
+        return arithmetic_examples("dev", BUILTIN_DEV_SIZE, seed=0)
     if name_or_path == "builtin_train":
         return arithmetic_examples("train", BUILTIN_TRAIN_SIZE, seed=0)
     if name_or_path == STEPS:
         return arithmetic_chain_examples("test", STEPS_TEST_SIZE, seed=0)
+    if name_or_path == "builtin_steps_dev":
+        return arithmetic_chain_examples("dev", STEPS_DEV_SIZE, seed=0)
     if name_or_path == "builtin_steps_train":
         return arithmetic_chain_examples("train", STEPS_TRAIN_SIZE, seed=0)
     if name_or_path in BENCHMARKS:

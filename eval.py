@@ -7,8 +7,11 @@
 `evaluate(engine, tokenizer, examples, template=, k=, sampling=)` is the one function behind this CLI and behind
 train.py's periodic eval (`eval/accuracy` = mean@k with k = 1 and greedy sampling on the built-in test split, and
 `eval/<bench>/mean@k`), so a checkpoint evaluated either way with the same settings and seed gets the same numbers.
+`eval/dev_accuracy` is the same on the built-in dev split (here `--benchmarks builtin_dev`, or
+builtin_steps_dev).
 
-Metrics of one benchmark: n problems, k samples each, c_i of problem i graded correct by verify.grade.
+Metrics of one benchmark: n problems, k samples each, c_i of problem i graded correct by its set's
+rule (verify.grader(name): verify.grade; on builtin_steps only a plain integer after the last "=").
     mean@k  = (1/n) sum_i c_i / k                       (the papers' Avg@k = Mean@k; with k = 1 greedy, accuracy)
     pass@j  = (1/n) sum_i [1 - C(k - c_i, j) / C(k, j)]  for every j <= k, the unbiased estimator of Chen et al.
               2021 (arXiv 2107.03374), computed in their stable product form 1 - prod_{m=k-c+1}^{k} (1 - j/m)
@@ -109,9 +112,11 @@ def sample(engine, prompts: list, k: int, sampling: "Sampling", desc: str | None
 
 
 def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, k: int, sampling: "Sampling",
-             desc: str | None = None) -> tuple[dict, list[dict]]:
-    """(summary, per_example) of k samples per example; summary keys as in `summarize`."""
+             desc: str | None = None, grader=None) -> tuple[dict, list[dict]]:
+    """(summary, per_example) of k samples per example, each graded by grader(response, gold)
+    (None: verify.grade; a set's own rule: verify.grader(name)); summary keys as in `summarize`."""
     import verify
+    grader = grader or verify.grade
     if k < 1 or not examples:
         raise ValueError(f"evaluate needs k >= 1 and at least one example, got k={k}, {len(examples)} examples")
     prompts = data.make_prompts(examples, template, tokenizer)
@@ -123,20 +128,29 @@ def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, 
         records.append({"index": i, "question": ex.question, "gold": ex.answer,
                         "prompt": tokenizer.decode(prompts[i].ids), "responses": texts,
                         "extracted": [verify.extract_answer(t) for t in texts],
-                        "correct": [bool(c) for c in verify.grade_batch(texts, [ex.answer] * k)],
+                        "correct": [bool(grader(t, ex.answer)) for t in texts],
                         "lengths": [len(r.completion_ids) for r in group],
                         "truncated": [bool(r.truncated) for r in group]})
     return summarize(records, k), records
 
 
 def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float, template: str,
-                    data_dir: str, train_data: str = data.BUILTIN) -> dict:
-    """train.py's periodic eval: {key: (examples, template, k, temperature)} for the built-in task's test split
-    ("accuracy", greedy; data.builtin_test) and each comma-separated benchmark ("<bench>/mean@k")."""
-    sets = {"accuracy": (data.builtin_test(train_data, eval_size), "builtin", 1, 0.0)}
+                    data_dir: str, train_data: str = data.BUILTIN, dev_size: int = 0) -> dict:
+    """train.py's periodic eval: {key: (examples, template, k, temperature, grader)} for the first
+    eval_size prompts of the built-in task's test split ("accuracy", greedy; data.builtin_test;
+    none when 0), the first dev_size of its dev split ("dev_accuracy", greedy; data.builtin_dev;
+    none when 0) and each comma-separated benchmark ("<bench>/mean@k"); each graded by its set's
+    rule (verify.grader: builtin_steps' integer answers)."""
+    import verify
+    sets, builtin = {}, verify.grader(train_data)
+    if eval_size:
+        sets["accuracy"] = (data.builtin_test(train_data, eval_size), "builtin", 1, 0.0, builtin)
+    if dev_size:
+        sets["dev_accuracy"] = (data.builtin_dev(train_data, dev_size), "builtin", 1, 0.0, builtin)
     for name in filter(None, (n.strip() for n in benchmarks.split(","))):
-        sets[f"{data.bench_label(name)}/mean@{k}"] = (data.load_benchmark(name, data_dir),
-                                                      data.template_for(name, template), k, temperature)
+        sets[f"{data.bench_label(name)}/mean@{k}"] = (
+            data.load_benchmark(name, data_dir), data.template_for(name, template), k, temperature,
+            verify.grader(name))
     return sets
 
 
@@ -145,11 +159,11 @@ def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_
     """metrics.total("eval/<key>", this rank's share of mean@k) for each of train_eval_sets: rank r grades every
     world-th problem (the same weights on every rank), so the shares summed over ranks are each set's mean@k, and
     `python eval.py --model <checkpoint>` with the same settings reproduces it."""
-    for key, (examples, template, k, temperature) in sets.items():
+    for key, (examples, template, k, temperature, grader) in sets.items():
         mine, correct = examples[rank::world], 0.0
         if mine:
             from rollout import Sampling
-            summary, _ = evaluate(engine, tokenizer, mine, template=template, k=k,
+            summary, _ = evaluate(engine, tokenizer, mine, template=template, k=k, grader=grader,
                                   sampling=Sampling(temperature, top_p, max_new_tokens, seed=seed))
             correct = summary["mean@k"] * len(mine)
         metrics.total(f"eval/{key}", correct / len(examples))
@@ -208,14 +222,17 @@ def _repo_relative(path: str) -> str:
 
 
 def load_inputs(args: Args):
-    """Every input, checked before any sampling: (benchmarks {label: (examples, template)}, baseline, model, tok)."""
+    """Every input, checked before any sampling: (benchmarks {label: (examples, template,
+    grader)}, baseline, model, tok)."""
+    import verify
     if args.k < 1 or args.max_new_tokens < 1 or args.temperature < 0 or not 0 < args.top_p <= 1:
         raise ValueError("need --k >= 1, --max-new-tokens >= 1, --temperature >= 0 and 0 < --top-p <= 1")
     benches = {}
     for name in [b.strip() for b in args.benchmarks.split(",") if b.strip()]:
         exs = data.load_benchmark(name, args.data_dir, args.question_key or None, args.answer_key or None)
         benches[data.bench_label(name)] = (exs[:args.limit] if args.limit > 0 else exs,
-                                           data.template_for(name, args.prompt_template))
+                                           data.template_for(name, args.prompt_template),
+                                           verify.grader(name))
     if not benches:
         raise ValueError("--benchmarks is empty")
     baseline = load_baseline(args.baseline, benches) if args.baseline else None
@@ -259,9 +276,9 @@ def main(args: Args, benches, baseline, model, tokenizer) -> dict:
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                         seed=args.seed)
     results = {}
-    for name, (examples, template) in benches.items():
+    for name, (examples, template, grader) in benches.items():
         summary, records = evaluate(engine, tokenizer, examples, template=template, k=args.k, sampling=sampling,
-                                    desc=name)
+                                    desc=name, grader=grader)
         if baseline is not None:
             b = baseline[name]
             summary["aes"] = aes(summary["mean@k"], summary["length/mean"], b["mean@k"], b["length/mean"])

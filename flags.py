@@ -60,6 +60,9 @@ PRESETS = {
                 dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix",
                      veto_threshold=1e-4, steps=4, prompts_per_step=512, mini_batches=64,
                      eval_every=1)),
+    "m2po": ("M2PO (arXiv 2510.01161): second-moment trust region, mask the largest |log r| "
+             "until M2 < 0.04, no eps-clip, token mean",
+             dict(replay="none", ratio="token", agg="token-mean", m2po_tau=0.04)),
     "vigor": ("VIGOR (abstract only): variance-guided rollout allocation at the fixed allocation's "
               "budget, no replay",
               dict(replay="none", allocation="vigor", vigor_n_init=2, vigor_n_step=2,
@@ -151,6 +154,9 @@ class Args:
     (ablations)"""
     veto_threshold: float = 1e-4
     """veto trigger: a token of an A < 0 response whose ratio is below this"""
+    m2po_tau: float = 0.0
+    """M2PO: in each optimizer step, mask the tokens of largest |log r| until the mean (log r)^2
+    of the rest is below tau; no eps-clip (--eps-low/--eps-high ignored); 0 = off (M2PO: 0.04)"""
     kl_coef: float = 0.0
     """KL-to-reference coefficient; the reference model is loaded only when > 0"""
     kl_estimator: Literal[tuple(grpo.KL_ESTIMATORS)] = "k3"
@@ -236,7 +242,10 @@ class Args:
     """evaluate every N steps and at the end (0 = only at the end)"""
     eval_size: int = 500
     """held-out prompts of the built-in task trained on, greedy (eval/accuracy; builtin_steps: its
-    own test split)"""
+    own test split); 0 = no test eval"""
+    dev_size: int = 0
+    """prompts of the built-in task's dev split evaluated greedy as eval/dev_accuracy (0 = none):
+    what learning rates are chosen on (bench/compare.py --experiment)"""
     eval_benchmarks: str = ""
     """comma-separated benchmarks (names from data.py or files) also evaluated at each eval:
     eval/<bench>/mean@<k>"""
@@ -255,15 +264,15 @@ class Args:
 
 # ---- the bounds ----------------------------------------------------------------------------------
 
-AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_size",
+AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size",
               "epochs", "hd_groups", "hd_candidates", "mini_batches", "max_bad_steps", "eval_k",
               "vigor_n_init", "vigor_n_step", "vigor_top", "r2po_head_rank")
 AT_LEAST_0 = ("micro_batch_tokens", "tau_max", "replay_ratio", "priority_alpha", "replay_capacity",
-              "kl_coef", "tis_cap",
+              "kl_coef", "tis_cap", "eval_size", "dev_size",
               "dual_clip", "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay",
               "max_grad_norm", "eval_every", "save_every", "log_samples", "threads",
               "eval_temperature", "seed", "check_every", "max_logprob_diff", "hd_drift_max",
-              "vigor_budget", "r2po_head_lr", "r2po_kl_coef")
+              "vigor_budget", "r2po_head_lr", "r2po_kl_coef", "m2po_tau")
 
 
 def flag(name: str) -> str:
@@ -313,6 +322,9 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.veto_threshold <= 0,
          f"--veto-threshold must be > 0 (a ratio below it triggers the veto), "
          f"got {args.veto_threshold}"),
+        (args.m2po_tau > 0 and (args.ratio != "token" or args.dual_clip or args.tis_cap),
+         "--m2po-tau (M2PO) needs --ratio token, no --dual-clip and no --tis-cap: its mask is of "
+         "the token ratio to the behaviour policy, and it has no clip"),
         (args.overlong_buffer > args.max_new_tokens,
          f"--overlong-buffer ({args.overlong_buffer}) cannot exceed --max-new-tokens "
          f"({args.max_new_tokens})"),
@@ -360,17 +372,19 @@ def update_memory(args, model, longest_prompt: int) -> int:
 
 def check_sizes(args, model, prompts: list, world: int, device_memory: int | None = None) -> list:
     """Bounds that need the model and the data: a prompt must not appear twice in one step (its two
-    groups would share a prompt_id and be merged), the eval split must hold --eval-size prompts, and
-    the longest prompt plus --max-new-tokens must fit the model's positions. Returns warnings: an
-    update that may not fit `device_memory` bytes (update_memory's estimate)."""
+    groups would share a prompt_id and be merged), the test and dev splits must hold --eval-size
+    and --dev-size prompts, and the longest prompt plus --max-new-tokens must fit the model's
+    positions. Returns warnings: an update that may not fit `device_memory` bytes (update_memory's
+    estimate)."""
     if args.prompts_per_step // world > len(prompts) // world:
         raise ValueError(f"--prompts-per-step ({args.prompts_per_step}) exceeds the {len(prompts)} "
                          f"training prompts (at most {len(prompts) // world * world} on {world} "
                          f"rank(s))")
-    n_test = len(data.builtin_test(args.train_data))
-    if args.eval_size > n_test:
-        raise ValueError(f"--eval-size ({args.eval_size}) exceeds the {n_test} prompts of the "
-                         f"built-in test split")
+    for name, split in (("eval_size", "test"), ("dev_size", "dev")):
+        n = len(data.builtin_split(args.train_data, split))
+        if getattr(args, name) > n:
+            raise ValueError(f"{flag(name)} ({getattr(args, name)}) exceeds the {n} prompts of "
+                             f"the built-in {split} split")
     limit = getattr(model.config, "max_position_embeddings", None)
     longest = max(len(p.ids) for p in prompts)
     if limit and longest + args.max_new_tokens > limit:

@@ -1,13 +1,14 @@
 """The GRPO objective family as pure tensor functions: advantages, log-probs, importance weights,
-clipped surrogate, the mu-GRPO veto, KL to a reference, truncated importance sampling, DAPO extras
-and loss aggregation.
+clipped surrogate, the mu-GRPO veto, M2PO's second-moment mask, KL to a reference, truncated
+importance sampling, DAPO extras and loss aggregation.
 
     python grpo.py            # prints the advantages and the loss of a small random batch
 
 No model, optimizer, torch.distributed or globals here: tensors and floats in, tensors (and a
 metrics dict) out.
 Papers: GRPO (DeepSeekMath, arXiv 2402.03300), Dr. GRPO (2503.20783), DAPO (2503.14476),
-GSPO (2507.18071), PNPO (2608.01418), mu-GRPO (2605.17570), dual-clip PPO (1912.09729).
+GSPO (2507.18071), PNPO (2608.01418), mu-GRPO (2605.17570), M2PO (2510.01161), dual-clip PPO
+(1912.09729).
 Checked against verl's core_algos.py (tests/test_golden.py, ../shared/golden/README.md).
 Where we depart from a reference, the docstring says so:
   * zero-variance groups get advantage exactly 0 (verl relies on r - mean rounding to 0);
@@ -16,8 +17,8 @@ Where we depart from a reference, the docstring says so:
     loss).
 
 The file follows the default path (GRPO advantages -> log-probs -> token ratio -> policy_loss ->
-aggregate), then the variants each flag selects (Dr. GRPO, GSPO, PNPO, the veto, KL, TIS, DAPO's
-extras) and the tables of choices.
+aggregate), then the variants each flag selects (Dr. GRPO, GSPO, PNPO, the veto, M2PO, KL, TIS,
+DAPO's extras) and the tables of choices.
 
 Shapes: B sequences, G group size, T completion tokens, V vocab. `mask` is the [B, T] completion
 mask (bool or 0/1 float; EOS counts as a valid token). logits[:, t] is the distribution that
@@ -33,10 +34,13 @@ One update step, as train.py wires it (flags in brackets):
     N = loss_normaliser(mask_step, --agg, max_len=--max-new-tokens)
     # behaviour_logp: the engine's log-probs at generation time; old_logp is the same unless TIS
     # recomputes it
+    # M2PO (--m2po-tau): a no-grad pass over the step's micro-batches (and ranks) first,
+    # c = m2po_threshold(m2po_sq(token_log_ratio(logp, old_logp, mask), mask) of all, tau)
     for each micro-batch:
         logp = token_logprobs(model(...).logits, ids, temperature)               # [b, T], with grad
         loss_mask = (veto_mask(logp, behaviour_logp, adv, mask, --veto-threshold, --veto-scope)
                      if veto else mask)
+        # M2PO: loss_mask &= m2po_keep(log r of the no-grad pass, mask, tau, c); no eps-clip
         # weight uses the un-vetoed mask
         log_w = log_ratio(--ratio, logp, old_logp, mask, --pnpo-grad)
         # old_logp recomputed by the trainer
@@ -48,9 +52,9 @@ One update step, as train.py wires it (flags in brackets):
                                               loss_mask, --agg, N)
         # summed gradients == the gradient of the whole step's loss
         loss.backward()
-    # m holds means over the call's loss tokens and their count 'loss/tokens' (EXTREMES: min/max):
-    # the caller combines micro-batches and ranks as token-weighted means
-    # (train.py, metrics.Metrics)
+    # m holds means over the call's loss tokens and their count 'loss/tokens' (COMBINE: min/max,
+    # the per-third clip fractions over their own counts): the caller combines micro-batches and
+    # ranks as token-weighted means (train.py, metrics.Metrics)
 FSDP/DDP average gradients over ranks, so with N summed over ranks the caller multiplies each loss
 by world_size.
 Logged extras, all under torch.no_grad():
@@ -73,6 +77,11 @@ GSPO_LOG_RATIO_MAX = 10.0    # verl's upper cap on GSPO's log s_i
 PNPO_GRADS = ("detached", "full")
 # policy_loss metrics that are extremes, not means
 EXTREMES = {"ratio/min": "min", "ratio/max": "max"}
+# a completion's thirds by position (loss/clip_frac_first, ...), each a mean over its own tokens
+THIRDS = ("first", "middle", "last")
+# how callers combine policy_loss's metrics that are not means over 'loss/tokens'
+# (metrics.Metrics.token_means): an extreme, or a mean over the count of another key
+COMBINE = {**EXTREMES, **{f"loss/clip_frac_{p}": f"loss/tokens_{p}" for p in THIRDS}}
 
 
 # ------------------------------------ the default path: advantages (one per rollout)
@@ -178,11 +187,14 @@ def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float,
 
     Metrics (0-dim detached tensors), each a mean over this call's valid tokens, plus 'loss/tokens'
     (their count); callers combine micro-batches and ranks as token-weighted means, ratio/min and
-    ratio/max (EXTREMES) as extremes:
+    ratio/max as extremes, the per-third fractions over their own counts (COMBINE):
       loss/clip_frac       the clipped branch is strictly larger (no gradient): verl's pg_clipfrac
       loss/clip_frac_low   ... and A < 0 (w < 1 - eps_low)
       loss/clip_frac_high  ... and A > 0 (w > 1 + eps_high)
       loss/dual_clip_frac  A < 0 and the dual-clip cap is active: verl's pg_clipfrac_lower
+      loss/clip_frac_first, _middle, _last   loss/clip_frac over the first, middle and last
+                           third of each response's valid tokens, each with its count
+                           loss/tokens_first, ... (a mean over that count: COMBINE)
       ratio/min, ratio/mean, ratio/max   of w_t
       loss/ppo_kl          mean of -log_ratio: for token and GSPO ratios exactly
                            mean(old_logp - logp), verl's ppo_kl
@@ -226,7 +238,28 @@ def _surrogate_metrics(log_ratio, ratio, adv, mask, clipped, dual) -> dict:
         "ratio/max": w.max() if w.numel() else empty,
         "loss/ppo_kl": -log_ratio.detach()[valid].sum() / n.clamp(min=1),
         "loss/tokens": n,
+        **_clip_by_third(clipped, valid),
     }
+
+
+def _clip_by_third(clipped: Tensor, valid: Tensor) -> dict:
+    """Clip fraction by position: token t (0-based among its row's n valid tokens) is in third
+    floor(3 t / n) (n = 2: first, middle; n = 1: first):
+
+        loss/clip_frac_<third> = #(clipped and in the third) / #(in the third)
+        loss/tokens_<third>    = #(in the third)
+    The fraction is a mean over its third's tokens: COMBINE tells callers to weight it by that
+    count, so micro-batches and ranks combine to sum(clipped) / sum(tokens) of the third."""
+    pos = valid.long().cumsum(-1) - 1                                          # [B, T]
+    n = valid.sum(-1, keepdim=True).clamp(min=1)                               # [B, 1]
+    third = torch.div(3 * pos, n, rounding_mode="floor")                       # [B, T] in 0, 1, 2
+    out = {}
+    for k, name in enumerate(THIRDS):
+        inside = valid & (third == k)
+        count = inside.sum()
+        out[f"loss/clip_frac_{name}"] = (clipped & inside).sum().double() / count.clamp(min=1)
+        out[f"loss/tokens_{name}"] = count
+    return out
 
 
 
@@ -408,6 +441,64 @@ def veto_mask(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor,
         n_before = trigger.long().cumsum(-1) - trigger.long()
         drop = n_before > 0
     return torch.where(drop, torch.zeros_like(mask), mask)
+
+
+
+# ------------------------------------ variants: M2PO's second-moment mask
+
+def m2po_sq(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    """(log r_t)^2 of the valid tokens, float64, detached: [n] (row-major order)."""
+    return log_ratio.detach().double().square()[mask.bool()]
+
+
+def m2po_threshold(sq: Tensor, tau: float) -> float:
+    """M2PO's cut (Zheng et al. 2025, "Prosperity before Collapse", arXiv 2510.01161) over the
+    squared token log-ratios sq = (log r_t)^2, r_t = pi_theta / pi_old, of every valid token of
+    one optimizer step (all micro-batches and ranks, in any order), as AReaL implements it:
+
+        s_1 >= s_2 >= ... >= s_n                           sq sorted, largest first
+        M2(j) = (1 / (n - j)) sum_{i > j} s_i              the second moment once s_1..s_j are out
+        k     = min {j < n : M2(j) < tau}                  (n - 1 when there is none)
+        c     = s_k (inf when k = 0);  mask token t  <=>  (log r_t)^2 >= c
+    Read: AReaL's docs/algorithms/m2po.md (M2 = (1/N) sum (log pi_theta / pi_behav)^2, its
+    m2_threshold tau_M2 a bound on that mean, objective (1/sum|o|) sum M r A) and its code,
+    areal/engine/ppo/actor.py _apply_m2po_masking / _get_m2po_loss_mask (inclusionAI/AReaL):
+    descending sort, suffix means, the first suffix mean strictly below the threshold, at least one
+    token kept. So N counts the tokens that remain, and the test is strict (<). AReaL's log r is
+    against the proximal policy of its decoupled loss (recomputed before the update); here it is
+    pi_theta at the start of the optimizer step against old_logp, the behaviour policy.
+    Ties: every token equal to s_k is masked, so a cut through a run of equal values masks the
+    whole run (AReaL masks an arbitrary part of it, by sort order); the kept M2 is still < tau (a
+    suffix mean only falls as its largest terms go), but a run at the smallest value can leave no
+    token kept. All zero (the first update on fresh rollouts): M2 = 0 < tau, nothing masked.
+    Not followed: the authors' released code (Infini-AI-Lab/M2PO, verl core_algos.py), which
+    budgets only the tokens PPO's clip would act on (A > 0, r > 1 or A < 0, r < 1) and turns the
+    budget into a clip range. tau = 0.04: AReaL's m2_threshold in its gsm8k_m2po.yaml.
+    """
+    n = sq.numel()
+    if n == 0:
+        return math.inf
+    s = sq.double().sort(descending=True).values                               # [n]
+    counts = torch.arange(n, 0, -1, dtype=s.dtype, device=s.device)            # n - j
+    suffix_mean = s.flip(0).cumsum(0).flip(0) / counts                         # M2(j), [n]
+    below = (suffix_mean < tau).nonzero()
+    k = int(below[0]) if len(below) else n - 1
+    return float(s[k - 1]) if k else math.inf
+
+
+def m2po_keep(log_ratio: Tensor, mask: Tensor, tau: float,
+              threshold: float | None = None) -> Tensor:
+    """[B, T] bool: the valid tokens M2PO keeps, (log r_t)^2 < c with c = m2po_threshold(...) of
+    this call's tokens, or `threshold` when given (train.py: the one of the whole optimizer step,
+    from a no-grad pass over all its micro-batches and ranks). log_ratio [B, T] is the token log
+    ratio (token_log_ratio); invalid tokens are never kept. The loss with it (train.py):
+
+        L = -(1 / sum_i |o_i|) sum_i sum_t M_it r_it A_i       no eps-clip, token mean
+    N counts every valid token, masked ones too, as AReaL's doc writes the objective and as the
+    veto does (AReaL's code divides by the kept tokens of each micro-batch)."""
+    if threshold is None:
+        threshold = m2po_threshold(m2po_sq(log_ratio, mask), tau)
+    return mask.bool() & (log_ratio.detach().double().square() < threshold)
 
 
 

@@ -56,12 +56,21 @@ class Metrics:
 
     def token_means(self, means: dict, n: float, extremes: dict | None = None) -> None:
         """Add a dict of means over n tokens (0-dim tensors or floats); keys in `extremes` ({key:
-        "min" | "max"}) are extremes instead, kept only where n > 0 (a mean of no token is NaN)."""
+        "min" | "max" | another key}) are extremes instead, kept only where n > 0 (a mean of no
+        token is NaN), or means over the count that other key of `means` holds (which is then
+        only a weight, not added)."""
+        extremes = extremes or {}
+        weights = {kind for kind in extremes.values() if kind not in ("min", "max")}
         for key, value in means.items():
-            if key not in (extremes or {}):
+            kind = extremes.get(key)
+            if key in weights:
+                continue
+            if kind is None:
                 self.mean(key, float(value), n)
+            elif kind not in ("min", "max"):
+                self.mean(key, float(value), float(means[kind]))
             elif n:
-                (self.min if extremes[key] == "min" else self.max)(key, float(value))
+                (self.min if kind == "min" else self.max)(key, float(value))
 
     def merge(self, other: "Metrics") -> None:
         """Add every entry of `other` (e.g. one optimizer step's metrics into the loop step's)."""

@@ -33,6 +33,16 @@ def all_reduce(values: list[float], world: int, op=dist.ReduceOp.SUM) -> list[fl
     return t.tolist()
 
 
+def all_gather_cat(t: torch.Tensor, world: int) -> torch.Tensor:
+    """Every rank's 1-D tensor (lengths may differ), concatenated in rank order, on the CPU of
+    every rank (M2PO's threshold needs the step's values themselves, not their sum)."""
+    if world == 1:
+        return t.cpu()
+    parts = [None] * world
+    dist.all_gather_object(parts, t.cpu())
+    return torch.cat(parts)
+
+
 # ---- lockstep forward/backward passes ------------------------------------------------------------
 
 def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool):

@@ -11,7 +11,8 @@ hand-written FSDP2 wrapping.
 
 Each step of `train()` reads top to bottom:
 1. generate  `prompts_per_step` prompts x `group_size` completions from the rollout engine
-             (behaviour log-probs kept), each graded by the verifier (r.correct); VIGOR:
+             (behaviour log-probs kept), each graded by its task's rule (r.correct, verify.grader
+             of --train-data: value equality, or builtin_steps' integer-only rule); VIGOR:
              variance-guided group sizes at the same budget (vigor.vigor_generate); DAPO: extra
              rounds for the groups dynamic sampling drops;
 2. score     the shaped reward (r.reward: the verdict, plus DAPO's overlong penalty), then one
@@ -47,6 +48,7 @@ policy) and each token weighted by min(pi_old / pi_behaviour, C).
 """
 import dataclasses
 import json
+import math
 import os
 import random
 import sys
@@ -205,10 +207,12 @@ def setup(args: Args, model, tok, *, rank: int, world: int, device: str, max_len
 
 # ---- 1. generate and 2. score --------------------------------------------------------------------
 
-def grade(rollouts) -> None:
-    """The verifier's verdict of each rollout, r.correct (1.0 = right); set once, here."""
+def grade(rollouts, grader=verify.grade) -> None:
+    """The verdict of each rollout, r.correct (1.0 = right), by `grader`: generate passes the one of
+    the prompt set trained on (verify.grader: builtin_steps scores only a plain integer answer, the
+    rest verify.grade); set once, here."""
     for r in rollouts:
-        r.correct = verify.reward(r.text, r.answer)
+        r.correct = 1.0 if grader(r.text, r.answer) else 0.0
 
 
 def score(rollouts, args: Args) -> torch.Tensor:
@@ -242,18 +246,21 @@ def sampling(args: Args, rank: int, step: int, round_: int) -> Sampling:
 def generate(engine, prompts, args: Args, *, step: int, rank: int, round_: int, world: int,
              metrics: Metrics) -> list:
     """1. `group_size` completions per prompt, or VIGOR's variance-guided group sizes at the same
-    budget (its rounds seeded round_ + 1, ...; its numbers go to `metrics`), each graded once."""
+    budget (its rounds seeded round_ + 1, ...; its numbers go to `metrics`), each graded once, by
+    the task's rule (verify.grader)."""
+    grader = verify.grader(args.train_data)
     if args.allocation == "fixed":
         s = sampling(args, rank, step, round_)
         new = engine.generate(prompts, args.group_size, s, version=step)
-        grade(new)
+        grade(new, grader)
         return new
     budget = (args.vigor_budget or args.prompts_per_step * args.group_size) // world   # this rank's
 
     def sampling_for(k: int) -> Sampling:
         return sampling(args, rank, step, round_ + k)
 
-    new, _ = vigor.vigor_generate(engine, prompts, sampling_for, step, grade,
+    new, _ = vigor.vigor_generate(engine, prompts, sampling_for, step,
+                                  lambda rollouts: grade(rollouts, grader),
                                   n_init=args.vigor_n_init, n_step=args.vigor_n_step,
                                   top=args.vigor_top, budget=budget, metrics=metrics)
     return new
@@ -299,32 +306,61 @@ def micro_batch_loss(model, ref_model, mb: dict, args: Args, normaliser: float,
     loss_mask = mask
     if args.veto_scope != "none":            # mu-GRPO's veto, against the behaviour policy
         loss_mask = grpo.veto_mask(logp, behaviour, adv, mask, args.veto_threshold, args.veto_scope)
+    veto_frac = 1 - loss_mask.sum() / mask.sum().clamp(min=1)
+    eps_low, eps_high = args.eps_low, args.eps_high
+    if args.m2po_tau:              # M2PO: the step's mask (optimizer_step), and no eps-clip
+        loss_mask, eps_low, eps_high = loss_mask.bool() & mb["m2po_keep"], 1.0, math.inf
     log_w = grpo.log_ratio(args.ratio, logp, old, mask, pnpo_grad=args.pnpo_grad)  # [b, T]
     w_tis = grpo.tis_weight(old, behaviour, args.tis_cap) if args.tis_cap else None
-    loss, m = grpo.policy_loss(log_w, adv, loss_mask, eps_low=args.eps_low, eps_high=args.eps_high,
+    loss, m = grpo.policy_loss(log_w, adv, loss_mask, eps_low=eps_low, eps_high=eps_high,
                                dual_clip=args.dual_clip or None, agg=args.agg,
                                normaliser=normaliser, token_weight=w_tis)
     n = float(m.pop("loss/tokens"))
     with torch.no_grad():
         entropy = grpo.masked_mean(grpo.entropy_from_logits(logits, args.temperature), mask)
-        veto_frac = 1 - loss_mask.sum() / mask.sum().clamp(min=1)
         extra = {"entropy": entropy, "loss/veto_frac": veto_frac}
+        if args.m2po_tau:
+            masked = (mask.bool() & ~mb["m2po_keep"]).sum().double()
+            extra["loss/m2po_masked_frac"] = masked / mask.sum().clamp(min=1)
     if ref_model is not None:
         with torch.no_grad():
             ref_logp = forward_logprobs(ref_model, mb, args.temperature)[1]       # [b, T]
         kl = grpo.kl_penalty(logp, ref_logp, args.kl_estimator)                    # [b, T]
         loss = loss + args.kl_coef * grpo.aggregate(kl, loss_mask, args.agg, normaliser)
         extra["kl"] = grpo.masked_mean(kl.detach(), mask)
-    metrics.token_means(m, n, grpo.EXTREMES)      # policy_loss's means: over the loss tokens
+    metrics.token_means(m, n, grpo.COMBINE)       # policy_loss's means: over the loss tokens
     metrics.token_means(extra, float(mask.sum()))  # the rest: over every completion token
     metrics.total("loss/tokens", n)
     return loss
 
 
+@torch.no_grad()
+def m2po_keep_masks(model, mbs: list, args: Args, *, pad_id: int, world: int) -> list:
+    """M2PO's mask of each micro-batch ([b, T] bool), with one threshold for the whole optimizer
+    step: a no-grad forward over the step's micro-batches (in lockstep with the other ranks) at
+    the weights the step's gradient is taken at, every rank's (log r_t)^2 gathered, then
+    grpo.m2po_threshold of them all. So the mask is the one of the merged step, whatever the
+    micro-batching or the world size; the grad pass reuses it rather than recomputing log r."""
+    log_w = []
+    for mb in parallel.lockstep(mbs, model, pad_id, world, backward=False):
+        logp = forward_logprobs(model, mb, args.temperature)[1]                   # [b, T]
+        log_w.append(grpo.token_log_ratio(logp, mb["old_logprobs"], mb["completion_mask"]))
+    parallel.reshard(model)
+    sq = [grpo.m2po_sq(w, mb["completion_mask"]) for w, mb in zip(log_w, mbs)]
+    sq = torch.cat(sq) if sq else torch.zeros(0, dtype=torch.float64)
+    c = grpo.m2po_threshold(parallel.all_gather_cat(sq, world), args.m2po_tau)
+    return [grpo.m2po_keep(w, mb["completion_mask"], args.m2po_tau, c)
+            for w, mb in zip(log_w, mbs)]
+
+
 def optimizer_step(model, ref_model, opt, mbs: list, args: Args, *, normaliser: float, pad_id: int,
                    world: int, guard: parallel.StepGuard, step: int, metrics: Metrics) -> None:
     """One optimizer step: forward/backward over the micro-batches (in lockstep with the other
-    ranks), clip, step."""
+    ranks), clip, step. M2PO first fixes its mask over all of them (m2po_keep_masks)."""
+    if args.m2po_tau:
+        keep = m2po_keep_masks(model, mbs, args, pad_id=pad_id, world=world)
+        for mb, k in zip(mbs, keep):
+            mb["m2po_keep"] = k
     loss = 0.0
     for mb in parallel.lockstep(mbs, model, pad_id, world, backward=True):
         mb_loss = micro_batch_loss(model, ref_model, mb, args, normaliser, metrics)
@@ -492,8 +528,8 @@ def load_run(args: Args, rank: int, world: int, device: str):
         parallel.print0(f"warning: {warning}")
     eval_sets = eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k,
                                          args.eval_temperature, args.prompt_template, args.data_dir,
-                                         args.train_data)
-    eval_prompts = [q for examples, template, _, _ in eval_sets.values()
+                                         args.train_data, args.dev_size)
+    eval_prompts = [q for examples, template, *_ in eval_sets.values()
                     for q in data.make_prompts(examples, template, tok)]
     max_len = args.max_new_tokens + max(len(p.ids) for p in prompts + eval_prompts)
     return resume, model, tok, prompts, eval_sets, max_len

@@ -7,6 +7,7 @@ gold answer, and turn that into the reward. Nothing in model text is ever execut
     python verify.py                                   # grades a few examples
     grade(response, gold) -> bool       reward(response, gold) -> float (1.0 / 0.0)       grade_batch(responses, golds)
     extract_answer(text) -> str | None  is_equivalent(pred, gold) -> bool                stats() -> dict (STATS)
+    grade_integer(response, gold): a plain integer after the last "="    grader(name): a set's rule
 
 Extraction: the text after the last `</think>`; "final answer is X. I hope it is correct" (the Minerva
 format); the last `\\boxed{}`/`\\fbox{}` (nested braces), joined with the boxes just before it when only a short
@@ -60,6 +61,7 @@ import re
 import threading
 from fractions import Fraction
 
+import data
 from mathcheck import POOL, ExactBackend, NeedSymbolic, ProbeBackend, compare_readings, num_close
 from mathparse import MAX_DIGITS, MAX_ITEMS, ParseError, chain_value
 
@@ -478,6 +480,31 @@ def grade(response: str, gold: str) -> bool:
 def reward(response: str, gold: str) -> float:
     """1.0 for a correct final answer, else 0.0."""
     return 1.0 if grade(response, gold) else 0.0
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def grade_integer(response: str, gold: str) -> bool:
+    """The stricter rule of a task whose answer is a plain integer (data.py's step-by-step task,
+    grader): the text after the response's last "=" (the whole response when it has none),
+    stripped, must be an integer literal -?[0-9]+ equal to the gold integer. "7+54-6=61-6=55" and
+    " 55 " grade True for gold 55; an unreduced "61-6", "55.0" or "+55" grade False (unparseable).
+    Counted in stats() as grade is."""
+    tail = response.rsplit("=", 1)[-1].strip() if isinstance(response, str) else ""
+    gold = str(gold).strip()
+    readable = all(len(s) <= MAX_DIGITS and _INTEGER.fullmatch(s) for s in (tail, gold))
+    _count("graded")
+    if not readable:
+        _count("unparseable")
+    return bool(readable) and int(tail) == int(gold)
+
+
+def grader(name: str):
+    """The grader of prompt set `name` (data.py's names, a run's --train-data), (response, gold) ->
+    bool: grade_integer on the step-by-step task's splits (data.STEPS_NAMES: its answer rule),
+    grade (value equality) for every other set."""
+    return grade_integer if name in data.STEPS_NAMES else grade
 
 
 def grade_batch(responses: list[str], golds: list[str]) -> list[bool]:

@@ -1,6 +1,6 @@
 """Make the built-in tiny model: a character-level tokenizer, a small Qwen2 config, and a short supervised warm start.
 
-    python assets/make_tiny_model.py                 # rewrites assets/tiny-arith (a few minutes on 2 CPU cores)
+    python assets/make_tiny_model.py                 # rewrites assets/tiny-arith (about a minute on 2 cores)
     python assets/make_tiny_model.py --task steps    # rewrites assets/tiny-steps (the step-by-step task)
 
 The result is a standard Hugging Face directory (config.json, tokenizer.json, model.safetensors) that loads with
@@ -10,23 +10,34 @@ The warm start is deliberately short: supervised training on the built-in arithm
 only) is stopped after a fixed number of steps, when greedy held-out accuracy is well above zero but far from solved,
 leaving room for RL to show. Seeded: the same command gives the same weights on the same machine.
 
---task steps: the same tokenizer and architecture, warm-started on data.py's second built-in task (3-4 operands,
-answers worked one operation at a time: "7+6*9-3*2=" -> "7+54-3*2=7+54-6=61-6=55"), loss on the whole worked answer.
+--task steps: the same tokenizer and architecture, warm-started on data.py's second built-in task
+(5-6 operands), answers worked one operation at a time:
+    "7+6*9-3*2-1=" -> "7+54-3*2-1=7+54-6-1=61-6-1=55-1=54"
+Loss on the whole worked answer, STEPS_SFT_STEPS steps, greedy eval at 48 new tokens under the
+task's rule (a plain integer after the last "="). The shipped assets/tiny-steps: 2 min 14 s wall
+with --threads 2 on 2 cores of an Intel Xeon (its 4 evaluations included), 30.2% greedy accuracy on
+the 500 test prompts, greedy completions 29.6 tokens long (whole chains). Accuracy rises steeply
+around these steps (16.6% at 300, 36.8% at 330 on one thread), so a different thread count or BLAS
+gives a model a few points away.
+The shipped assets/tiny-arith: 400 steps on the train split alone (dev and test unseen), 49 s wall
+with --threads 2 on 2 cores of an Intel Xeon, 23.8% greedy accuracy on the 500 test prompts.
 """
 import argparse
 import os
 import random
 import sys
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
+import verify  # noqa: E402
 from checkpoint import save_hf  # noqa: E402
 from rollout import Prompt, Sampling, TorchEngine  # noqa: E402
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
-STEPS_SFT_STEPS = 300        # --task steps: supervised steps (about 33% greedy held-out accuracy: room for RL)
+STEPS_SFT_STEPS = 320        # --task steps: supervised steps (30.2% greedy held-out accuracy)
 
 
 def make_tokenizer():
@@ -61,8 +72,9 @@ TASKS = {
               lambda ex: ex.answer, 8),
     "steps": (lambda seed: data.arithmetic_chain_examples("train", seed=seed),
               lambda: data.arithmetic_chain_examples("test", data.STEPS_TEST_SIZE),
-              lambda ex: data.worked_solution(ex.question), 24),
+              lambda ex: data.worked_solution(ex.question), data.STEPS_MAX_NEW_TOKENS),
 }
+GRADERS = {"arith": data.BUILTIN, "steps": data.STEPS}   # each task's answer rule: verify.grader
 
 
 def sft_batch(tok, examples, target=lambda ex: ex.answer):
@@ -79,12 +91,17 @@ def sft_batch(tok, examples, target=lambda ex: ex.answer):
     return ids, (ids != tok.pad_token_id).long(), lab
 
 
-def greedy_accuracy(model, tok, examples, max_new_tokens: int = 8) -> float:
-    import verify
+def greedy_completions(model, tok, examples, max_new_tokens: int = 8) -> list:
     engine = TorchEngine(model, tok)
     prompts = [Prompt(i, tok.encode(data.builtin_prompt(e.question)), e.answer) for i, e in enumerate(examples)]
-    rs = engine.generate(prompts, 1, Sampling(temperature=0, max_new_tokens=max_new_tokens))
-    return sum(verify.grade(r.text, r.answer) for r in rs) / len(rs)
+    return engine.generate(prompts, 1, Sampling(temperature=0, max_new_tokens=max_new_tokens))
+
+
+def greedy_accuracy(model, tok, examples, max_new_tokens: int = 8, task: str = "arith") -> float:
+    """Greedy held-out accuracy under the task's own answer rule (verify.grader)."""
+    grade = verify.grader(GRADERS[task])
+    rs = greedy_completions(model, tok, examples, max_new_tokens)
+    return sum(grade(r.text, r.answer) for r in rs) / len(rs)
 
 
 def main():
@@ -107,6 +124,7 @@ def main():
     tok = make_tokenizer()
     model = make_model(len(tok), args.seed)
     train, test = train_of(args.seed), test_of()
+    grade, t0 = verify.grader(GRADERS[args.task]), time.perf_counter()
     rng = random.Random(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
@@ -118,8 +136,11 @@ def main():
         opt.step()
         sched.step()
         if step % args.eval_every == 0 or step == args.steps:
-            acc = greedy_accuracy(model, tok, test, max_new)
-            print(f"step {step:5d}  loss {loss.item():.3f}  test greedy acc {acc:.3f}", flush=True)
+            rs = greedy_completions(model, tok, test, max_new)
+            acc = sum(map(grade, [r.text for r in rs], [r.answer for r in rs])) / len(rs)
+            length = sum(len(r.completion_ids) for r in rs) / len(rs)
+            print(f"step {step:5d}  loss {loss.item():.3f}  test greedy acc {acc:.3f}  mean length "
+                  f"{length:.1f}  {time.perf_counter() - t0:.0f} s", flush=True)
     save_hf(model, tok, args.out)        # EOS / PAD ids in the configs: `generate` stops at EOS
     print(f"saved {args.out}")
 

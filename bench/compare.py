@@ -3,7 +3,11 @@
     python bench/compare.py                                   # grpo, naive-replay, rollout-replay x seeds 0,1,2
     python bench/compare.py --quick --jobs 2                  # a few minutes on 2 cores: fewer steps and prompts
     python bench/compare.py --methods grpo,gspo,pnpo --seeds 0,1,2,3,4 --out runs/compare-seq -- \\
-        --model assets/tiny-steps --train-data builtin_steps_train --max-new-tokens 24   # flags after -- go to every run
+        --model assets/tiny-steps --train-data builtin_steps_train --max-new-tokens 48   # flags after -- go to every run
+
+`--experiment NAME` runs one paper's headline comparison instead (bench/experiments.py: its arms, what
+it holds equal, a learning rate per arm chosen on the dev split, fresh seeds on the test split), into
+bench/results/NAME/ unless --out is given; `--list-experiments` names them.
 
 Each run is `python train.py --preset METHOD --seed S --out-dir OUT/METHOD/seed-S [flags after --]` in a subprocess
 (the real training code path; its stdout goes to run.log next to its metrics.jsonl, which is kept). A method is a
@@ -192,6 +196,28 @@ def plot(results: dict[str, list[dict]], path: Path, title: str) -> bool:
     return True
 
 
+def experiment_main(args, ours: list[str], extra: list[str]) -> int:
+    """--experiment NAME / --list-experiments."""
+    import experiments
+    if args.list_experiments:
+        for name, make in experiments.EXPERIMENTS.items():
+            exp = make(False)
+            print(f"{name:10s} {exp.paper}: {', '.join(s.label for s in exp.settings)}")
+        return 0
+    if args.experiment not in experiments.EXPERIMENTS:
+        raise SystemExit(f"unknown experiment {args.experiment!r}: choose one of "
+                         f"{', '.join(experiments.EXPERIMENTS)}")
+    if extra:
+        raise SystemExit("--experiment takes no train.py flags after --: an experiment's flags are "
+                         "its definition (bench/experiments.py)")
+    out = Path(args.out if "--out" in ours else ROOT / "bench" / "results" / args.experiment)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    text = experiments.run_experiment(args.experiment, out, jobs=args.jobs, threads=threads,
+                                      quick=args.quick)
+    print(text + f"\nwrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="train.py flags after -- go to every run")
@@ -209,9 +235,15 @@ def main(argv=None) -> int:
     p.add_argument("--target-frac", type=float, default=0.9, help="target = this x the baseline's final accuracy")
     p.add_argument("--metric", default="eval/accuracy", help="metrics.jsonl key of the held-out accuracy")
     p.add_argument("--rerun", action="store_true", help="run again even where a finished run exists")
+    p.add_argument("--experiment", default="", metavar="NAME",
+                   help="one paper's headline comparison (bench/experiments.py) into --out "
+                        "(default bench/results/NAME); --quick: toy sizes, in-process runs")
+    p.add_argument("--list-experiments", action="store_true", help="the experiments, a line each")
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = p.parse_args(ours)
+    if args.list_experiments or args.experiment:
+        return experiment_main(args, ours, extra)
     methods = [m for m in args.methods.split(",") if m]
     seeds = [int(s) for s in (args.seeds if not args.quick or "--seeds" in ours else "0,1").split(",")]
     extra = (QUICK if args.quick else []) + extra            # later flags win in argparse

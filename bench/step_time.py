@@ -9,7 +9,7 @@ whole steps (so the replay buffer holds `tau_max` steps of rollouts and sample()
 of `--repeats` steps is timed part by part and the medians are printed:
 
     generate        engine.generate inside train.generate_and_score (the engine is wrapped to time its call)
-    score           the rest of train.generate_and_score (verify.reward, advantages)
+    score           the rest of train.generate_and_score (the task's grader, advantages)
     sample+store    replay.sample + replay.add
     update          train.update (collate, forward, loss, backward, clip, AdamW)
     sync            engine.load_weights(parallel.full_parameters(model))

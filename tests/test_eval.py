@@ -117,6 +117,50 @@ def test_evaluate_numbers_by_hand():
     assert not any(key.startswith("pass@") and key not in ("pass@1", "pass@2", "pass@3") for key in summary)
 
 
+def test_evaluate_grades_by_the_sets_rule():
+    """evaluate(grader=...): builtin_steps' rule (verify.grader) gives an unreduced expression 0
+    where the default, verify.grade, gives it 1; train_eval_sets hands each set its rule, skips the
+    test set at eval_size 0 and adds the dev split as dev_accuracy."""
+    import verify
+    script = {"4-1+1*4=": [("4-1+4", 5, False), ("4-1+4=3+4=7", 11, False)]}
+    exs = [data.Example("4-1+1*4", "7")]
+
+    def run(**kw):
+        return ev.evaluate(ScriptedEngine(script), CharTok(), exs, template="builtin", k=2,
+                           sampling=Sampling(), **kw)
+    assert run()[1][0]["correct"] == [True, True]
+    summary, records = run(grader=verify.grader("builtin_steps"))
+    assert records[0]["correct"] == [False, True] and summary["mean@k"] == 0.5
+    sets = ev.train_eval_sets(8, "builtin_steps,builtin", 1, 0.0, "auto", data.DEFAULT_DATA_DIR,
+                              "builtin_steps_train", dev_size=4)
+    assert list(sets) == ["accuracy", "dev_accuracy", "builtin_steps/mean@1", "builtin/mean@1"]
+    assert [v[4] for v in sets.values()] == [verify.grade_integer] * 3 + [verify.grade]
+    assert sets["dev_accuracy"][0] == data.arithmetic_chain_examples("dev", 4)
+    assert sets["accuracy"][0] == data.arithmetic_chain_examples("test", 8)
+    sets = ev.train_eval_sets(0, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, "builtin", dev_size=5)
+    assert list(sets) == ["dev_accuracy"]
+    assert sets["dev_accuracy"][0] == data.arithmetic_examples("dev", 5)
+    assert sets["dev_accuracy"][4] is verify.grade
+    assert ev.train_eval_sets(0, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR) == {}
+
+
+def test_cli_grades_builtin_steps_by_its_rule(tmp_path):
+    """`python eval.py --benchmarks builtin_steps` on assets/tiny-steps: every verdict is the task's
+    rule."""
+    import verify
+    p = run_cli("--model", str(ROOT / "assets" / "tiny-steps"), "--limit", "24",
+                "--benchmarks", "builtin_steps,builtin_steps_dev", "--max-new-tokens", "48",
+                "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr
+    for name in ("builtin_steps", "builtin_steps_dev"):
+        lines = (tmp_path / "o" / f"{name}.jsonl").read_text().splitlines()
+        recs = [json.loads(line) for line in lines]
+        assert len(recs) == 24
+        assert all(r["correct"] == [verify.grade_integer(t, r["gold"]) for t in r["responses"]]
+                   for r in recs)
+        assert sum(r["lengths"][0] for r in recs) / len(recs) > 20         # whole worked chains
+
+
 def test_make_prompts_templates():
     ps = data.make_prompts([data.Example("q?", "1")], "plain", CharTok())
     assert CharTok().decode(ps[0].ids) == "q?\n" + data.BOXED_INSTRUCTION and ps[0].answer == "1"

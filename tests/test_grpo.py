@@ -329,7 +329,7 @@ def test_gradient_invariant_to_micro_batching(agg):
                 loss = loss + 0.1 * grpo.aggregate(grpo.kl_penalty(logp, ref[sl], "k3"), lmask, agg, N)
                 loss.backward()
                 n = float(m.pop("loss/tokens"))
-                parts.token_means(m, n, grpo.EXTREMES)
+                parts.token_means(m, n, grpo.COMBINE)
                 parts.total("loss/tokens", n)
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
             metrics.append(parts.reduce(world=1))

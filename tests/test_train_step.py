@@ -202,7 +202,9 @@ def test_numeric_flag_bad_values_are_one_error_line(name, monkeypatch, tmp_path)
     (["--eps-high", "nan"], "--eps-high"),                   # nan passed every comparison before
     (["--max-grad-norm", "inf"], "--max-grad-norm"),
     (["--mini-batches", "33"], "--mini-batches"),            # 8 x 4 = 32 fresh rollouts: one step would be empty
-    (["--prompts-per-step", "9000"], "--prompts-per-step"),  # more than the 8,362 training prompts
+    (["--prompts-per-step", "9000"], "--prompts-per-step"),  # more than the 7,450 training prompts
+    (["--eval-size", "939"], "--eval-size"),                 # the built-in test split holds 938
+    (["--dev-size", "913"], "--dev-size"),                   # ... and its dev split 912
     (["--max-new-tokens", "300"], "--max-new-tokens"),       # past the tiny model's 256 positions
     (["--seed", "-1"], "--seed"),
 ])
@@ -294,18 +296,85 @@ def test_a_stale_engine_stops_the_run(tmp_path, monkeypatch):
 
 
 def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
-    """--train-data builtin_steps (issue 14's second task, with its own tiny model): it trains on its train split
-    and eval/accuracy is measured on its own test split, the step-by-step answers graded by their final value."""
+    """--train-data builtin_steps (the second task, with its own tiny model): it trains on its train
+    split and eval/accuracy and eval/dev_accuracy are measured on its own test and dev splits, the
+    step-by-step answers graded by the task's rule (a plain integer after the last "=")."""
     import data
+    import verify
     model = os.path.join(ROOT, "assets", "tiny-steps")
     rc, steps, out = run_steps(["--steps", "1", "--train-data", "builtin_steps", "--model", model,
-                                "--max-new-tokens", "24"], tmp_path)
+                                "--max-new-tokens", "48", "--dev-size", "8"], tmp_path)
     assert rc == 0
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert 0 < first["eval/accuracy"] < 1 and steps[0]["response/len_mean"] > 6     # long completions, some right
-    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
-    test_questions = {e.question for e in data.builtin_test("builtin_steps")}
-    assert samples and all(s["prompt"].rstrip("=") not in test_questions for s in samples)   # trained on train split
+    assert 0 < first["eval/accuracy"] < 1 and "eval/dev_accuracy" in first
+    assert steps[0]["response/len_mean"] > 20                                 # long completions
+    lines = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
+    samples = [json.loads(line) for line in lines]
+    held_out = {e.question for split in ("test", "dev")
+                for e in data.arithmetic_chain_examples(split)}
+    assert samples and all(s["prompt"].rstrip("=") not in held_out for s in samples)  # train only
+    rule = verify.grader("builtin_steps")
+    assert all(s["correct"] == float(rule(s["completion"], s["answer"])) for s in samples)
+
+
+def _graded(train_data, texts, answer, allocation="fixed", monkeypatch=None):
+    """r.correct of hand-made rollouts of one prompt, through train.generate_and_score (fixed
+    allocation) or the grade callback train.generate hands VIGOR."""
+    rs = [_rollout(0, t, answer, 4) for t in texts]
+    a = train.Args(train_data=train_data, prompts_per_step=1, group_size=len(rs),
+                   allocation=allocation)
+    if allocation == "fixed":
+        _, generated, _ = train.generate_and_score(FixedEngine(rs), prompts=[None], mine=[0], pos=0,
+                                                   args=a, step=0, rank=0, world=1,
+                                                   metrics=Metrics())
+        return [r.correct for r in generated]
+
+    def vigor_generate(engine, prompts, sampling_for, version, grade, **kw):
+        grade(rs)
+        return rs, {}
+    monkeypatch.setattr(train.vigor, "vigor_generate", vigor_generate)
+    train.generate(None, [None], a, step=0, rank=0, round_=0, world=1, metrics=Metrics())
+    return [r.correct for r in rs]
+
+
+@pytest.mark.parametrize("allocation", ["fixed", "vigor"])
+def test_the_long_task_rewards_only_a_plain_integer_final_answer(allocation, monkeypatch):
+    """Training on builtin_steps, the reward is the task's rule: "4-1+1*4=" answered with the
+    expression after one reduction ("4-1+4", the right value: the shortcut RL found under value
+    equality) earns 0, the worked chain and the bare integer 1; on the arithmetic task the same
+    completion still earns 1 (verify.grade)."""
+    texts = ["4-1+4", "4-1+4=3+4=7", "7", "4-1+4=3+4", "7.0", "4-1+4=3+4=8"]
+    for name in ("builtin_steps", "builtin_steps_train"):
+        assert _graded(name, texts, "7", allocation, monkeypatch) == [0, 1, 1, 0, 0, 0]
+    assert _graded("builtin", texts, "7", allocation, monkeypatch) == [1, 1, 1, 1, 1, 0]
+
+
+def test_dev_split_is_evaluated_as_dev_accuracy_and_eval_size_0_skips_the_test_eval(tmp_path):
+    """--dev-size N: greedy accuracy on the first N prompts of the built-in dev split,
+    eval/dev_accuracy, at each eval, the same number eval.evaluate gives on them; --eval-size 0: no
+    eval/accuracy at all (a sweep run evaluates only dev)."""
+    import data
+    import eval as eval_lib
+    import verify
+    from rollout import Sampling, TorchEngine, load_model
+
+    def rows(argv, name):
+        rc, _, _ = run_steps(["--steps", "2", "--eval-every", "1", "--dev-size", "16", *argv],
+                             tmp_path / name)
+        assert rc == 0
+        lines = (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+    both = rows([], "a")
+    assert [r["step"] for r in both if "eval/dev_accuracy" in r] == [0, 1, 2]
+    assert all("eval/accuracy" in r for r in both)
+    model, tok = load_model(os.path.join(ROOT, "assets", "tiny-arith"))
+    summary, _ = eval_lib.evaluate(TorchEngine(model, tok), tok, data.builtin_dev("builtin", 16),
+                                   template="builtin", k=1, sampling=Sampling(0.0, 1.0, 6, seed=0),
+                                   grader=verify.grader("builtin"))
+    assert both[0]["eval/dev_accuracy"] == pytest.approx(summary["mean@k"], abs=1e-12)
+    dev_only = rows(["--eval-size", "0"], "b")
+    assert not any("eval/accuracy" in r for r in dev_only)
+    assert [r["step"] for r in dev_only if "eval/dev_accuracy" in r] == [0, 1, 2]
 
 
 def test_help_lists_every_flag_and_preset(capsys):

@@ -1,0 +1,501 @@
+"""Each paper's headline comparison as data: its arms, what it holds equal, a learning rate per
+arm chosen on the dev split, then the reported runs on the test split with fresh seeds.
+
+    python bench/compare.py --experiment replay            # writes bench/results/replay/
+    python bench/compare.py --experiment mu-grpo --jobs 2  # 2 runs at a time, 1 thread each
+    python bench/compare.py --experiment pnpo --quick      # the same pipeline at toy sizes (tests)
+    python bench/compare.py --list-experiments
+
+The protocol, the same for every experiment and every arm:
+1. **Sweep.** The arm at each learning rate of LR_GRID, seeds SWEEP_SEEDS, evaluated on the dev
+   split only (`--dev-size`, `--eval-size 0`: the test split is never looked at). A sweep run may
+   be shorter than a reported one (`Setting.sweep`, stated in the table).
+2. **Choose.** The lr whose final `eval/dev_accuracy`, averaged over the sweep seeds, is highest;
+   equal means go to the larger lr. No other per-arm tuning: an arm's flags are its paper's (its
+   preset) and what the experiment holds equal.
+3. **Report.** The arm at its chosen lr with fresh seeds REPORT_SEEDS, evaluated on the test split
+   only. Then EXTRA_SEEDS for every arm whose final accuracy is within 2 standard errors of the
+   baseline's (and for the baseline): at least 5 seeds where arms are within the noise.
+
+Outputs in OUT/<setting>/ (one setting per task an experiment runs on): results.md (the table:
+final test accuracy mean ± std over seeds, the difference to the baseline with its standard error,
+x to a target and its ratio to the baseline, completion length at the start and the end, the
+diagnostics), sweep.md (every arm x lr: final dev accuracy per seed, the chosen one marked),
+accuracy.png (test accuracy against the setting's x-axis and wall time: mean over seeds, band
+min..max), sweep.png and summary.json; OUT/README.md collects the experiment's claim, what it
+holds equal and every setting's table. A run keeps its run.log, metrics.jsonl, updates.jsonl and
+samples.jsonl (its checkpoints are deleted once it is done). Runs are `python train.py ...` in subprocesses (in-process
+`train.main` under --quick); a finished run (its `done` file) is reused.
+"""
+import contextlib
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LR_GRID = (3e-4, 1e-4, 3e-5)
+SWEEP_SEEDS = (0, 1)
+REPORT_SEEDS = (100, 101, 102)
+EXTRA_SEEDS = (103, 104)
+QUICK_GRID = (3e-4, 3e-5)
+QUICK_EVAL = 16               # --quick: dev and test prompts per eval
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    flags: tuple[str, ...]     # train.py flags: a preset and what this arm sets
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One task and size the arms run on: common flags, the arms, the baseline, the x-axis."""
+    label: str
+    flags: tuple[str, ...]                     # every arm's run gets these first
+    arms: tuple[Arm, ...]
+    baseline: str
+    x: str = "fresh"                           # fresh (rollouts generated) | updates (optimizer)
+    sweep: tuple[str, ...] = ()                # extra flags for the sweep runs (e.g. fewer steps)
+    diagnostics: tuple[tuple[str, str], ...] = ()   # (column, metrics.jsonl key): mean over steps
+    eval_size: int = 500                       # prompts per eval: dev (sweep) and test (report)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    paper: str
+    claim: str                                 # the paper's claim, in its own words
+    held_equal: str
+    settings: tuple[Setting, ...]
+    notes: str = ""
+
+
+# ---- the experiments --------------------------------------------------------------------------
+
+ARITH = ("--model", "assets/tiny-arith", "--train-data", "builtin", "--max-new-tokens", "8")
+STEPS = ("--model", "assets/tiny-steps", "--train-data", "builtin_steps_train",
+         "--max-new-tokens", "48")
+STEPS_QUICK = ("--max-new-tokens", "12")      # --quick: a smoke test of the pipeline, not the task
+STEPS_EVAL = 300                              # the long task's evals: 48-token greedy chains
+DIAG = (("ratio max", "ratio/max"), ("clip frac", "loss/clip_frac"))
+
+
+def replay(quick: bool) -> Experiment:
+    steps, prompts, every = ("2", "4", "1") if quick else ("60", "32", "15")
+    size = ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every)
+    arms = (Arm("grpo (replay recipe)", ("--replay", "none")),
+            Arm("naive-replay", ("--preset", "naive-replay")),
+            Arm("rollout-replay", ("--preset", "rollout-replay")))
+    diag = (("replayed/step", "replay/sampled"), ("replay age", "replay/age_mean"),
+            ("|A| sampled", "replay/abs_adv_sampled"), *DIAG)
+    return Experiment(
+        "replay", "rollout-level advantage-prioritized replay (arXiv 2606.04560)",
+        "replaying single rollouts by |advantage|, evicted after tau_max steps, reaches the "
+        "on-policy baseline's accuracy with fewer fresh rollouts (its headline: fresh rollouts to "
+        "a target accuracy)",
+        "fresh rollouts per step and steps (so fresh rollouts in all); the recipe (token-mean, "
+        "clip 0.2/0.28, GRPO advantages); replayed rollouts come on top (ratio 0.5, tau_max 4)",
+        (Setting("arith", ARITH + size, arms, "grpo (replay recipe)", "fresh",
+                 diagnostics=diag),))
+
+
+def dapo(quick: bool) -> Experiment:
+    steps, prompts, every = ("2", "4", "1") if quick else ("60", "32", "15")
+    size = ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every)
+    arms = (Arm("grpo", ("--preset", "grpo")), Arm("dapo", ("--preset", "dapo")))
+    diag = (("zero-std groups", "reward/zero_std_frac"), ("generated/step", "rollout/generated"),
+            *DIAG)
+    return Experiment(
+        "dapo", "DAPO (arXiv 2503.14476)",
+        "DAPO ... outperforming the previous state-of-the-art DeepSeek-R1-Zero-Qwen-32B ... using "
+        "50% training steps (its ablation: each of clip-higher, token-level loss, overlong "
+        "shaping and dynamic sampling adds accuracy over naive GRPO)",
+        "prompts per step and steps; every rollout generated counted on the x-axis (dynamic "
+        "sampling regenerates up to 3 extra rounds to refill the batch)",
+        (Setting("arith", ARITH + size, arms, "grpo", "fresh", diagnostics=diag),))
+
+
+def mu_arms(u: int, m: int, group: int, veto_ablation: bool) -> tuple[Arm, ...]:
+    """The arms of mu-GRPO's headline at U total updates of M rollouts: GRPO mu = 4 against mu =
+    U/4 (4 stages), each stage generating mu x M rollouts."""
+    big = u // 4
+
+    def stages(mu: int) -> tuple[str, ...]:
+        return ("--steps", str(u // mu), "--prompts-per-step", str(mu * m // group),
+                "--mini-batches", str(mu), "--eval-every", str(max(1, u // mu // 4)))
+
+    clip = ("--eps-low", "0.2", "--eps-high", "0.2")
+    relaxed = ("--eps-low", "1", "--eps-high", "4")
+    arms = [Arm("grpo mu=4", stages(4) + clip),
+            Arm(f"naive mu={big}", stages(big) + clip),
+            Arm(f"[0,5] no veto mu={big}", stages(big) + relaxed),
+            Arm(f"mu-grpo mu={big}", ("--preset", "mu-grpo") + stages(big)),
+            Arm(f"m2po mu={big}", ("--preset", "m2po") + stages(big))]
+    if veto_ablation:
+        for scope in ("trigger", "response"):
+            arms.append(Arm(f"[0,5] veto {scope} mu={big}", stages(big) + relaxed + (
+                "--veto-scope", scope, "--veto-threshold", "1e-4")))
+    return tuple(arms)
+
+
+def mu_grpo(quick: bool) -> Experiment:
+    diag = (("veto frac", "loss/veto_frac"), ("m2po masked", "loss/m2po_masked_frac"), *DIAG)
+    common = ("--replay", "none", "--agg", "token-mean", "--group-size", "8")
+    u_a, m_a, u_s, m_s = (32, 8, 16, 8) if quick else (128, 128, 64, 32)
+    steps = STEPS + common + (STEPS_QUICK if quick else ())
+    return Experiment(
+        "mu-grpo", "mu-GRPO (arXiv 2605.17570)",
+        "under the same 4096-update training budget, naive GRPO at mu = 1024 collapses, while "
+        "mu-GRPO (clip [0, 5] and the negative-advantage veto) matches or beats GRPO at mu = 4 "
+        "with 256x fewer rollout refreshes",
+        "total optimizer updates U, rollouts per update M, fresh rollouts U x M; mu = U/4 runs 4 "
+        "stages (refreshes, weight syncs) of U/4 updates, GRPO mu = 4 runs U/4 of 4",
+        (Setting("arith", ARITH + common, mu_arms(u_a, m_a, 8, False), "grpo mu=4", "updates",
+                 diagnostics=diag),
+         Setting("steps", steps, mu_arms(u_s, m_s, 8, True), "grpo mu=4", "updates",
+                 diagnostics=diag, eval_size=STEPS_EVAL)),
+        notes=f"arith: U = {u_a}, M = {m_a}; steps: U = {u_s}, M = {m_s}.")
+
+
+def pnpo(quick: bool) -> Experiment:
+    steps, prompts, every = ("2", "4", "1") if quick else ("30", "16", "10")
+    common = STEPS + ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every,
+                      "--replay", "none", "--agg", "seq-mean-token-mean", "--mini-batches", "1")
+    common += STEPS_QUICK if quick else ()
+    sweep = () if quick else ("--steps", "15", "--eval-every", "5")
+    gspo_clip = ("--eps-low", "3e-4", "--eps-high", "4e-4")
+    ppo_clip = ("--eps-low", "0.2", "--eps-high", "0.28")
+    arms = []
+    for epochs in ("1", "4"):
+        e = ("--epochs", epochs)
+        arms += [Arm(f"token e{epochs}", ("--ratio", "token") + ppo_clip + e),
+                 Arm(f"gspo e{epochs}", ("--ratio", "gspo") + gspo_clip + e),
+                 Arm(f"pnpo e{epochs} (gspo clip)", ("--ratio", "pnpo") + gspo_clip + e)]
+    arms.append(Arm("pnpo e4 (0.2/0.28 clip)", ("--ratio", "pnpo") + ppo_clip + ("--epochs", "4")))
+    diag = (("clip first", "loss/clip_frac_first"), ("clip middle", "loss/clip_frac_middle"),
+            ("clip last", "loss/clip_frac_last"), *DIAG)
+    return Experiment(
+        "pnpo", "PNPO (arXiv 2608.01418)",
+        "PNPO against GSPO at 1 and at 4 epochs per batch on long-context math (Avg@32): the "
+        "prefix-normalised ratio keeps late tokens' updates in the trust region when the batch is "
+        "reused",
+        "fresh rollouts (prompts per step x steps), mini-batches (1), aggregation "
+        "(seq-mean-token-mean); epochs 1 (on-policy: the three ratios give the same gradient) or 4",
+        (Setting("steps", common, tuple(arms), "gspo e4", "fresh", sweep=sweep, diagnostics=diag,
+                 eval_size=STEPS_EVAL),))
+
+
+EXPERIMENTS = {"replay": replay, "mu-grpo": mu_grpo, "pnpo": pnpo, "dapo": dapo}
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+def slug(text: str) -> str:
+    keep = "".join(c if c.isalnum() or c in "=.-" else "_" for c in text)
+    return "_".join(filter(None, keep.split("_")))
+
+
+def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool) -> Path:
+    """One train.py run into run_dir (stdout in run.log); skipped when run_dir/done exists."""
+    if (run_dir / "done").exists():
+        return run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [*argv, "--out-dir", str(run_dir), "--save-every", "0"]
+    t0 = time.perf_counter()
+    with open(run_dir / "run.log", "w") as log:
+        if in_process:
+            import train
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                rc = train.main(argv)
+        else:
+            cmd = [sys.executable, str(ROOT / "train.py"), *argv, "--threads", str(threads)]
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"train.py {' '.join(argv)} exited {rc}; see {run_dir / 'run.log'}")
+    (run_dir / "done").write_text(f"{time.perf_counter() - t0:.1f} s\n")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)     # the metrics are what is kept
+    (run_dir / "final").unlink(missing_ok=True)
+    return run_dir
+
+
+def load(run_dir: Path, metric: str, keys: tuple[str, ...]) -> dict:
+    """A run's curve [(step, fresh, updates, wall, accuracy)] and its aggregates: response length
+    at the first and last step, time split, loop steps, and the mean over steps of each key."""
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if line.strip()]
+    fresh = updates = 0
+    wall = gen = upd = 0.0
+    curve = []
+    for r in rows:
+        if r["step"] > 0:
+            fresh += r.get("rollout/generated", 0)
+            updates += r.get("stage/updates", 0)
+            wall += r.get("time/step", 0.0)
+            gen += r.get("time/generate", 0.0)
+            upd += r.get("time/update", 0.0)
+        if metric in r:
+            curve.append((r["step"], fresh, updates, wall, r[metric]))
+    steps = [r for r in rows if r["step"] > 0]
+    means = {k: statistics.mean(r[k] for r in steps if k in r) if any(k in r for r in steps)
+             else None for k in keys}
+    return {"curve": curve, "final": curve[-1][4], "start": curve[0][4],
+            "len_start": steps[0].get("response/len_mean"), "len_end":
+            steps[-1].get("response/len_mean"), "refreshes": len(steps), "updates": updates,
+            "fresh": fresh, "wall": wall, "gen": gen, "upd": upd, "means": means}
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def choose(sweep: dict[float, list[float]]) -> float:
+    """The lr with the highest mean final dev accuracy; equal means go to the larger lr."""
+    return max(sweep, key=lambda lr: (round(statistics.mean(sweep[lr]), 9), lr))
+
+
+def within_noise(a: list[float], b: list[float]) -> bool:
+    """|mean a - mean b| < 2 standard errors of the difference (unequal variances)."""
+    return abs(statistics.mean(a) - statistics.mean(b)) < 2 * se_diff(a, b)
+
+
+def se_diff(a: list[float], b: list[float]) -> float:
+    var = lambda x: statistics.variance(x) if len(x) > 1 else 0.0     # noqa: E731
+    return math.sqrt(var(a) / len(a) + var(b) / len(b))
+
+
+@dataclass
+class Plan:
+    """Where a setting's runs go and how they run."""
+    out: Path
+    jobs: int
+    threads: int
+    quick: bool
+    ran: list = field(default_factory=list)
+
+    def run_all(self, runs: list[tuple[list[str], Path]]) -> None:
+        def one(job):
+            return run_train(job[0], job[1], threads=self.threads, in_process=self.quick)
+        if self.quick or self.jobs <= 1:
+            for job in runs:
+                one(job)
+        else:
+            with ThreadPoolExecutor(self.jobs) as pool:
+                list(pool.map(one, runs))
+        self.ran += [d for _, d in runs]
+
+
+def run_setting(s: Setting, plan: Plan) -> dict:
+    """Sweep, choose, report (and extra seeds within the noise) for one setting; its summary."""
+    grid = QUICK_GRID if plan.quick else LR_GRID
+    sweep_seeds = SWEEP_SEEDS[:1] if plan.quick else SWEEP_SEEDS
+    report_seeds = REPORT_SEEDS[:1] if plan.quick else REPORT_SEEDS
+    dev = test = str(QUICK_EVAL if plan.quick else s.eval_size)
+    base = plan.out / s.label
+
+    def argv(arm, lr, seed, split):
+        sizes = ("--dev-size", dev, "--eval-size", "0") if split == "dev" else (
+            "--dev-size", "0", "--eval-size", test)
+        extra = s.sweep if split == "dev" else ()
+        return [*s.flags, *arm.flags, *extra, "--lr", f"{lr:g}", "--seed", str(seed), *sizes]
+
+    def sweep_dir(arm, lr, seed):
+        return base / "sweep" / slug(arm.name) / f"lr-{lr:g}" / f"seed-{seed}"
+
+    plan.run_all([(argv(a, lr, sd, "dev"), sweep_dir(a, lr, sd))
+                  for a in s.arms for lr in grid for sd in sweep_seeds])
+    keys = tuple(k for _, k in s.diagnostics)
+    sweep = {a.name: {lr: [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys)["final"]
+                           for sd in sweep_seeds] for lr in grid} for a in s.arms}
+    chosen = {a.name: choose(sweep[a.name]) for a in s.arms}
+    def report_dir(arm, seed):
+        return base / "report" / slug(arm.name) / f"seed-{seed}"
+
+    seeds = {a.name: list(report_seeds) for a in s.arms}
+
+    def report(names):
+        plan.run_all([(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
+                      for a in s.arms if a.name in names for sd in seeds[a.name]])
+        return {a.name: [load(report_dir(a, sd), "eval/accuracy", keys) for sd in seeds[a.name]]
+                for a in s.arms}
+
+    runs = report(set(seeds))
+    finals = {name: [r["final"] for r in rs] for name, rs in runs.items()}
+    close = [n for n in finals if n != s.baseline and within_noise(finals[n], finals[s.baseline])]
+    if close and not plan.quick:
+        for name in [*close, s.baseline]:
+            seeds[name] += list(EXTRA_SEEDS)
+        runs = report(set(close) | {s.baseline})
+    return {"setting": s, "grid": grid, "sweep_seeds": sweep_seeds, "sweep": sweep,
+            "chosen": chosen, "runs": runs}
+
+
+# ---- the tables and plots ---------------------------------------------------------------------
+
+TARGET_FRAC = 0.9
+
+
+def to_target(runs: list[dict], target: float, x: str) -> tuple[float | None, float | None, int]:
+    """(mean x, mean wall seconds, seeds reaching) at the first eval after step 0 >= target."""
+    col = {"fresh": 1, "updates": 2}[x]
+    hits = [next(((p[col], p[3]) for p in r["curve"] if p[0] > 0 and p[4] >= target), None)
+            for r in runs]
+    hits = [h for h in hits if h is not None]
+    if not hits:
+        return None, None, 0
+    return statistics.mean(h[0] for h in hits), statistics.mean(h[1] for h in hits), len(hits)
+
+
+def fmt(x, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def table(summary: dict) -> str:
+    """results.md of one setting."""
+    s, runs, chosen = summary["setting"], summary["runs"], summary["chosen"]
+    finals = {n: [r["final"] for r in rs] for n, rs in runs.items()}
+    start = statistics.mean(r["start"] for rs in runs.values() for r in rs)
+    base = statistics.mean(finals[s.baseline])
+    target = start + TARGET_FRAC * (base - start) if base > start else None
+    b_x, b_wall, _ = to_target(runs[s.baseline], target, s.x) if target else (None, None, 0)
+    x_name = {"fresh": "fresh rollouts", "updates": "updates"}[s.x]
+    head = (f"start (step 0, every run) {100 * start:.1f}%; target = start + {TARGET_FRAC:g} x "
+            f"({s.baseline}'s gain) = {fmt(target and 100 * target, '.1f')}%")
+    cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} ± SE", f"{x_name} to "
+            "target", "ratio", "wall s to target", "ratio", "length start → end", "refreshes",
+            "updates", "generate / update s", *(c for c, _ in s.diagnostics)]
+    out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for a in s.arms:
+        rs, f = runs[a.name], finals[a.name]
+        acc, std = mean_std(f)
+        x, wall, n = to_target(rs, target, s.x) if target else (None, None, 0)
+        diff = "—" if a.name == s.baseline else (
+            f"{100 * (acc - base):+.1f} ± {100 * se_diff(f, finals[s.baseline]):.1f}")
+        ratio = lambda v, b: fmt(v / b if v is not None and b else None, ".2f")   # noqa: E731
+        avg = lambda key: statistics.mean(r[key] for r in rs if r[key] is not None) \
+            if any(r[key] is not None for r in rs) else None                   # noqa: E731
+        diag = [fmt(statistics.mean(r["means"][k] for r in rs) if all(
+            r["means"][k] is not None for r in rs) else None, ".3g") for _, k in s.diagnostics]
+        cells = [a.name, f"{chosen[a.name]:g}", str(len(rs)), f"{100 * acc:.1f} ± {100 * std:.1f}",
+                 diff, f"{fmt(x, ',.0f')} ({n}/{len(rs)})", ratio(x, b_x), fmt(wall, ".1f"),
+                 ratio(wall, b_wall), f"{fmt(avg('len_start'), '.1f')} → "
+                 f"{fmt(avg('len_end'), '.1f')}", f"{avg('refreshes'):.0f}",
+                 f"{avg('updates'):.0f}", f"{avg('gen'):.1f} / {avg('upd'):.1f}", *diag]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def sweep_table(summary: dict) -> str:
+    s, grid = summary["setting"], summary["grid"]
+    seeds = ", ".join(map(str, summary["sweep_seeds"]))
+    out = [f"final eval/dev_accuracy (%), seeds {seeds}: mean (per seed); **chosen**; an lr at the "
+           f"grid's edge is marked (edge)", "",
+           "| arm | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |",
+           "|---|" + "---|" * len(grid)]
+    for a in s.arms:
+        cells = []
+        for lr in grid:
+            accs = summary["sweep"][a.name][lr]
+            cell = (f"{100 * statistics.mean(accs):.1f} ("
+                    f"{', '.join(f'{100 * x:.1f}' for x in accs)})")
+            if lr == summary["chosen"][a.name]:
+                edge = " (edge)" if lr in (min(grid), max(grid)) else ""
+                cell = f"**{cell}**{edge}"
+            cells.append(cell)
+        out.append(f"| {a.name} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def plots(summary: dict, out: Path) -> bool:
+    """accuracy.png and sweep.png; False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    s, runs = summary["setting"], summary["runs"]
+    col = {"fresh": 1, "updates": 2}[s.x]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True)
+    colors = plt.get_cmap("tab10").colors
+    for i, a in enumerate(s.arms):
+        rs = runs[a.name]
+        n = min(len(r["curve"]) for r in rs)
+        accs = [[100 * r["curve"][j][4] for r in rs] for j in range(n)]
+        mean = [statistics.mean(v) for v in accs]
+        for ax, xs in zip(axes, ([rs[0]["curve"][j][col] for j in range(n)],
+                                 [statistics.mean(r["curve"][j][3] for r in rs)
+                                  for j in range(n)])):
+            line, = ax.plot(xs, mean, marker="o", markersize=3, color=colors[i % 10],
+                            label=f"{a.name} (lr {summary['chosen'][a.name]:g}, {len(rs)} seeds)")
+            ax.fill_between(xs, [min(v) for v in accs], [max(v) for v in accs],
+                            color=line.get_color(), alpha=0.15)
+    axes[0].set(xlabel={"fresh": "fresh rollouts generated", "updates": "optimizer updates"}[s.x],
+                ylabel="test accuracy (%)")
+    axes[1].set(xlabel="training wall time (s, eval excluded)", ylabel="test accuracy (%)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3,
+               fontsize=8, frameon=False)
+    fig.suptitle(f"{s.label}: mean over seeds, band min..max", fontsize=10)
+    fig.savefig(out / "accuracy.png", dpi=90)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for i, a in enumerate(s.arms):
+        grid = summary["grid"]
+        ax.plot(grid, [100 * statistics.mean(summary["sweep"][a.name][lr]) for lr in grid],
+                marker="o", color=colors[i % 10], label=a.name)
+    ax.set(xscale="log", xlabel="learning rate", ylabel="final dev accuracy (%)",
+           title=f"{s.label}: the sweep (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(out / "sweep.png", dpi=90)
+    plt.close(fig)
+    return True
+
+
+def write_setting(summary: dict, out: Path) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    s = summary["setting"]
+    text = (f"## {s.label}\n\nCommon flags: `{' '.join(s.flags)}`"
+            + (f"; sweep runs add `{' '.join(s.sweep)}`" if s.sweep else "") + "\n\n"
+            + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
+            + table(summary) + "\nThe sweep:\n\n" + sweep_table(summary))
+    (out / "results.md").write_text(text)
+    (out / "sweep.md").write_text(sweep_table(summary))
+    data = {"chosen": summary["chosen"], "sweep": {n: {str(k): v for k, v in d.items()}
+                                                   for n, d in summary["sweep"].items()},
+            "runs": summary["runs"]}
+    (out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
+    plots(summary, out)
+    return text
+
+
+def run_experiment(name: str, out: Path, *, jobs: int = 1, threads: int = 1,
+                   quick: bool = False) -> str:
+    """Every setting of experiment `name`; writes OUT and returns OUT/README.md's text."""
+    exp = EXPERIMENTS[name](quick)
+    plan = Plan(out, jobs, threads, quick)
+    t0 = time.perf_counter()
+    parts = [write_setting(run_setting(s, plan), out / s.label) for s in exp.settings]
+    took = sum(float((d / "done").read_text().split()[0]) for d in set(plan.ran))
+    head = (f"# {exp.name}: {exp.paper}\n\n**Claim**: \"{exp.claim}\"\n\n**Held equal**: "
+            f"{exp.held_equal}. {exp.notes}\n\n**Protocol**: bench/experiments.py's docstring "
+            f"(lr grid {', '.join(f'{x:g}' for x in (QUICK_GRID if quick else LR_GRID))}, the "
+            f"best mean final dev accuracy, ties to the larger lr; reported seeds fresh, test "
+            f"split).\n\n`python bench/compare.py --experiment {name}"
+            f"{' --quick' if quick else ''} --jobs {jobs}`: {len(set(plan.ran))} runs, "
+            f"{took:.0f} s of runs ("
+            + ("in-process, one at a time" if quick else f"{jobs} at a time, {threads} thread(s) each")
+            + "), "
+            f"{time.perf_counter() - t0:.0f} s this call.\n\n")
+    text = head + "\n".join(parts)
+    (out / "README.md").write_text(text)
+    return text

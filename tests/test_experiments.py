@@ -1,0 +1,125 @@
+"""bench/experiments.py: the protocol's pieces on hand-built numbers, what each experiment holds
+equal, and `python bench/compare.py --experiment NAME --quick` end to end for every experiment."""
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT as _ROOT, cpu_env
+
+ROOT = Path(_ROOT)
+
+sys.path.insert(0, str(ROOT / "bench"))
+import experiments  # noqa: E402
+
+
+def flag(argv, name):
+    """The last value of --name in argv (argparse: the last one wins)."""
+    return [argv[i + 1] for i, a in enumerate(argv) if a == name][-1]
+
+
+def test_choose_takes_the_best_mean_and_ties_go_to_the_larger_lr():
+    assert experiments.choose({3e-4: [0.5, 0.3], 1e-4: [0.45, 0.45], 3e-5: [0.1, 0.2]}) == 1e-4
+    assert experiments.choose({3e-4: [0.4, 0.5], 1e-4: [0.5, 0.4], 3e-5: [0.2, 0.2]}) == 3e-4
+    assert experiments.choose({3e-4: [0.0, 0.1], 1e-4: [0.3, 0.3], 3e-5: [0.3, 0.3]}) == 1e-4
+
+
+def test_within_noise_is_two_standard_errors_of_the_difference():
+    a, b = [0.50, 0.52, 0.54], [0.40, 0.42, 0.44]     # se = sqrt(2 * 0.0004 / 3) = 0.0163
+    assert experiments.se_diff(a, b) == pytest.approx((2 * 0.0004 / 3) ** 0.5)
+    assert not experiments.within_noise(a, b)             # 0.10 apart: 6 se
+    assert experiments.within_noise(a, [0.49, 0.51, 0.53])
+
+
+def test_to_target_reads_the_first_eval_at_or_above_the_target():
+    runs = [{"curve": [(0, 0, 0, 0.0, 0.5), (1, 10, 4, 1.0, 0.55), (2, 20, 8, 2.0, 0.7)]},
+            {"curve": [(0, 0, 0, 0.0, 0.5), (1, 10, 4, 1.5, 0.65), (2, 20, 8, 3.0, 0.8)]},
+            {"curve": [(0, 0, 0, 0.0, 0.5), (1, 10, 4, 1.0, 0.5)]}]
+    assert experiments.to_target(runs, 0.6, "fresh") == (15, 1.75, 2)
+    assert experiments.to_target(runs, 0.6, "updates") == (6, 1.75, 2)
+    assert experiments.to_target(runs, 0.9, "fresh") == (None, None, 0)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_mu_grpo_holds_updates_rollouts_per_update_and_fresh_rollouts_equal(quick):
+    for s in experiments.mu_grpo(quick).settings:
+        seen = set()
+        for arm in s.arms:
+            argv = [*s.flags, *arm.flags]
+            steps, prompts = int(flag(argv, "--steps")), int(flag(argv, "--prompts-per-step"))
+            mu, group = int(flag(argv, "--mini-batches")), int(flag(argv, "--group-size"))
+            rollouts = prompts * group
+            seen.add((steps * mu, rollouts // mu, steps * rollouts))     # U, M, fresh
+            assert rollouts % mu == 0
+        assert len(seen) == 1, (s.label, seen)
+        assert {flag([*s.flags, *a.flags], "--steps") for a in s.arms} == {
+            str(seen.pop()[0] // 4), "4"}                                 # mu = 4 and mu = U / 4
+
+
+def test_pnpo_holds_everything_but_the_ratio_clip_and_epochs():
+    (s,) = experiments.pnpo(False).settings
+    assert {flag(list(s.flags), k) for k in ("--mini-batches",)} == {"1"}
+    assert {a.name for a in s.arms} >= {"token e1", "gspo e1", "pnpo e1 (gspo clip)", "token e4",
+                                        "gspo e4", "pnpo e4 (gspo clip)", "pnpo e4 (0.2/0.28 clip)"}
+    for a in s.arms:
+        assert set(a.flags[::2]) <= {"--ratio", "--eps-low", "--eps-high", "--epochs"}
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    """`compare.py --experiment NAME --quick` for every experiment, two at a time (one thread
+    each: the suite's time), each into its own folder: {name: (process, folder)}."""
+    def one(name):
+        out = tmp_path_factory.mktemp(f"quick-{name}")
+        cmd = [sys.executable, "bench/compare.py", "--experiment", name, "--quick", "--out",
+               str(out)]
+        return name, (subprocess.run(cmd, cwd=ROOT, env=cpu_env(OMP_NUM_THREADS="1"),
+                                     capture_output=True, text=True, timeout=600), out)
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(one, experiments.EXPERIMENTS))
+
+
+@pytest.mark.parametrize("name", list(experiments.EXPERIMENTS))
+def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
+    proc, tmp_path = quick_runs[name]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    readme = (tmp_path / "README.md").read_text()
+    assert "**Claim**" in readme and "**Held equal**" in readme
+    for s in experiments.EXPERIMENTS[name](True).settings:
+        results = (tmp_path / s.label / "results.md").read_text()
+        sweep = (tmp_path / s.label / "sweep.md").read_text()
+        for arm in s.arms:
+            assert f"| {arm.name} |" in results and f"| {arm.name} |" in sweep
+        rows = [line for line in sweep.splitlines() if line.startswith("| ") and "| arm |" not in line]
+        assert [row.count("**") for row in rows] == [2] * len(s.arms)   # one chosen lr per arm
+        arm = experiments.slug(s.arms[0].name)
+        dev = tmp_path / s.label / "sweep" / arm / "lr-3e-05" / "seed-0" / "metrics.jsonl"
+        test = tmp_path / s.label / "report" / arm / f"seed-{experiments.REPORT_SEEDS[0]}"
+        dev_rows = [json.loads(line) for line in open(dev)]
+        test_rows = [json.loads(line) for line in open(test / "metrics.jsonl")]
+        assert any("eval/dev_accuracy" in r for r in dev_rows)           # the sweep sees dev
+        assert not any("eval/accuracy" in r for r in dev_rows)           # and never test
+        assert any("eval/accuracy" in r for r in test_rows)
+        assert not any("eval/dev_accuracy" in r for r in test_rows)
+        if os.environ.get("REQUIRE_BENCH") == "1" or _has_mpl():
+            assert (tmp_path / s.label / "accuracy.png").exists()
+
+
+def _has_mpl() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def test_unknown_experiment_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "bench/compare.py", "--experiment", "nope"], cwd=ROOT,
+                          env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unknown experiment 'nope'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert Path(ROOT, "bench", "experiments.py").exists()
