@@ -7,7 +7,7 @@
 
 `--experiment NAME` runs one paper's headline comparison instead (bench/experiments.py: its arms, what
 it holds equal, a learning rate per arm chosen on the dev split, fresh seeds on the test split), into
-bench/results/NAME/ unless --out is given; `--list-experiments` names them.
+bench/results/NAME/ (its runs in runs/experiments/NAME/) unless --out is given; `--list-experiments` names them.
 
 Each run is `python train.py --preset METHOD --seed S --out-dir OUT/METHOD/seed-S [flags after --]` in a subprocess
 (the real training code path; its stdout goes to run.log next to its metrics.jsonl, which is kept). A method is a
@@ -210,10 +210,12 @@ def experiment_main(args, ours: list[str], extra: list[str]) -> int:
     if extra:
         raise SystemExit("--experiment takes no train.py flags after --: an experiment's flags are "
                          "its definition (bench/experiments.py)")
-    out = Path(args.out if "--out" in ours else ROOT / "bench" / "results" / args.experiment)
+    custom = "--out" in ours
+    out = Path(args.out if custom else ROOT / "bench" / "results" / args.experiment)
+    runs = out / "runs" if custom else ROOT / "runs" / "experiments" / args.experiment
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
-    text = experiments.run_experiment(args.experiment, out, jobs=args.jobs, threads=threads,
-                                      quick=args.quick)
+    text = experiments.run_experiment(args.experiment, out, runs=runs, jobs=args.jobs,
+                                      threads=threads, quick=args.quick)
     print(text + f"\nwrote {out}")
     return 0
 

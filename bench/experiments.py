@@ -17,13 +17,15 @@ The protocol, the same for every experiment and every arm:
    only. Then EXTRA_SEEDS for every arm whose final accuracy is within 2 standard errors of the
    baseline's (and for the baseline): at least 5 seeds where arms are within the noise.
 
-Outputs in OUT/<setting>/ (one setting per task an experiment runs on): results.md (the table:
+Outputs in OUT/<setting>/ (OUT = bench/results/NAME by default; one setting per task an
+experiment runs on): results.md (the table:
 final test accuracy mean ± std over seeds, the difference to the baseline with its standard error,
 x to a target and its ratio to the baseline, completion length at the start and the end, the
 diagnostics), sweep.md (every arm x lr: final dev accuracy per seed, the chosen one marked),
 accuracy.png (test accuracy against the setting's x-axis and wall time: mean over seeds, band
 min..max), sweep.png and summary.json; OUT/README.md collects the experiment's claim, what it
-holds equal and every setting's table. A run keeps its run.log, metrics.jsonl, updates.jsonl and
+holds equal and every setting's table. The runs go to RUNS/<setting>/{sweep,report}/ARM/ (RUNS =
+runs/experiments/NAME by default, OUT/runs with --out); a run keeps its run.log, metrics.jsonl, updates.jsonl and
 samples.jsonl (its checkpoints are deleted once it is done). Runs are `python train.py ...` in subprocesses (in-process
 `train.main` under --quick); a finished run (its `done` file) is reused.
 """
@@ -274,7 +276,7 @@ def se_diff(a: list[float], b: list[float]) -> float:
 @dataclass
 class Plan:
     """Where a setting's runs go and how they run."""
-    out: Path
+    out: Path                  # the runs' folders go here
     jobs: int
     threads: int
     quick: bool
@@ -478,11 +480,12 @@ def write_setting(summary: dict, out: Path) -> str:
     return text
 
 
-def run_experiment(name: str, out: Path, *, jobs: int = 1, threads: int = 1,
+def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: int = 1,
                    quick: bool = False) -> str:
-    """Every setting of experiment `name`; writes OUT and returns OUT/README.md's text."""
+    """Every setting of experiment `name`, its runs in RUNS; writes OUT and returns
+    OUT/README.md's text."""
     exp = EXPERIMENTS[name](quick)
-    plan = Plan(out, jobs, threads, quick)
+    plan = Plan(runs, jobs, threads, quick)
     t0 = time.perf_counter()
     parts = [write_setting(run_setting(s, plan), out / s.label) for s in exp.settings]
     took = sum(float((d / "done").read_text().split()[0]) for d in set(plan.ran))

@@ -97,8 +97,8 @@ def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
         rows = [line for line in sweep.splitlines() if line.startswith("| ") and "| arm |" not in line]
         assert [row.count("**") for row in rows] == [2] * len(s.arms)   # one chosen lr per arm
         arm = experiments.slug(s.arms[0].name)
-        dev = tmp_path / s.label / "sweep" / arm / "lr-3e-05" / "seed-0" / "metrics.jsonl"
-        test = tmp_path / s.label / "report" / arm / f"seed-{experiments.REPORT_SEEDS[0]}"
+        dev = tmp_path / "runs" / s.label / "sweep" / arm / "lr-3e-05" / "seed-0" / "metrics.jsonl"
+        test = tmp_path / "runs" / s.label / "report" / arm / f"seed-{experiments.REPORT_SEEDS[0]}"
         dev_rows = [json.loads(line) for line in open(dev)]
         test_rows = [json.loads(line) for line in open(test / "metrics.jsonl")]
         assert any("eval/dev_accuracy" in r for r in dev_rows)           # the sweep sees dev
