@@ -11,7 +11,9 @@ The protocol, the same for every experiment and every arm:
    split only (`--dev-size`, `--eval-size 0`: the test split is never looked at). A sweep run may
    be shorter than a reported one (`Setting.sweep`, stated in the table).
 2. **Choose.** The lr whose final `eval/dev_accuracy`, averaged over the sweep seeds, is highest;
-   equal means go to the larger lr. No other per-arm tuning: an arm's flags are its paper's (its
+   equal means go to the larger lr. When that is the grid's smallest or largest lr, the next one
+   on the half-decade ladder past it is swept too (1e-5 below 3e-5, 1e-3 above 3e-4; EXTEND at
+   most, past_edge), so that no choice is an artefact of where the grid stops. No other per-arm tuning: an arm's flags are its paper's (its
    preset) and what the experiment holds equal.
 3. **Report.** The arm at its chosen lr with fresh seeds REPORT_SEEDS, evaluated on the test split
    only. Then EXTRA_SEEDS for every arm whose final accuracy is within 2 standard errors of the
@@ -49,6 +51,7 @@ SWEEP_SEEDS = (0, 1)
 REPORT_SEEDS = (100, 101, 102)
 EXTRA_SEEDS = (103, 104)
 QUICK_GRID = (3e-4, 3e-5)
+EXTEND = 2                     # at most this many lrs past the grid's edge (past_edge)
 QUICK_EVAL = 16               # --quick: dev and test prompts per eval
 
 
@@ -88,7 +91,8 @@ STEPS = ("--model", "assets/tiny-steps", "--train-data", "builtin_steps_train",
          "--max-new-tokens", "48")
 STEPS_QUICK = ("--max-new-tokens", "12")      # --quick: a smoke test of the pipeline, not the task
 STEPS_EVAL = 300                              # the long task's evals: 48-token greedy chains
-DIAG = (("ratio max", "ratio/max"), ("clip frac", "loss/clip_frac"))
+DIAG = (("ratio max", "ratio/max"), ("ratio min", "ratio/min"), ("clip frac", "loss/clip_frac"),
+        ("KL to behaviour", "loss/ppo_kl"), ("entropy", "entropy"))
 
 
 def replay(quick: bool) -> Experiment:
@@ -101,9 +105,9 @@ def replay(quick: bool) -> Experiment:
             ("|A| sampled", "replay/abs_adv_sampled"), *DIAG)
     return Experiment(
         "replay", "rollout-level advantage-prioritized replay (arXiv 2606.04560)",
-        "replaying single rollouts by |advantage|, evicted after tau_max steps, reaches the "
-        "on-policy baseline's accuracy with fewer fresh rollouts (its headline: fresh rollouts to "
-        "a target accuracy)",
+        "replaying single rollouts drawn by |advantage| (evicted after tau_max steps) reaches plain "
+        "GRPO's accuracy with fewer fresh rollouts than GRPO and than naive uniform replay; its "
+        "metric: fresh rollouts to a target accuracy (our reading of the paper)",
         "fresh rollouts per step and steps (so fresh rollouts in all); the recipe (token-mean, "
         "clip 0.2/0.28, GRPO advantages); replayed rollouts come on top (ratio 0.5, tau_max 4)",
         (Setting("arith", ARITH + size, arms, "grpo (replay recipe)", "fresh",
@@ -118,9 +122,9 @@ def dapo(quick: bool) -> Experiment:
             *DIAG)
     return Experiment(
         "dapo", "DAPO (arXiv 2503.14476)",
-        "DAPO ... outperforming the previous state-of-the-art DeepSeek-R1-Zero-Qwen-32B ... using "
-        "50% training steps (its ablation: each of clip-higher, token-level loss, overlong "
-        "shaping and dynamic sampling adds accuracy over naive GRPO)",
+        "\"outperforming the previous SoTA DeepSeek-R1-Zero-Qwen-32B using 50% training steps\" "
+        "(its Figure 1); its ablation adds clip-higher, the token-level loss, overlong shaping and "
+        "dynamic sampling to naive GRPO, each adding AIME accuracy",
         "prompts per step and steps; every rollout generated counted on the x-axis (dynamic "
         "sampling regenerates up to 3 extra rounds to refill the batch)",
         (Setting("arith", ARITH + size, arms, "grpo", "fresh", diagnostics=diag),))
@@ -156,9 +160,10 @@ def mu_grpo(quick: bool) -> Experiment:
     steps = STEPS + common + (STEPS_QUICK if quick else ())
     return Experiment(
         "mu-grpo", "mu-GRPO (arXiv 2605.17570)",
-        "under the same 4096-update training budget, naive GRPO at mu = 1024 collapses, while "
-        "mu-GRPO (clip [0, 5] and the negative-advantage veto) matches or beats GRPO at mu = 4 "
-        "with 256x fewer rollout refreshes",
+        "\"under the same 4096-update training budget\", mu-GRPO at mu = 1024 updates per refresh "
+        "(clip [0, 5] and the negative-advantage veto) keeps up with GRPO at mu = 4 with 256x fewer "
+        "refreshes, where the relaxed clip without the veto collapses (our reading of its project "
+        "page; naive GRPO and M2PO at mu = 1024 are its other baselines)",
         "total optimizer updates U, rollouts per update M, fresh rollouts U x M; mu = U/4 runs 4 "
         "stages (refreshes, weight syncs) of U/4 updates, GRPO mu = 4 runs U/4 of 4",
         (Setting("arith", ARITH + common, mu_arms(u_a, m_a, 8, False), "grpo mu=4", "updates",
@@ -187,9 +192,9 @@ def pnpo(quick: bool) -> Experiment:
             ("clip last", "loss/clip_frac_last"), *DIAG)
     return Experiment(
         "pnpo", "PNPO (arXiv 2608.01418)",
-        "PNPO against GSPO at 1 and at 4 epochs per batch on long-context math (Avg@32): the "
-        "prefix-normalised ratio keeps late tokens' updates in the trust region when the batch is "
-        "reused",
+        "the prefix-normalised ratio beats GSPO when each batch is reused for 4 epochs and matches "
+        "it at 1 epoch, on long-context math, Avg@32 (our reading of a summary of the paper; the "
+        "comparison at 1 and 4 epochs is the paper's)",
         "fresh rollouts (prompts per step x steps), mini-batches (1), aggregation "
         "(seq-mean-token-mean); epochs 1 (on-policy: the three ratios give the same gradient) or 4",
         (Setting("steps", common, tuple(arms), "gspo e4", "fresh", sweep=sweep, diagnostics=diag,
@@ -263,6 +268,17 @@ def choose(sweep: dict[float, list[float]]) -> float:
     return max(sweep, key=lambda lr: (round(statistics.mean(sweep[lr]), 9), lr))
 
 
+def past_edge(sweep: dict[float, list[float]]) -> float | None:
+    """The next lr on the half-decade ladder (..., 1e-5, 3e-5, 1e-4, ...) beyond the swept ones
+    when the chosen lr is the smallest or the largest swept, else None."""
+    best = choose(sweep)
+    if min(sweep) < best < max(sweep) or len(sweep) < 2:
+        return None
+    step = 1 / 3 if str(f"{best:.0e}").startswith("3") else 0.3
+    lr = best * step if best == min(sweep) else best / (0.3 if step == 1 / 3 else 1 / 3)
+    return float(f"{lr:.0e}")
+
+
 def within_noise(a: list[float], b: list[float]) -> bool:
     """|mean a - mean b| < 2 standard errors of the difference (unequal variances)."""
     return abs(statistics.mean(a) - statistics.mean(b)) < 2 * se_diff(a, b)
@@ -311,12 +327,18 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     def sweep_dir(arm, lr, seed):
         return base / "sweep" / slug(arm.name) / f"lr-{lr:g}" / f"seed-{seed}"
 
-    plan.run_all([(argv(a, lr, sd, "dev"), sweep_dir(a, lr, sd))
-                  for a in s.arms for lr in grid for sd in sweep_seeds])
     keys = tuple(k for _, k in s.diagnostics)
-    sweep = {a.name: {lr: [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys)["final"]
-                           for sd in sweep_seeds] for lr in grid} for a in s.arms}
+    sweep = {a.name: {} for a in s.arms}
+    todo = [(a, lr) for a in s.arms for lr in grid]
+    for _ in range(1 + (0 if plan.quick else EXTEND)):     # the grid, then past its edge
+        plan.run_all([(argv(a, lr, sd, "dev"), sweep_dir(a, lr, sd))
+                      for a, lr in todo for sd in sweep_seeds])
+        for a, lr in todo:
+            sweep[a.name][lr] = [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys)["final"]
+                                 for sd in sweep_seeds]
+        todo = [(a, lr) for a in s.arms if (lr := past_edge(sweep[a.name])) is not None]
     chosen = {a.name: choose(sweep[a.name]) for a in s.arms}
+
     def report_dir(arm, seed):
         return base / "report" / slug(arm.name) / f"seed-{seed}"
 
@@ -371,7 +393,7 @@ def table(summary: dict) -> str:
     head = (f"start (step 0, every run) {100 * start:.1f}%; target = start + {TARGET_FRAC:g} x "
             f"({s.baseline}'s gain) = {fmt(target and 100 * target, '.1f')}%")
     cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} ± SE", f"{x_name} to "
-            "target", "ratio", "wall s to target", "ratio", "length start → end", "refreshes",
+            "target", "ratio", "wall s to target", "ratio", "length start → end", "refreshes (= syncs)",
             "updates", "generate / update s", *(c for c, _ in s.diagnostics)]
     out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for a in s.arms:
@@ -395,20 +417,27 @@ def table(summary: dict) -> str:
 
 
 def sweep_table(summary: dict) -> str:
-    s, grid = summary["setting"], summary["grid"]
+    s = summary["setting"]
+    grid = sorted({lr for d in summary["sweep"].values() for lr in d}, reverse=True)
     seeds = ", ".join(map(str, summary["sweep_seeds"]))
-    out = [f"final eval/dev_accuracy (%), seeds {seeds}: mean (per seed); **chosen**; an lr at the "
-           f"grid's edge is marked (edge)", "",
+    out = [f"final eval/dev_accuracy (%), seeds {seeds}: mean (per seed); **chosen**; an lr past "
+           f"the grid {', '.join(f'{x:g}' for x in summary['grid'])} was swept where the best was "
+           f"at its edge (at most {EXTEND}); a choice still at the edge of what was swept is "
+           f"marked (edge); — = not swept", "",
            "| arm | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |",
            "|---|" + "---|" * len(grid)]
     for a in s.arms:
         cells = []
+        mine = summary["sweep"][a.name]
         for lr in grid:
-            accs = summary["sweep"][a.name][lr]
+            if lr not in mine:
+                cells.append("—")
+                continue
+            accs = mine[lr]
             cell = (f"{100 * statistics.mean(accs):.1f} ("
                     f"{', '.join(f'{100 * x:.1f}' for x in accs)})")
             if lr == summary["chosen"][a.name]:
-                edge = " (edge)" if lr in (min(grid), max(grid)) else ""
+                edge = " (edge)" if lr in (min(mine), max(mine)) else ""
                 cell = f"**{cell}**{edge}"
             cells.append(cell)
         out.append(f"| {a.name} | " + " | ".join(cells) + " |")
@@ -451,7 +480,7 @@ def plots(summary: dict, out: Path) -> bool:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     for i, a in enumerate(s.arms):
-        grid = summary["grid"]
+        grid = sorted(summary["sweep"][a.name])
         ax.plot(grid, [100 * statistics.mean(summary["sweep"][a.name][lr]) for lr in grid],
                 marker="o", color=colors[i % 10], label=a.name)
     ax.set(xscale="log", xlabel="learning rate", ylabel="final dev accuracy (%)",
@@ -489,11 +518,12 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
     t0 = time.perf_counter()
     parts = [write_setting(run_setting(s, plan), out / s.label) for s in exp.settings]
     took = sum(float((d / "done").read_text().split()[0]) for d in set(plan.ran))
-    head = (f"# {exp.name}: {exp.paper}\n\n**Claim**: \"{exp.claim}\"\n\n**Held equal**: "
+    head = (f"# {exp.name}: {exp.paper}\n\n**Claim** (words in quotes are the paper's): "
+            f"{exp.claim}\n\n**Held equal**: "
             f"{exp.held_equal}. {exp.notes}\n\n**Protocol**: bench/experiments.py's docstring "
             f"(lr grid {', '.join(f'{x:g}' for x in (QUICK_GRID if quick else LR_GRID))}, the "
-            f"best mean final dev accuracy, ties to the larger lr; reported seeds fresh, test "
-            f"split).\n\n`python bench/compare.py --experiment {name}"
+            f"best mean final dev accuracy, ties to the larger lr, up to {EXTEND} more past an "
+            f"edge; reported seeds fresh, test split).\n\n`python bench/compare.py --experiment {name}"
             f"{' --quick' if quick else ''} --jobs {jobs}`: {len(set(plan.ran))} runs, "
             f"{took:.0f} s of runs ("
             + ("in-process, one at a time" if quick else f"{jobs} at a time, {threads} thread(s) each")

@@ -123,3 +123,10 @@ def test_unknown_experiment_is_one_line(tmp_path):
     assert proc.returncode != 0 and "unknown experiment 'nope'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert Path(ROOT, "bench", "experiments.py").exists()
+
+
+def test_past_edge_sweeps_one_more_half_decade_where_the_best_is_at_an_edge():
+    assert experiments.past_edge({3e-4: [0.1], 1e-4: [0.2], 3e-5: [0.3]}) == 1e-5
+    assert experiments.past_edge({3e-4: [0.3], 1e-4: [0.2], 3e-5: [0.1]}) == 1e-3
+    assert experiments.past_edge({1e-4: [0.1], 3e-5: [0.1], 1e-5: [0.3]}) == 3e-6
+    assert experiments.past_edge({3e-4: [0.1], 1e-4: [0.3], 3e-5: [0.1]}) is None   # interior
