@@ -174,11 +174,11 @@ def mu_grpo(quick: bool) -> Experiment:
 
 
 def pnpo(quick: bool) -> Experiment:
-    steps, prompts, every = ("2", "4", "1") if quick else ("30", "16", "10")
+    steps, prompts, every = ("2", "4", "1") if quick else ("24", "16", "8")
     common = STEPS + ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every,
                       "--replay", "none", "--agg", "seq-mean-token-mean", "--mini-batches", "1")
     common += STEPS_QUICK if quick else ()
-    sweep = () if quick else ("--steps", "15", "--eval-every", "5")
+    sweep = () if quick else ("--steps", "12", "--eval-every", "6")
     gspo_clip = ("--eps-low", "3e-4", "--eps-high", "4e-4")
     ppo_clip = ("--eps-low", "0.2", "--eps-high", "0.28")
     arms = []
