@@ -263,7 +263,11 @@ def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prom
     """The token ids of each templated question. A chat template already holds its special tokens, so none are
     added to it."""
     texts = [apply_template(ex, template, tokenizer) for ex in examples]
-    ids = tokenizer(texts, add_special_tokens=template != "chat")["input_ids"] if texts else []
+    special = template != "chat"
+    if callable(tokenizer) and texts:      # a Hugging Face tokenizer: one batched call, the same ids
+        ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
+    else:
+        ids = [tokenizer.encode(t, add_special_tokens=special) for t in texts]
     return [Prompt(i, row, ex.answer) for i, (row, ex) in enumerate(zip(ids, examples))]
 
 

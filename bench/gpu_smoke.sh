@@ -77,7 +77,7 @@ COMMON=(--engine torch --check-every 1 --max-logprob-diff 10 --eval-benchmarks "
 if [ "$TOY" = 1 ]; then
     export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     COMMON+=(--threads 1)
-    TINY=(--prompts-per-step 4 --group-size 2)      # the tiny model's steps (the GPU's: the defaults)
+    TINY=(--prompts-per-step 8 --group-size 4)      # the tiny model's steps (the GPU's: the defaults)
     EVAL=8; EVAL_SMALL=4; DEVICE=cpu; SHAPE=toy
     BIG=(--prompts-per-step 4 --group-size 2 --max-new-tokens 8 --eval-size 4 --micro-batch-tokens 4096)
 else
