@@ -46,6 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compare import mean_std  # noqa: E402  (compare.py's, one definition)
+
 LR_GRID = (3e-4, 1e-4, 3e-5)
 SWEEP_SEEDS = (0, 1)
 REPORT_SEEDS = (100, 101, 102)
@@ -257,10 +259,6 @@ def load(run_dir: Path, metric: str, keys: tuple[str, ...]) -> dict:
             "len_start": steps[0].get("response/len_mean"), "len_end":
             steps[-1].get("response/len_mean"), "refreshes": len(steps), "updates": updates,
             "fresh": fresh, "wall": wall, "gen": gen, "upd": upd, "means": means}
-
-
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def choose(sweep: dict[float, list[float]]) -> float:
