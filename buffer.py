@@ -52,6 +52,7 @@ insertion order; eviction compacts all three with one boolean mask and sampling 
 neither loops over rollouts in Python. The buffer holds references to the caller's `Rollout` objects
 and never writes to them; callers must treat what `sample` returns as read-only.
 """
+import math
 from dataclasses import asdict
 
 import numpy as np
@@ -59,7 +60,7 @@ import numpy as np
 from rollout import Rollout
 
 REPLAY_KINDS = ("none", "uniform", "prioritized", "headroom-drift")
-HEADROOMS = ("variance", "failure", "abs-adv")
+HEADROOMS = ("variance", "failure", "abs-adv", "current")
 
 
 class RolloutReplay:
@@ -232,10 +233,24 @@ class GroupReplay:
       rewards are all equal carries no signal (every A = 0) and is not stored. Age eviction as
       RolloutReplay: age = step - version > tau_max is gone.
     - Headroom h(g), with p = the group's success rate (mean reward, clamped to [0, 1]):
-      variance p (1 - p) | failure 1 - p | abs-adv mean |A| over the group.
+      variance p (1 - p) | failure 1 - p | abs-adv mean |A| over the group, all fixed at generation;
+      or current, re-scored at every sample in the drift pass's forward (no other forward): the
+      current policy's success rate of g by self-normalised importance sampling over g's stored
+      completions i, with c_i the stored verdict (`correct`),
+
+          log w_i = sum_t log rho_it,   p_theta(g) = sum_i w_i c_i / sum_i w_i,
+          h(g) = p_theta (1 - p_theta)
+
+      (w_i / sum_i w_i as a softmax over log w_i: it cannot overflow). At the behaviour policy w_i
+      = 1 and h = p (1 - p) with p the verdicts' mean, its value at generation (`headroom_of`).
+      Choices: the verdict, not the shaped reward (p_theta is a success rate); w_i is the
+      sequence's whole ratio, so on long completions it can rest on a few rollouts (the estimate
+      is biased, as every self-normalised one, but stays in [0, 1]).
     - Candidates: the eligible groups (version < step: fresh-anchored) in headroom order (ties:
       newer first, then earlier stored), at most `candidates` of them, so the drift pass has a
-      bounded cost.
+      bounded cost. With current the headroom is known only after the forward: the `candidates`
+      newest eligible groups (ties: earlier stored first), ranked after it by the re-scored h
+      (ties: newer first, then stored order).
     - Drift, per candidate group g:
 
           D(g) = mean over g's rollouts i of | mean_t log rho_it |,
@@ -246,9 +261,12 @@ class GroupReplay:
       Under torchrun it runs on every rank at every sample, also with no candidate, so the ranks
       make equal forward passes.
     - Gate: groups with D(g) > drift_max are skipped this step (kept, not deleted: they may pass
-      again later); the first `groups` passing candidates are replayed, all their rollouts, with
-      their stored advantages. `sample(step, n_fresh)` ignores n_fresh: the replayed amount is
-      `groups` groups.
+      again later); the first `groups` passing candidates in headroom order are replayed, all
+      their rollouts, with their stored advantages. `sample(step, n_fresh)` ignores n_fresh: the
+      replayed amount is `groups` groups. drift_max is absolute here; train.setup states it
+      relative to the clip range, drift_max = `drift_limit(--hd-drift-frac, --eps-low,
+      --eps-high)` = frac x min(-log(1 - eps_low), log(1 + eps_high)), the nearer clip boundary
+      in log space.
     """
 
     def __init__(self, tau_max: int, headroom: str = "variance", groups: int = 32,
@@ -290,29 +308,50 @@ class GroupReplay:
         return self._last["replay/evicted"]
 
     def headroom_of(self, group: list[Rollout]) -> float:
+        """h(g) from the stored numbers: the fixed readings, or current's value at generation."""
         if self.headroom == "abs-adv":
             return sum(abs(r.advantage) for r in group) / len(group)
+        if self.headroom == "current":
+            p = min(max(sum(r.correct for r in group) / len(group), 0.0), 1.0)
+            return p * (1 - p)
         p = min(max(sum(r.reward for r in group) / len(group), 0.0), 1.0)
         return p * (1 - p) if self.headroom == "variance" else 1 - p
 
     def candidates(self, step: int) -> list[list[Rollout]]:
-        """Evict by age, then the eligible groups (version < step) in headroom order, at most
-        `candidates`."""
+        """Evict by age, then the eligible groups (version < step) in headroom order (current: in
+        newest-first order, ranked in `sample`), at most `candidates`."""
         self.evict(step)
         eligible = (g for g in self._groups if g[0].version < step)
 
         def rank(g):                                     # sorted() is stable: then stored order
+            if self.headroom == "current":
+                return -g[0].version
             return (-self.headroom_of(g), -g[0].version)
 
         return sorted(eligible, key=rank)[:self.candidates_max]
 
-    def drift(self, groups: list[list[Rollout]]) -> list[float]:
-        """D(g) of each group (the class docstring): one no-grad forward over all their rollouts."""
+    def drift_and_headroom(self, groups: list[list[Rollout]]) -> tuple[list[float], list[float]]:
+        """D(g) and h(g) of each group (the class docstring) from one no-grad forward over all
+        their rollouts: h re-scored with current, headroom_of otherwise."""
         flat = [r for g in groups for r in g]
         logps = self.logprobs(flat)
-        per_rollout = iter([abs(sum(a - b for a, b in zip(lp, r.logprobs))) / max(len(lp), 1)
-                            for lp, r in zip(logps, flat)])
-        return [sum(next(per_rollout) for _ in g) / len(g) for g in groups]
+        log_w = iter([(sum(a - b for a, b in zip(lp, r.logprobs)), max(len(lp), 1))
+                      for lp, r in zip(logps, flat)])     # (sum_t log rho_it, T_i) per rollout
+        drift, headroom = [], []
+        for g in groups:
+            s, n = np.array([next(log_w) for _ in g], dtype=np.float64).T
+            drift.append(float(np.mean(np.abs(s) / n)))
+            if self.headroom == "current":
+                w = np.exp(s - s.max())                  # softmax over log w_i: no overflow
+                p = min(max(float(w @ [r.correct for r in g] / w.sum()), 0.0), 1.0)
+                headroom.append(p * (1 - p))
+            else:
+                headroom.append(self.headroom_of(g))
+        return drift, headroom
+
+    def drift(self, groups: list[list[Rollout]]) -> list[float]:
+        """D(g) of each group (the class docstring): one no-grad forward over all their rollouts."""
+        return self.drift_and_headroom(groups)[0]
 
     def sample(self, step: int, n_fresh: int) -> list[Rollout]:
         """Headroom ranks, Drift gates: the rollouts of the top `groups` candidates with D(g) <=
@@ -320,8 +359,12 @@ class GroupReplay:
         if self.logprobs is None:
             raise ValueError("GroupReplay.sample needs the policy's forward: make it with logprobs")
         cands = self.candidates(step)
-        drift = self.drift(cands)  # also with no candidate: equal forwards on every rank
-        passing = [g for g, d in zip(cands, drift) if d <= self.drift_max][:self.groups]
+        # also with no candidate: equal forwards on every rank
+        drift, headroom = self.drift_and_headroom(cands)
+        # headroom order (ties: newer, then candidate order); fixed readings are in it already
+        order = sorted(range(len(cands)), key=lambda i: (-headroom[i], -cands[i][0].version))
+        chosen = [i for i in order if drift[i] <= self.drift_max][:self.groups]
+        passing = [cands[i] for i in chosen]
         out = [r for g in passing for r in g]
         self._last.update(_empty_group_stats())
         if cands:
@@ -331,10 +374,11 @@ class GroupReplay:
                                "replay/drift_gated_frac": gated / len(cands)})
         if passing:
             age = [step - g[0].version for g in passing for _ in g]
-            headroom = [self.headroom_of(g) for g in passing]
+            now, stored = [headroom[i] for i in chosen], [self.headroom_of(g) for g in passing]
             abs_adv = [abs(r.advantage) for r in out]
             self._last.update({"replay/groups": len(passing), "replay/sampled": len(out),
-                               "replay/headroom_mean": float(np.mean(headroom)),
+                               "replay/headroom_mean": float(np.mean(now)),
+                               "replay/headroom_stored_mean": float(np.mean(stored)),
                                "replay/age_mean": float(np.mean(age)),
                                "replay/age_max": int(max(age)),
                                "replay/abs_adv_sampled": float(np.mean(abs_adv))})
@@ -360,6 +404,7 @@ class GroupReplay:
 
 def _empty_group_stats() -> dict:
     return {**_empty_sample_stats(), "replay/groups": 0, "replay/headroom_mean": 0.0,
+            "replay/headroom_stored_mean": 0.0,
             "replay/drift_mean": 0.0, "replay/drift_gated_frac": 0.0, "replay/drift_candidates": 0}
 
 
@@ -391,6 +436,7 @@ def _check_same(sd: dict, buffer, names) -> None:
 # a mean's weight is the count of what it averages; every other key is a total, but these maxima
 MEAN_WEIGHTS = {"replay/age_mean": "replay/sampled", "replay/abs_adv_sampled": "replay/sampled",
                 "replay/abs_adv_stored": "replay/size", "replay/headroom_mean": "replay/groups",
+                "replay/headroom_stored_mean": "replay/groups",
                 "replay/drift_mean": "replay/drift_candidates",
                 "replay/drift_gated_frac": "replay/drift_candidates"}
 MAXIMA = ("replay/age_max",)
@@ -410,15 +456,31 @@ def report(replay: "RolloutReplay | GroupReplay | None", metrics) -> None:
             metrics.total(key, value)
 
 
+def drift_limit(frac: float, eps_low: float, eps_high: float) -> float:
+    """GroupReplay's drift_max from `--hd-drift-frac` and the clip range [1 - eps_low, 1 +
+    eps_high]: a fraction of the nearer clip boundary in log space,
+
+        drift_max = frac x min(-log(1 - eps_low), log(1 + eps_high))
+
+    (0.5 x 0.182 = 0.091 for eps 0.2/0.2, 0.5 x 0.223 = 0.112 for 0.2/0.28; eps_low = 1 has no
+    lower boundary, -log 0 = inf). D(g) is a mean log ratio, the scale of that range."""
+    if not (np.isfinite(frac) and frac >= 0 and 0 <= eps_low <= 1 and np.isfinite(eps_high)
+            and eps_high >= 0):
+        raise ValueError(f"replay: drift_limit needs a finite frac >= 0, 0 <= eps_low <= 1 and a "
+                         f"finite eps_high >= 0, got {frac}, {eps_low}, {eps_high}")
+    low = -math.log1p(-eps_low) if eps_low < 1 else math.inf
+    return frac * min(low, math.log1p(eps_high))
+
+
 def make_replay(kind: str, *, tau_max: int, ratio: float = 1.0, alpha: float = 1.0,
                 capacity: int | None = None, seed: int = 0, headroom: str = "variance",
                 groups: int = 32, candidates: int = 64, drift_max: float = 0.05,
                 logprobs=None) -> RolloutReplay | GroupReplay | None:
     """The buffer behind `--replay {none,uniform,prioritized,headroom-drift}`: None (no replay),
     RolloutReplay with alpha = 0 (naive uniform replay), RolloutReplay with the given alpha, or
-    GroupReplay (headroom, groups, candidates, drift_max, and `logprobs`, the policy's no-grad
-    forward for its drift gate). Arguments are validated whatever the kind, so a bad flag is an
-    error even when replay is off."""
+    GroupReplay (headroom, groups, candidates, drift_max (absolute; train.setup's is
+    `drift_limit`'s), and `logprobs`, the policy's no-grad forward for its drift gate). Arguments
+    are validated whatever the kind, so a bad flag is an error even when replay is off."""
     if kind not in REPLAY_KINDS:
         raise ValueError(f"replay: kind must be one of {', '.join(REPLAY_KINDS)}, got {kind!r}")
     _check_args(tau_max, alpha, capacity)

@@ -1,8 +1,9 @@
-"""Prompt sets: the built-in synthetic arithmetic task (the default, no download), the published math benchmarks, any
-JSONL/JSON/Parquet file of questions and answers, and the prompt templates.
+"""Prompt sets: the built-in synthetic arithmetic task (the default, no download), the published
+math benchmarks, any JSONL/JSON/Parquet file of questions and answers, and the prompt templates.
 
     python data.py                         # prints a few built-in examples
-    python data.py math500 minerva         # loads benchmarks by name and prints a count and one example each
+    python data.py math500 minerva         # loads benchmarks by name and prints a count and one
+                                           # example each
 
 The built-in task: integer expressions of 2-3 single-digit operands joined by + - *, evaluated with
 the usual precedence (9,300 expressions in all). Deterministic given a seed. Its three splits are
@@ -20,26 +21,28 @@ a plain integer final answer scores, the text after the completion's last "=" mu
 literal equal to the gold, so a chain stopped early ("4-1+1*4=" answered "4-1+4", of the right
 value) scores 0.
 
-Benchmarks (`load_benchmark(name)`; files read in place from `data_dir`, default ../shared/data, in the layouts they
-are published in; a row without a gold answer is an error naming the file and line, never a silent skip):
+Benchmarks (`load_benchmark(name)`; files read in place from `data_dir`, default ../shared/data, in
+the layouts they are published in; a row without a gold answer is an error naming the file and line,
+never a silent skip), each as name: file | question | gold answer:
 
-| name | file | question | gold answer |
-|---|---|---|---|
-| builtin | (generated) | expression | its value; the test split, BUILTIN_TEST_SIZE examples, seed 0 |
-| builtin_dev | (generated) | expression | BUILTIN_DEV_SIZE dev examples, seed 0 |
-| builtin_train | (generated) | expression | BUILTIN_TRAIN_SIZE train examples, seed 0 |
-| builtin_steps | (generated) | 5-6 operands | its value; STEPS_TEST_SIZE test examples, seed 0 |
-| builtin_steps_dev | (generated) | same | STEPS_DEV_SIZE dev examples, seed 0 |
-| builtin_steps_train | (generated) | same | STEPS_TRAIN_SIZE train examples, seed 0 |
-| gsm8k, gsm8k_test / gsm8k_train | gsm8k_test.jsonl / gsm8k_train.jsonl | question | after "#### " in answer, commas removed |
-| math500 | math500.jsonl | problem | answer |
-| aime24, amc23 | aime24.jsonl, amc23.jsonl | problem | answer (AMC's floats 27.0 -> "27") |
-| minerva | minerva_math.jsonl | problem | the last \\boxed{...} of solution (nested braces) |
-| olympiadbench | olympiadbench.jsonl | question | final_answer: a list (or a list written as a string); items joined by ", ", "$" removed |
+- builtin: (generated) | expression | its value; the test split, BUILTIN_TEST_SIZE examples, seed 0
+- builtin_dev: (generated) | expression | BUILTIN_DEV_SIZE dev examples, seed 0
+- builtin_train: (generated) | expression | BUILTIN_TRAIN_SIZE train examples, seed 0
+- builtin_steps: (generated) | 5-6 operands | its value; STEPS_TEST_SIZE test examples, seed 0
+- builtin_steps_dev: (generated) | same | STEPS_DEV_SIZE dev examples, seed 0
+- builtin_steps_train: (generated) | same | STEPS_TRAIN_SIZE train examples, seed 0
+- gsm8k, gsm8k_test / gsm8k_train: gsm8k_test.jsonl / gsm8k_train.jsonl | question |
+  after "#### " in answer, commas removed
+- math500: math500.jsonl | problem | answer
+- aime24, amc23: aime24.jsonl, amc23.jsonl | problem | answer (AMC's floats 27.0 -> "27")
+- minerva: minerva_math.jsonl | problem | the last \\boxed{...} of solution (nested braces)
+- olympiadbench: olympiadbench.jsonl | question | final_answer: a list (or a list written as a
+  string); items joined by ", ", "$" removed
 
-Anything else is a path to a .jsonl / .json / .parquet file, read with `question_key` / `answer_key` (dotted keys reach
-into nested objects, e.g. "reward_model.ground_truth"; a question given as a list of chat messages uses the last user
-message). Without keys, the first of question/problem/prompt and of answer/final_answer/ground_truth present is used.
+Anything else is a path to a .jsonl / .json / .parquet file, read with `question_key` / `answer_key`
+(dotted keys reach into nested objects, e.g. "reward_model.ground_truth"; a question given as a list
+of chat messages uses the last user message). Without keys, the first of question/problem/prompt and
+of answer/final_answer/ground_truth present is used.
 """
 import ast
 import functools
@@ -52,7 +55,8 @@ from pathlib import Path
 BUILTIN = "builtin"          # name of the built-in task wherever a prompt set is named
 OPERATORS = "+-*"
 MAX_OPERAND = 10             # operands are the digits 0..9
-BUILTIN_TEST_SIZE = 500      # `load_benchmark("builtin")`: the held-out split every accuracy in this repo is quoted on
+BUILTIN_TEST_SIZE = 500      # `load_benchmark("builtin")`: the held-out split every accuracy in
+                             # this repo is quoted on
 BUILTIN_DEV_SIZE = 500       # `load_benchmark("builtin_dev")`: of 912, what lrs are chosen on
 BUILTIN_TRAIN_SIZE = 7450    # the whole train split (9,300 less 938 test and 912 dev)
 SPLITS = ("train", "dev", "test")
@@ -100,12 +104,13 @@ def arithmetic_examples(split: str, n: int | None = None, seed: int = 0) -> list
     exprs = [e for e in _all_expressions() if _split(e) == split]
     random.Random(f"{split}-{seed}").shuffle(exprs)
     if n is not None and n > len(exprs):
-        raise ValueError(f"the built-in {split} split has {len(exprs)} examples, {n} were asked for")
+        raise ValueError(f"the built-in {split} split has {len(exprs)} examples, "
+                         f"{n} were asked for")
     # Only digits and + - * reach eval here: strings this module built itself, never model output.
     return [Example(question=e, answer=str(eval(e))) for e in exprs[:n]]
 
 
-# ---- the second built-in task: the same arithmetic, worked step by step (long completions) --------------------------
+# ---- the second built-in task: the same arithmetic, worked step by step (long completions) -------
 
 STEPS = "builtin_steps"      # its test split's name; builtin_steps_dev, _train the others
 # The task's answer rule, on its splits only (verify.grader(name) -> verify.grade_integer): the text
@@ -125,9 +130,10 @@ STEPS_MAX_NEW_TOKENS = 48    # the longest worked solution (41 characters) and E
 
 
 def worked_solution(expr: str) -> str:
-    """The expression reduced one operation at a time, each intermediate form followed by "=", ending in its value:
-    the leftmost * first (precedence), then + and - left to right. "7+6*9-3*2" -> "7+54-3*2=7+54-6=61-6=55".
-    The task's rule (STEPS_NAMES) reads what follows the last "=": the gold is the final number."""
+    """The expression reduced one operation at a time, each intermediate form followed by "=",
+    ending in its value: the leftmost * first (precedence), then + and - left to right.
+    "7+6*9-3*2" -> "7+54-3*2=7+54-6=61-6=55". The task's rule (STEPS_NAMES) reads what follows the
+    last "=": the gold is the final number."""
     tokens = []                                     # alternating ints and operator characters
     for ch in expr:
         if ch in OPERATORS and tokens and not isinstance(tokens[-1], str):
@@ -182,7 +188,8 @@ def arithmetic_chain_examples(split: str, n: int | None = None, seed: int = 0) -
     exprs = _steps_expressions(split)
     random.Random(f"steps-{split}-{seed}").shuffle(exprs)
     if n is not None and n > len(exprs):
-        raise ValueError(f"the built-in steps {split} split has {len(exprs)} examples, {n} were asked for")
+        raise ValueError(f"the built-in steps {split} split has {len(exprs)} examples, "
+                         f"{n} were asked for")
     golds = _steps_golds()
     return [Example(question=e, answer=golds[e]) for e in exprs[:n]]
 
@@ -193,7 +200,8 @@ def _steps_golds() -> dict[str, str]:
     return {e: worked_solution(e).rsplit("=", 1)[-1] for e in _steps_pool()}
 
 
-# The built-in prompt sets, each with its train split (what --train-data NAME should train on) and template builtin.
+# The built-in prompt sets, each with its train split (what --train-data NAME should train on) and
+# template builtin.
 BUILTIN_TRAIN_SPLITS = {BUILTIN: "builtin_train", STEPS: "builtin_steps_train"}
 
 
@@ -218,7 +226,8 @@ def builtin_dev(train_data: str, n: int | None = None) -> list[Example]:
 
 
 def train_split(name: str) -> str:
-    """The train split of a built-in prompt set ("builtin" -> "builtin_train"); any other name is itself."""
+    """The train split of a built-in prompt set ("builtin" -> "builtin_train"); any other name is
+    itself."""
     return BUILTIN_TRAIN_SPLITS.get(name, name)
 
 
@@ -227,16 +236,18 @@ def builtin_prompt(question: str) -> str:
     return f"{question}="
 
 
-# ---- prompt templates --------------------------------------------------------------------------------------------
+# ---- prompt templates ----------------------------------------------------------------------------
 
 def apply_template(example_or_question, template: str, tokenizer=None) -> str:
     """The prompt text for one question.
 
     plain:   question + "\\n" + BOXED_INSTRUCTION (the base-model template of the RLVR papers)
-    chat:    the tokenizer's chat template over one user turn holding the plain text, with the generation prompt
+    chat:    the tokenizer's chat template over one user turn holding the plain text, with the
+             generation prompt
     builtin: builtin_prompt(question), "3+4*2="
     """
-    q = example_or_question.question if isinstance(example_or_question, Example) else example_or_question
+    q = (example_or_question.question if isinstance(example_or_question, Example)
+         else example_or_question)
     if template == "builtin":
         return builtin_prompt(q)
     plain = f"{q}\n{BOXED_INSTRUCTION}"
@@ -244,27 +255,27 @@ def apply_template(example_or_question, template: str, tokenizer=None) -> str:
         return plain
     if template == "chat":
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError("prompt template 'chat' needs a tokenizer with a chat template; this one has none "
-                             "(use --prompt-template plain)")
+            raise ValueError("prompt template 'chat' needs a tokenizer with a chat template; "
+                             "this one has none (use --prompt-template plain)")
         return tokenizer.apply_chat_template([{"role": "user", "content": plain}], tokenize=False,
                                              add_generation_prompt=True)
     raise ValueError(f"unknown prompt template {template!r}; choose one of {', '.join(TEMPLATES)}")
 
 
 def template_for(name: str, choice: str = "auto") -> str:
-    """The template of prompt set `name` (the one rule for training and evaluation): `choice` unless it is auto;
-    auto = builtin for the built-in task's splits, plain for every other set."""
+    """The template of prompt set `name` (the one rule for training and evaluation): `choice` unless
+    it is auto; auto = builtin for the built-in task's splits, plain for every other set."""
     if choice != "auto":
         return choice
     return "builtin" if name in BUILTIN_NAMES else "plain"
 
 
 def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prompt]:
-    """The token ids of each templated question. A chat template already holds its special tokens, so none are
-    added to it."""
+    """The token ids of each templated question. A chat template already holds its special tokens,
+    so none are added to it."""
     texts = [apply_template(ex, template, tokenizer) for ex in examples]
     special = template != "chat"
-    if callable(tokenizer) and texts:      # a Hugging Face tokenizer: one batched call, the same ids
+    if callable(tokenizer) and texts:  # a Hugging Face tokenizer: one batched call, the same ids
         ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
     else:
         ids = [tokenizer.encode(t, add_special_tokens=special) for t in texts]
@@ -276,10 +287,11 @@ def bench_label(name: str) -> str:
     return name if name in BENCHMARK_NAMES else Path(name).stem
 
 
-# ---- gold answers as published -----------------------------------------------------------------------------------
+# ---- gold answers as published -------------------------------------------------------------------
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}) in text, nested braces matched; None if there is none."""
+    """Content of the last \\boxed{...} (or \\fbox{...}) in text, nested braces matched; None if
+    there is none."""
     start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
     if start < 0:
         return None
@@ -305,14 +317,17 @@ def answer_text(value) -> str:
 
 
 def gsm8k_answer(solution: str) -> str:
-    """GSM8K's worked solution ends in '#### N'; N with thousands separators removed ("1,080" -> "1080")."""
+    """GSM8K's worked solution ends in '#### N'; N with thousands separators removed
+    ("1,080" -> "1080")."""
     return solution.rsplit("####", 1)[1].strip().replace(",", "") if "####" in solution else ""
 
 
 def olympiad_answer(final_answer) -> str:
-    """OlympiadBench's final_answer is a list (sometimes written as a string of one); its items are LaTeX in $...$."""
+    """OlympiadBench's final_answer is a list (sometimes written as a string of one); its items are
+    LaTeX in $...$."""
     if isinstance(final_answer, str) and final_answer.strip().startswith("["):
-        final_answer = ast.literal_eval(final_answer.strip())    # a literal only: literal_eval runs no code
+        # a literal only: literal_eval runs no code
+        final_answer = ast.literal_eval(final_answer.strip())
     return answer_text(final_answer).replace("$", "").strip()
 
 
@@ -325,21 +340,24 @@ BENCHMARKS = {
     "aime24": ("aime24.jsonl", "problem", lambda r: answer_text(r["answer"])),
     "amc23": ("amc23.jsonl", "problem", lambda r: answer_text(r["answer"])),
     "minerva": ("minerva_math.jsonl", "problem", lambda r: last_boxed(r["solution"]) or ""),
-    "olympiadbench": ("olympiadbench.jsonl", "question", lambda r: olympiad_answer(r["final_answer"])),
+    "olympiadbench": ("olympiadbench.jsonl", "question",
+                      lambda r: olympiad_answer(r["final_answer"])),
 }
 BENCHMARK_NAMES = (*BUILTIN_NAMES, *BENCHMARKS)
 
 
-# ---- reading files -----------------------------------------------------------------------------------------------
+# ---- reading files -------------------------------------------------------------------------------
 
 def read_records(path: Path) -> list[tuple[int, dict]]:
-    """(line number, row) pairs of a .jsonl / .json / .parquet file. A malformed line raises naming file and line."""
+    """(line number, row) pairs of a .jsonl / .json / .parquet file. A malformed line raises naming
+    file and line."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ImportError(f"reading {path} needs pyarrow, which is not installed: pip install pyarrow") from None
+            raise ImportError(f"reading {path} needs pyarrow, which is not installed: "
+                              "pip install pyarrow") from None
         return list(enumerate(pq.read_table(path).to_pylist(), start=1))
     text = path.read_text(encoding="utf-8")
     if suffix == ".json":
@@ -374,7 +392,8 @@ def _get(row: dict, key: str):
 
 def _question_text(value) -> str:
     """A question as text; a list of chat messages gives its last user message."""
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
+    if (isinstance(value, list) and value
+            and all(isinstance(m, dict) and "content" in m for m in value)):
         users = [m["content"] for m in value if m.get("role") == "user"]
         return (users or [value[-1]["content"]])[-1]
     return answer_text(value)
@@ -384,8 +403,8 @@ def _guess_key(row: dict, candidates: tuple[str, ...], what: str, path: Path) ->
     for key in candidates:
         if key in row:
             return key
-    raise ValueError(f"{path}: no {what} field among {', '.join(candidates)} (fields: {', '.join(row)}); "
-                     f"name it with --{what}-key")
+    raise ValueError(f"{path}: no {what} field among {', '.join(candidates)} "
+                     f"(fields: {', '.join(row)}); name it with --{what}-key")
 
 
 def _examples(path: Path, rows, question_of, answer_of) -> list[Example]:
@@ -406,18 +425,19 @@ def _examples(path: Path, rows, question_of, answer_of) -> list[Example]:
 
 
 def resolve_data_dir(data_dir: str) -> Path:
-    """A relative data_dir is taken from the working directory, else from the repo root (so the default works from
-    anywhere)."""
+    """A relative data_dir is taken from the working directory, else from the repo root (so the
+    default works from anywhere)."""
     p = Path(data_dir)
     if p.is_absolute() or p.is_dir():
         return p
     return Path(__file__).resolve().parent / p
 
 
-def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR, question_key: str | None = None,
+def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
+                   question_key: str | None = None,
                    answer_key: str | None = None) -> list[Example]:
-    """Examples of a named benchmark (BENCHMARK_NAMES) or of a file. FileNotFoundError / ValueError / ImportError
-    with a message that names the file (and line) on bad input."""
+    """Examples of a named benchmark (BENCHMARK_NAMES) or of a file. FileNotFoundError / ValueError
+    / ImportError with a message that names the file (and line) on bad input."""
     if name_or_path == BUILTIN:
         return arithmetic_examples("test", BUILTIN_TEST_SIZE, seed=0)
     if name_or_path == "builtin_dev":
@@ -434,19 +454,22 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR, question
         file, qkey, answer_of = BENCHMARKS[name_or_path]
         path = resolve_data_dir(data_dir) / file
         if not path.is_file():
-            raise FileNotFoundError(f"benchmark {name_or_path!r}: {path} not found (set --data-dir)")
+            raise FileNotFoundError(f"benchmark {name_or_path!r}: {path} not found "
+                                    "(set --data-dir)")
         return _examples(path, read_records(path), lambda r: _question_text(r[qkey]), answer_of)
     path = Path(name_or_path)
     if path.suffix.lower() not in (".jsonl", ".json", ".parquet"):
-        raise ValueError(f"unknown benchmark {name_or_path!r}: use one of {', '.join(BENCHMARK_NAMES)} "
-                         f"or a .jsonl/.json/.parquet file")
+        raise ValueError(f"unknown benchmark {name_or_path!r}: use one of "
+                         f"{', '.join(BENCHMARK_NAMES)} or a .jsonl/.json/.parquet file")
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     rows = read_records(path)
     first = next((r for _, r in rows if isinstance(r, dict)), {})
     qkey = question_key or _guess_key(first, ("question", "problem", "prompt"), "question", path)
-    akey = answer_key or _guess_key(first, ("answer", "final_answer", "ground_truth"), "answer", path)
-    return _examples(path, rows, lambda r: _question_text(_get(r, qkey)), lambda r: answer_text(_get(r, akey)))
+    akey = answer_key or _guess_key(first, ("answer", "final_answer", "ground_truth"),
+                                    "answer", path)
+    return _examples(path, rows, lambda r: _question_text(_get(r, qkey)),
+                     lambda r: answer_text(_get(r, akey)))
 
 
 if __name__ == "__main__":
@@ -455,7 +478,8 @@ if __name__ == "__main__":
         for ex in arithmetic_examples("train", 5):
             print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer}")
         for ex in arithmetic_chain_examples("train", 3):
-            print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer:6s} worked {worked_solution(ex.question)}")
+            print(f"{builtin_prompt(ex.question)!r:16} gold {ex.answer:6s} "
+                  f"worked {worked_solution(ex.question)}")
     if {"-h", "--help"} & set(sys.argv[1:]):
         sys.exit(print(__doc__.split("\n\n")[1]))                   # the two usage lines
     for name in sys.argv[1:]:
@@ -463,4 +487,5 @@ if __name__ == "__main__":
             exs = load_benchmark(name)
         except (ValueError, OSError) as e:
             sys.exit(f"error: {e}")
-        print(f"{name}: {len(exs)} examples; first gold {exs[0].answer!r}; question {exs[0].question[:80]!r}")
+        print(f"{name}: {len(exs)} examples; first gold {exs[0].answer!r}; "
+              f"question {exs[0].question[:80]!r}")

@@ -1,34 +1,43 @@
-"""Evaluation: sample k completions per problem, grade them, and report the numbers RLVR papers report.
+"""Evaluation: sample k completions per problem, grade them, and report the numbers
+RLVR papers report.
 
-    python eval.py                                     # built-in tiny model, built-in test split, greedy (mean@1)
-    python eval.py --model DIR --benchmarks aime24,amc23,math500,minerva,olympiadbench --k 32 --temperature 0.6 \\
-        --max-new-tokens 3072 --prompt-template plain --out runs/eval-DIR [--baseline runs/eval-BASE/summary.json]
+    python eval.py          # built-in tiny model, built-in test split, greedy (mean@1)
+    python eval.py --model DIR --benchmarks aime24,amc23,math500,minerva,olympiadbench \\
+        --k 32 --temperature 0.6 --max-new-tokens 3072 --prompt-template plain \\
+        --out runs/eval-DIR [--baseline runs/eval-BASE/summary.json]
 
-`evaluate(engine, tokenizer, examples, template=, k=, sampling=)` is the one function behind this CLI and behind
-train.py's periodic eval (`eval/accuracy` = mean@k with k = 1 and greedy sampling on the built-in test split, and
-`eval/<bench>/mean@k`), so a checkpoint evaluated either way with the same settings and seed gets the same numbers.
-`eval/dev_accuracy` is the same on the built-in dev split (here `--benchmarks builtin_dev`, or
-builtin_steps_dev).
+`evaluate(engine, tokenizer, examples, template=, k=, sampling=)` is the one function behind this
+CLI and behind train.py's periodic eval (`eval/accuracy` = mean@k with k = 1 and greedy sampling on
+the built-in test split, and `eval/<bench>/mean@k`), so a checkpoint evaluated either way with the
+same settings and seed gets the same numbers. `eval/dev_accuracy` is the same on the built-in dev
+split (here `--benchmarks builtin_dev`, or builtin_steps_dev).
 
 Metrics of one benchmark: n problems, k samples each, c_i of problem i graded correct by its set's
 rule (verify.grader(name): verify.grade; on builtin_steps only a plain integer after the last "=").
-    mean@k  = (1/n) sum_i c_i / k                       (the papers' Avg@k = Mean@k; with k = 1 greedy, accuracy)
-    pass@j  = (1/n) sum_i [1 - C(k - c_i, j) / C(k, j)]  for every j <= k, the unbiased estimator of Chen et al.
-              2021 (arXiv 2107.03374), computed in their stable product form 1 - prod_{m=k-c+1}^{k} (1 - j/m)
-    maj@k   = (1/n) sum_i [the most frequent extracted answer among the k samples is correct]; answers vote as
-              strings (verify.extract_answer, whitespace removed), a sample without an answer does not vote, a tie goes
-              to the answer seen first. String votes can split equivalent forms ("1/2", "0.5"); grading does not.
-    length/mean    = mean completion length in tokens over all n*k samples (EOS counted when generated)
+    mean@k  = (1/n) sum_i c_i / k
+              (the papers' Avg@k = Mean@k; with k = 1 greedy, accuracy)
+    pass@j  = (1/n) sum_i [1 - C(k - c_i, j) / C(k, j)]
+              for every j <= k, the unbiased estimator of Chen et al. 2021 (arXiv 2107.03374),
+              computed in their stable product form 1 - prod_{m=k-c+1}^{k} (1 - j/m)
+    maj@k   = (1/n) sum_i [the most frequent extracted answer among the k samples is correct];
+              answers vote as strings (verify.extract_answer, whitespace removed), a sample
+              without an answer does not vote, a tie goes to the answer seen first. String votes
+              can split equivalent forms ("1/2", "0.5"); grading does not.
+    length/mean    = mean completion length in tokens over all n*k samples
+                     (EOS counted when generated)
     truncated/frac = share of samples that hit --max-new-tokens before EOS
-The macro row is the unweighted mean over benchmarks of each column (the papers' "Avg." over the five benchmarks).
+The macro row is the unweighted mean over benchmarks of each column (the papers' "Avg." over the
+five benchmarks).
 
-AES, the accuracy-efficiency score of O1-Pruner (arXiv 2501.12570, Sec. 4.1), against a baseline summary.json:
+AES, the accuracy-efficiency score of O1-Pruner (arXiv 2501.12570, Sec. 4.1), against a
+baseline summary.json:
     dL = (L_base - L) / L_base,  dA = (A - A_base) / A_base,
     AES = alpha*dL + beta*dA if dA >= 0 else alpha*dL - gamma*|dA|,  alpha = 1, beta = 3, gamma = 5
 with A = mean@k and L = length/mean of the same benchmark.
 
-Outputs in --out: `<bench>.jsonl` (one line per problem: question, gold, prompt, responses, extracted answers, correct
-flags, lengths, truncated flags), `summary.json` (every metric and the flags), `summary.md` (the table, also printed).
+Outputs in --out: `<bench>.jsonl` (one line per problem: question, gold, prompt, responses,
+extracted answers, correct flags, lengths, truncated flags), `summary.json` (every metric and the
+flags), `summary.md` (the table, also printed).
 """
 import argparse
 import dataclasses
@@ -46,16 +55,19 @@ from tqdm import tqdm
 import data
 import cli
 
-# torch, transformers and the verifier's sympy are imported inside the functions that use them (rollout, verify), so
-# that --help and bad input answer at once instead of after seconds of imports.
+# torch, transformers and the verifier's sympy are imported inside the functions that use
+# them (rollout, verify), so that --help and bad input answer at once instead of after
+# seconds of imports.
 
-AES_ALPHA, AES_BETA, AES_GAMMA = 1.0, 3.0, 5.0     # O1-Pruner's weights: a lost point of accuracy costs more
+# O1-Pruner's weights: a lost point of accuracy costs more
+AES_ALPHA, AES_BETA, AES_GAMMA = 1.0, 3.0, 5.0
 
 
-# ---- metrics (pure) ------------------------------------------------------------------------------------------------
+# ---- metrics (pure) ------------------------------------------------------------------------------
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k)/C(n, k) = 1 - prod_{m=n-c+1}^{n} (1 - k/m)."""
+    """Unbiased pass@k from n samples with c correct:
+    1 - C(n-c, k)/C(n, k) = 1 - prod_{m=n-c+1}^{n} (1 - k/m)."""
     if not (0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
     if n - c < k:                       # every k-subset holds a correct sample
@@ -64,20 +76,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def maj_at_k(answers: list, correct: list[bool], k: int) -> float:
-    """1.0 if the most frequent answer among the first k samples is a correct one, else 0.0 (ties: seen first)."""
+    """1.0 if the most frequent answer among the first k samples is a correct one, else 0.0 (ties:
+    seen first)."""
     votes = [("".join(a.split()), ok) for a, ok in zip(answers[:k], correct[:k]) if a]
     if not votes:
         return 0.0
     counts = Counter(a for a, _ in votes)
     top = max(counts.values())
-    winner_ok = next(ok for a, ok in votes if counts[a] == top)     # first-seen answer among those with top count
+    # first-seen answer among those with top count
+    winner_ok = next(ok for a, ok in votes if counts[a] == top)
     return float(winner_ok)
 
 
 def aes(acc: float, length: float, base_acc: float, base_length: float) -> float:
-    """O1-Pruner's accuracy-efficiency score (equation in the module docstring); acc in any unit, same as base."""
+    """O1-Pruner's accuracy-efficiency score (equation in the module docstring); acc in any unit,
+    same as base."""
     if base_acc <= 0 or base_length <= 0:
-        raise ValueError(f"AES needs a baseline with accuracy > 0 and length > 0, got {base_acc}, {base_length}")
+        raise ValueError(f"AES needs a baseline with accuracy > 0 and length > 0, "
+                         f"got {base_acc}, {base_length}")
     d_len = (base_length - length) / base_length
     d_acc = (acc - base_acc) / base_acc
     return AES_ALPHA * d_len + (AES_BETA * d_acc if d_acc >= 0 else -AES_GAMMA * abs(d_acc))
@@ -96,29 +112,33 @@ def summarize(records: list[dict], k: int) -> dict:
     return out
 
 
-# ---- sampling and grading ----------------------------------------------------------------------------------------
+# ---- sampling and grading ------------------------------------------------------------------------
 
 def sample(engine, prompts: list, k: int, sampling: "Sampling", desc: str | None = None) -> list:
-    """k rollouts per prompt (the k of one prompt consecutive), in engine-batch-sized chunks behind a progress bar.
-    Chunk i samples with seed + i, so no two chunks share a random stream; greedy is unaffected."""
+    """k rollouts per prompt (the k of one prompt consecutive), in engine-batch-sized chunks behind
+    a progress bar. Chunk i samples with seed + i, so no two chunks share a random stream; greedy is
+    unaffected."""
     per_chunk = max(1, getattr(engine, "batch_size", len(prompts) * k) // k)
     rollouts = []
     with tqdm(total=len(prompts) * k, desc=desc, unit="sample", disable=None) as bar:
         for i, start in enumerate(range(0, len(prompts), per_chunk)):
             chunk = prompts[start:start + per_chunk]
-            rollouts += engine.generate(chunk, k, dataclasses.replace(sampling, seed=sampling.seed + i))
+            rollouts += engine.generate(chunk, k,
+                                        dataclasses.replace(sampling, seed=sampling.seed + i))
             bar.update(len(chunk) * k)
     return rollouts
 
 
-def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, k: int, sampling: "Sampling",
-             desc: str | None = None, grader=None) -> tuple[dict, list[dict]]:
+def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, k: int,
+             sampling: "Sampling", desc: str | None = None,
+             grader=None) -> tuple[dict, list[dict]]:
     """(summary, per_example) of k samples per example, each graded by grader(response, gold)
     (None: verify.grade; a set's own rule: verify.grader(name)); summary keys as in `summarize`."""
     import verify
     grader = grader or verify.grade
     if k < 1 or not examples:
-        raise ValueError(f"evaluate needs k >= 1 and at least one example, got k={k}, {len(examples)} examples")
+        raise ValueError(f"evaluate needs k >= 1 and at least one example, "
+                         f"got k={k}, {len(examples)} examples")
     prompts = data.make_prompts(examples, template, tokenizer)
     rollouts = sample(engine, prompts, k, sampling, desc)
     records = []
@@ -154,11 +174,12 @@ def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float,
     return sets
 
 
-def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_new_tokens: int, seed: int,
-                   rank: int = 0, world: int = 1) -> None:
-    """metrics.total("eval/<key>", this rank's share of mean@k) for each of train_eval_sets: rank r grades every
-    world-th problem (the same weights on every rank), so the shares summed over ranks are each set's mean@k, and
-    `python eval.py --model <checkpoint>` with the same settings reproduces it."""
+def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_new_tokens: int,
+                   seed: int, rank: int = 0, world: int = 1) -> None:
+    """metrics.total("eval/<key>", this rank's share of mean@k) for each of train_eval_sets: rank r
+    grades every world-th problem (the same weights on every rank), so the shares summed over ranks
+    are each set's mean@k, and `python eval.py --model <checkpoint>` with the same settings
+    reproduces it."""
     for key, (examples, template, k, temperature, grader) in sets.items():
         mine, correct = examples[rank::world], 0.0
         if mine:
@@ -169,15 +190,15 @@ def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_
         metrics.total(f"eval/{key}", correct / len(examples))
 
 
-# ---- the CLI -----------------------------------------------------------------------------------------------------
+# ---- the CLI -------------------------------------------------------------------------------------
 
 @dataclass
 class Args:
     model: str = "assets/tiny-arith"
     """Hugging Face model directory; assets/tiny-arith is the built-in tiny model"""
     benchmarks: str = data.BUILTIN
-    """comma-separated benchmark names (builtin, gsm8k, math500, aime24, amc23, minerva, olympiadbench, ...) or
-    .jsonl/.json/.parquet files"""
+    """comma-separated benchmark names (builtin, gsm8k, math500, aime24, amc23, minerva,
+    olympiadbench, ...) or .jsonl/.json/.parquet files"""
     k: int = 1
     """samples per problem: mean@k, pass@1..k and maj@k are computed from them"""
     temperature: float = 0.0
@@ -185,7 +206,8 @@ class Args:
     top_p: float = 1.0
     """nucleus sampling mass"""
     max_new_tokens: int = 8
-    """completion length limit in tokens; a sample that hits it counts as truncated (8 = train.py's default)"""
+    """completion length limit in tokens; a sample that hits it counts as truncated
+    (8 = train.py's default)"""
     seed: int = 0
     """sampling seed"""
     out: str = "runs/eval"
@@ -203,8 +225,8 @@ class Args:
     limit: int = 0
     """evaluate only the first N problems of each benchmark (0 = all)"""
     batch_size: int = 512
-    """sequences per generation batch (512 = the TorchEngine default train.py evaluates with; the batch's padding
-    can move greedy ties, so keep it equal to train.py's for identical numbers)"""
+    """sequences per generation batch (512 = the TorchEngine default train.py evaluates with; the
+    batch's padding can move greedy ties, so keep it equal to train.py's for identical numbers)"""
     device: str = "cpu"
     """torch device for the model"""
 
@@ -214,7 +236,8 @@ def parse_args(argv=None) -> Args:
 
 
 def _repo_relative(path: str) -> str:
-    """A relative path that does not exist from the working directory is taken from the repo root."""
+    """A relative path that does not exist from the working directory is taken from the repo
+    root."""
     if os.path.isabs(path) or os.path.exists(path):
         return path
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
@@ -226,10 +249,12 @@ def load_inputs(args: Args):
     grader)}, baseline, model, tok)."""
     import verify
     if args.k < 1 or args.max_new_tokens < 1 or args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise ValueError("need --k >= 1, --max-new-tokens >= 1, --temperature >= 0 and 0 < --top-p <= 1")
+        raise ValueError("need --k >= 1, --max-new-tokens >= 1, --temperature >= 0 "
+                         "and 0 < --top-p <= 1")
     benches = {}
     for name in [b.strip() for b in args.benchmarks.split(",") if b.strip()]:
-        exs = data.load_benchmark(name, args.data_dir, args.question_key or None, args.answer_key or None)
+        exs = data.load_benchmark(name, args.data_dir, args.question_key or None,
+                                  args.answer_key or None)
         benches[data.bench_label(name)] = (exs[:args.limit] if args.limit > 0 else exs,
                                            data.template_for(name, args.prompt_template),
                                            verify.grader(name))
@@ -246,7 +271,8 @@ def load_inputs(args: Args):
 
 
 def load_baseline(path: str, names) -> dict[str, dict]:
-    """The per-benchmark results of a baseline's summary.json, checked to hold what AES needs for every name."""
+    """The per-benchmark results of a baseline's summary.json, checked to hold what AES needs for
+    every name."""
     try:
         results = json.loads(Path(path).read_text())["benchmarks"]
     except (json.JSONDecodeError, KeyError, TypeError):
@@ -254,16 +280,19 @@ def load_baseline(path: str, names) -> dict[str, dict]:
     for name in names:
         b = results.get(name, {})
         if not (b.get("mean@k", 0) > 0 and b.get("length/mean", 0) > 0):
-            raise ValueError(f"baseline {path}: AES needs mean@k > 0 and length/mean > 0 for {name}")
+            raise ValueError(f"baseline {path}: AES needs mean@k > 0 and length/mean > 0 "
+                             f"for {name}")
     return results
 
 
 def markdown_table(results: dict[str, dict], k: int) -> str:
-    cols = [(f"mean@{k}", "mean@k", 100), (f"pass@{k}", f"pass@{k}", 100), (f"maj@{k}", "maj@k", 100),
-            ("length", "length/mean", 1), ("truncated %", "truncated/frac", 100)]
+    cols = [(f"mean@{k}", "mean@k", 100), (f"pass@{k}", f"pass@{k}", 100),
+            (f"maj@{k}", "maj@k", 100), ("length", "length/mean", 1),
+            ("truncated %", "truncated/frac", 100)]
     if any("aes" in r for r in results.values()):
         cols.append(("AES", "aes", 1))
-    lines = ["| benchmark | n | " + " | ".join(c for c, _, _ in cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    lines = ["| benchmark | n | " + " | ".join(c for c, _, _ in cols) + " |",
+             "|---" * (len(cols) + 2) + "|"]
     for name, r in results.items():
         cells = [f"{r[key] * scale:.{2 if key == 'aes' else 1}f}" for _, key, scale in cols]
         lines.append(f"| {name} | {r.get('n', '')} | " + " | ".join(cells) + " |")
@@ -273,23 +302,26 @@ def markdown_table(results: dict[str, dict], k: int) -> str:
 def main(args: Args, benches, baseline, model, tokenizer) -> dict:
     from rollout import Sampling, TorchEngine
     engine = TorchEngine(model, tokenizer, batch_size=args.batch_size)
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                        seed=args.seed)
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed)
     results = {}
     for name, (examples, template, grader) in benches.items():
-        summary, records = evaluate(engine, tokenizer, examples, template=template, k=args.k, sampling=sampling,
-                                    desc=name, grader=grader)
+        summary, records = evaluate(engine, tokenizer, examples, template=template, k=args.k,
+                                    sampling=sampling, desc=name, grader=grader)
         if baseline is not None:
             b = baseline[name]
-            summary["aes"] = aes(summary["mean@k"], summary["length/mean"], b["mean@k"], b["length/mean"])
+            summary["aes"] = aes(summary["mean@k"], summary["length/mean"],
+                                 b["mean@k"], b["length/mean"])
         results[name] = summary
         with open(os.path.join(args.out, f"{name}.jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
     keys = [key for key in results[next(iter(results))] if key not in ("n", "k", "aes")]
     macro = {key: sum(r[key] for r in results.values()) / len(results) for key in keys}
     if baseline is not None:
-        base = {key: sum(baseline[name][key] for name in results) / len(results) for key in ("mean@k", "length/mean")}
-        macro["aes"] = aes(macro["mean@k"], macro["length/mean"], base["mean@k"], base["length/mean"])
+        base = {key: sum(baseline[name][key] for name in results) / len(results)
+                for key in ("mean@k", "length/mean")}
+        macro["aes"] = aes(macro["mean@k"], macro["length/mean"],
+                           base["mean@k"], base["length/mean"])
     summary = {"benchmarks": results, "macro": macro, "args": dataclasses.asdict(args)}
     table = markdown_table({**results, "average": macro}, args.k)
     Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -301,7 +333,8 @@ def main(args: Args, benches, baseline, model, tokenizer) -> dict:
 
 if __name__ == "__main__":
     args = parse_args()
-    try:   # bad input ends in one line and exit status 1; a bug past this point still shows its traceback
+    # bad input ends in one line and exit status 1; a bug past this point still shows its traceback
+    try:
         inputs = load_inputs(args)
     except (ValueError, OSError, ImportError, KeyError) as e:
         sys.exit(f"error: {e}")

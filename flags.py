@@ -54,7 +54,7 @@ PRESETS = {
     "headroom-drift": ("Headroom-Drift group replay (abstract only): rank groups by p(1-p), "
                        "gate by drift",
                        dict(replay="headroom-drift", hd_headroom="variance", tau_max=4,
-                            hd_groups=32, hd_candidates=64, hd_drift_max=0.25)),
+                            hd_groups=32, hd_candidates=64, hd_drift_frac=0.5)),
     "mu-grpo": ("mu-GRPO (arXiv 2605.17570, project page): 4 stages of 512 prompts x 64 updates, "
                 "clip [0, 5], veto",
                 dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix",
@@ -66,7 +66,7 @@ PRESETS = {
     "vigor": ("VIGOR (abstract only): variance-guided rollout allocation at the fixed allocation's "
               "budget, no replay",
               dict(replay="none", allocation="vigor", vigor_n_init=2, vigor_n_step=2,
-                   vigor_top=16)),
+                   vigor_top=16, vigor_rank="marginal", vigor_prior=1.0, vigor_weight="rollout")),
     "r2po": ("R²PO (arXiv 2601.11960): rank-64 residual rollout head, 1 head step per 4 policy "
              "steps, no replay",
              dict(replay="none", r2po_head="residual", r2po_head_rank=64, r2po_schedule="1,4",
@@ -133,6 +133,18 @@ class Args:
     """padded tokens (rows x longest row) per forward/backward at most, beside --micro-batch-size
     (memory only); 0 = auto: 2^28 / vocabulary size, about 1 GiB of fp32 logits"""
     # ---- objective -------------------------------------------------------------------------------
+    reward: Literal["correct", "correct+format"] = "correct"
+    """reward: correct (--reward-right / --reward-wrong by the verdict) | correct+format (plus
+    --format-ok when the response is in the task's answer form, else --format-bad)"""
+    reward_right: float = 1.0
+    """reward of a correct response"""
+    reward_wrong: float = 0.0
+    """reward of a wrong response (R²PO's official reward: -1)"""
+    format_ok: float = 1.25
+    """--reward correct+format: added when the response is in the answer form (built-in tasks: a
+    plain integer after the last '='; benchmarks: a \\boxed{}); R²PO's official 1.25"""
+    format_bad: float = -1.0
+    """--reward correct+format: added otherwise (R²PO's official -1)"""
     adv: Literal[tuple(grpo.ADVANTAGES)] = "grpo"
     """advantage: grpo ((r - mean) / (std + 1e-6)) | drgrpo (r - mean)"""
     ratio: Literal[tuple(grpo.RATIOS)] = "token"
@@ -188,15 +200,16 @@ class Args:
     """maximum rollouts stored, oldest out first (0 = unbounded)"""
     hd_headroom: Literal[buffer.HEADROOMS] = "variance"
     """Headroom-Drift: rank stored groups by variance p(1 - p) | failure 1 - p | abs-adv mean |A| (p
-    = success rate)"""
+    = success rate, at generation) | current p_theta(1 - p_theta) (p_theta: the current policy's
+    success rate, importance-weighted over the stored completions, re-scored each step)"""
     hd_groups: int = 32
     """Headroom-Drift: stored groups replayed per step (the top ones that pass the drift gate)"""
     hd_candidates: int = 64
     """Headroom-Drift: at most this many groups, in headroom order, get the no-grad drift forward
     each step"""
-    hd_drift_max: float = 0.25
+    hd_drift_frac: float = 0.5
     """Headroom-Drift: skip (keep) a group whose drift mean_i |mean_t log(pi_theta / pi_behaviour)|
-    is above this"""
+    is above this fraction of the nearer clip boundary, min(-log(1 - eps_low), log(1 + eps_high))"""
     # ---- VIGOR -----------------------------------------------------------------------------------
     allocation: Literal[vigor.ALLOCATIONS] = "fixed"
     """completions per prompt: fixed (group_size each) | vigor (variance-guided at the same budget:
@@ -206,8 +219,19 @@ class Args:
     vigor_n_step: int = 2
     """VIGOR: completions added to each chosen prompt per round"""
     vigor_top: int = 16
-    """VIGOR: prompts (per rank) with the highest reward variance that get --vigor-n-step more each
-    round"""
+    """VIGOR: per round, --vigor-rank variance: the prompts (per rank) of highest reward variance
+    that get --vigor-n-step more each; marginal: top x n_step completions, one by one to the
+    largest gain"""
+    vigor_rank: Literal[vigor.RANKS] = "marginal"
+    """VIGOR: variance (the top prompts by reward variance) | marginal (the largest drop in sum_q
+    sigma_q^2 / n_q per completion: Neyman allocation, n_q ∝ sigma_q); the defaults of --vigor-*
+    are the dev split's choice (bench/results/vigor)"""
+    vigor_prior: float = 1.0
+    """VIGOR: a Beta(a, a) prior on each prompt's success rate, so 2 agreeing completions are not a
+    verdict of variance 0 (0 = the empirical rate, the first reading)"""
+    vigor_weight: Literal[vigor.WEIGHTS] = "rollout"
+    """VIGOR: rollout (a prompt weighs as many rollouts as it got) | prompt (advantages x n_mean /
+    n_q: every prompt's group weighs as one prompt)"""
     vigor_budget: int = 0
     """VIGOR: completions per step over all ranks (0 = prompts_per_step x group_size, the fixed
     allocation's)"""
@@ -221,9 +245,14 @@ class Args:
     """R²PO: 'H,P' = H loop steps of the head phase (base frozen), then P of the policy phase (head
     frozen), again"""
     r2po_head_lr: float = 1e-2
-    """R²PO: the head's AdamW learning rate"""
+    """R²PO: the head's AdamW learning rate (the official code: 1e-6 at 3B-8B; the preset's is
+    chosen on the dev split)"""
     r2po_kl_coef: float = 0.05
-    """R²PO: head phase, coefficient of the k3 KL of the rollout head's policy to the base policy"""
+    """R²PO: head phase, coefficient of the k3 KL of the rollout head's policy to the anchor
+    (--r2po-kl-anchor; the official code: 0.04)"""
+    r2po_kl_anchor: Literal[r2po.KL_ANCHORS] = "initial"
+    """R²PO: head phase, the KL's anchor: initial (the model as loaded at step 0, frozen: the
+    official code's) | current (the current base policy)"""
     # ---- engine ----------------------------------------------------------------------------------
     engine: Literal[vllm_engine.ENGINES] = "auto"
     """rollout engine: torch (TorchEngine) | vllm (colocated vLLM, docs/gpus.md) | auto (vllm on
@@ -271,8 +300,8 @@ AT_LEAST_0 = ("micro_batch_tokens", "tau_max", "replay_ratio", "priority_alpha",
               "kl_coef", "tis_cap", "eval_size", "dev_size",
               "dual_clip", "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay",
               "max_grad_norm", "eval_every", "save_every", "log_samples", "threads",
-              "eval_temperature", "seed", "check_every", "max_logprob_diff", "hd_drift_max",
-              "vigor_budget", "r2po_head_lr", "r2po_kl_coef", "m2po_tau")
+              "eval_temperature", "seed", "check_every", "max_logprob_diff", "hd_drift_frac",
+              "vigor_budget", "vigor_prior", "r2po_head_lr", "r2po_kl_coef", "m2po_tau")
 
 
 def flag(name: str) -> str:

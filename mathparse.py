@@ -1,24 +1,29 @@
-"""Verifier internals (the answer parser of verify.py): a reader of the RL code (train.py, grpo.py, buffer.py,
-rollout.py) need not read further; the verifier's API is verify.reward, verify.grade and verify.stats.
+"""Verifier internals (the answer parser of verify.py): a reader of the RL code (train.py, grpo.py,
+buffer.py, rollout.py) need not read further; the verifier's API is verify.reward, verify.grade and
+verify.stats.
 
-The tokenizer and recursive-descent parser of verify.py: one normalised answer (text) becomes an AST of tuples.
-Nothing is evaluated and nothing is executed: no eval/exec/sympify, only re and this grammar.
+The tokenizer and recursive-descent parser of verify.py: one normalised answer (text) becomes an AST
+of tuples. Nothing is evaluated and nothing is executed: no eval/exec/sympify, only re and this
+grammar.
 
-    parse(s) -> tuple          raises ParseError on text it cannot read or that exceeds a bound
-    chain_value(s) -> str | None      the side of a chain "a = b = c" that is its value (verify.py's extraction)
+    parse(s) -> tuple               raises ParseError on text it cannot read or that exceeds a bound
+    chain_value(s) -> str | None    the side of a chain "a = b = c" that is its value
+                                    (verify.py's extraction)
 
-The node kinds are listed in _Parser's docstring. The node helpers is_name and reduce_to_value are shared with the
-comparison (mathcheck.py).
+The node kinds are listed in _Parser's docstring. The node helpers is_name and reduce_to_value are
+shared with the comparison (mathcheck.py).
 
-Bounds, each a ParseError: nesting over MAX_DEPTH (checked before any recursion), tokens over MAX_TOKENS, a number
-literal or its exponent over MAX_DIGITS digits, more than MAX_ITEMS items or matrix rows.
+Bounds, each a ParseError: nesting over MAX_DEPTH (checked before any recursion), tokens over
+MAX_TOKENS, a number literal or its exponent over MAX_DIGITS digits, more than MAX_ITEMS items or
+matrix rows.
 """
 import re
 from fractions import Fraction
 
 MAX_TOKENS = 2_000             # per parsed answer
 MAX_DEPTH = 40                 # bracket nesting and parser recursion
-MAX_DIGITS = 1_000             # digits of a number literal, or estimated digits of a power / factorial / product
+MAX_DIGITS = 1_000             # digits of a number literal, or estimated digits of a power /
+                               # factorial / product
 MAX_ITEMS = 64                 # elements of a list / set / tuple, rows of a matrix, joined boxes
 
 
@@ -26,7 +31,7 @@ class ParseError(ValueError):
     """Text this parser cannot read, or that exceeds a bound."""
 
 
-# ---- tokenizer and parser: text becomes tuples, nothing is evaluated --------------------------------------------------
+# ---- tokenizer and parser: text becomes tuples, nothing is evaluated -----------------------------
 
 _TOKEN = re.compile(r"""
     (?P<env>\\(?:begin|end)\s*\{[A-Za-z]+\*?\})
@@ -35,13 +40,15 @@ _TOKEN = re.compile(r"""
   | (?P<op><=|>=|!=|=<|=>|\\\\|\\[{}|%]|[-+*/^_=<>()\[\]{}|,;:!'&%])
   | (?P<word>[A-Za-z]+)
   | (?P<ws>\s+)""", re.X)
-_RELOPS = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "=<": "<=", "=>": ">=", "!=": "!=", "\\le": "<=",
-           "\\leq": "<=", "\\leqslant": "<=", "\\ge": ">=", "\\geq": ">=", "\\geqslant": ">=", "\\lt": "<",
-           "\\gt": ">", "\\ne": "!=", "\\neq": "!=", "\\approx": "~"}
-_FUNCS = {"sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log", "ln",
-          "lg", "exp"}
-_GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta", "vartheta", "iota",
-          "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon", "phi", "varphi", "chi", "psi", "omega",
+_RELOPS = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "=<": "<=", "=>": ">=", "!=": "!=",
+           "\\le": "<=", "\\leq": "<=", "\\leqslant": "<=", "\\ge": ">=", "\\geq": ">=",
+           "\\geqslant": ">=", "\\lt": "<", "\\gt": ">", "\\ne": "!=", "\\neq": "!=",
+           "\\approx": "~"}
+_FUNCS = {"sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "sinh", "cosh",
+          "tanh", "log", "ln", "lg", "exp"}
+_GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta",
+          "vartheta", "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon",
+          "phi", "varphi", "chi", "psi", "omega",
           "Gamma", "Delta", "Theta", "Lambda", "Xi", "Sigma", "Phi", "Psi", "Omega"}
 _ATOM_CMDS = {"\\frac", "\\sqrt", "\\binom", "\\pi", "\\infty", "\\sum", "\\lfloor", "\\lceil"} | \
              {"\\" + name for name in _FUNCS | _GREEK}
@@ -82,11 +89,12 @@ def _split_top(tokens: list, seps: set) -> list[list]:
 
 
 class _Parser:
-    """Recursive descent, loosest first: relation chain, \\cup, ratio (:), sum (+ - ±), term (* / and implicit
-    product), unary minus, power (right-assoc), postfix (! ' % _), atom. Nodes are tuples:
-    ("n", Fraction, decimals) ("s", name) ("c", pi|E|I|oo) ("+"|"*"|"^", a, b) ("/", 1, b) ("neg", a) ("pm", a, b)
-    ("f", name, args) ("sum", var, lo, hi, body) ("mat", rows) ("base", digits, base) ("tuple"|"set"|"list"|"ratio"|
-    "union", items) ("iv", lo, hi, closed_lo, closed_hi) ("rel", ops, exprs) ("text", s)."""
+    """Recursive descent, loosest first: relation chain, \\cup, ratio (:), sum (+ - ±), term
+    (* / and implicit product), unary minus, power (right-assoc), postfix (! ' % _), atom. Nodes are
+    tuples: ("n", Fraction, decimals) ("s", name) ("c", pi|E|I|oo) ("+"|"*"|"^", a, b) ("/", 1, b)
+    ("neg", a) ("pm", a, b) ("f", name, args) ("sum", var, lo, hi, body) ("mat", rows)
+    ("base", digits, base) ("tuple"|"set"|"list"|"ratio"|"union", items)
+    ("iv", lo, hi, closed_lo, closed_hi) ("rel", ops, exprs) ("text", s)."""
 
     def __init__(self, tokens: list):
         self.toks, self.i, self.depth, self.in_abs, self.closer = tokens, 0, 0, 0, None
@@ -142,13 +150,14 @@ class _Parser:
         while self.peek()[1] in ("+", "-", "\\pm", "\\mp"):
             op = self.take()[1]
             rhs = self.term()
-            node = ("+", node, rhs) if op == "+" else ("+", node, ("neg", rhs)) if op == "-" else ("pm", node, rhs)
+            node = (("+", node, rhs) if op == "+" else ("+", node, ("neg", rhs)) if op == "-"
+                    else ("pm", node, rhs))
         return node
 
     def starts_atom(self) -> bool:
         kind, text = self.peek()
-        return (kind in ("num", "word") or text in ("(", "\\{") or text in _ATOM_CMDS or text.startswith("\\begin")
-                or (text == "|" and not self.in_abs))
+        return (kind in ("num", "word") or text in ("(", "\\{") or text in _ATOM_CMDS
+                or text.startswith("\\begin") or (text == "|" and not self.in_abs))
 
     def term(self) -> tuple:
         node = self.unary()
@@ -174,7 +183,8 @@ class _Parser:
         if text in ("-", "+", "\\pm", "\\mp"):
             self.take()
             inner = self.unary()
-            node = inner if text == "+" else ("neg", inner) if text == "-" else ("pm", ("n", Fraction(0), None), inner)
+            node = (inner if text == "+" else ("neg", inner) if text == "-"
+                    else ("pm", ("n", Fraction(0), None), inner))
         else:
             node = self.postfix(self.atom())
             if self.peek()[1] == "^":
@@ -205,7 +215,7 @@ class _Parser:
                 self.take()
                 node = ("f", "factorial", (node,))
             elif text in ("%", "\\%"):
-                self.take()                                   # a percent sign is dropped (hendrycks, NeMo)
+                self.take()  # a percent sign is dropped (hendrycks, NeMo)
             elif text == "'" and node[0] == "s":
                 self.take()
                 node = ("s", node[1] + "'")
@@ -213,9 +223,11 @@ class _Parser:
                 self.take()
                 sub = self.raw_group()
                 if node[0] == "s":
-                    node = ("s", f"{node[1]}_{sub}")          # a subscript is part of a name: a_{37}, F_{n-k-1}
+                    # a subscript is part of a name: a_{37}, F_{n-k-1}
+                    node = ("s", f"{node[1]}_{sub}")
                 elif sub.isdigit() and _is_integer(node):
-                    node = ("base", str(node[1]), sub)        # a numeral in base n, kept as written: 204_5
+                    # a numeral in base n, kept as written: 204_5
+                    node = ("base", str(node[1]), sub)
                 else:
                     raise ParseError("bad subscript")
             else:
@@ -308,9 +320,9 @@ class _Parser:
             return self.command(text)
         if text in ("pi", "inf", "infty", "oo"):
             return ("c", "pi" if text == "pi" else "oo")
-        if len(text) > 2:                                     # a word is text, not a product of its letters
+        if len(text) > 2:   # a word is text, not a product of its letters
             raise ParseError(f"word {text!r}")
-        if len(text) == 2:                                    # "xy" is x*y
+        if len(text) == 2:  # "xy" is x*y
             self.toks.insert(self.i, ("word", text[1]))
         return {"e": ("c", "E"), "i": ("c", "I")}.get(text[0], ("s", text[0]))
 
@@ -388,8 +400,10 @@ class _Parser:
             row = []
             if len(rows) > MAX_ITEMS:
                 raise ParseError("matrix too large")
-            if kind == "env" and text == f"\\end{{{env}}}" and rows and len({len(r) for r in rows}) == 1:
-                return ("f", "det", (("mat", tuple(rows)),)) if env == "vmatrix" else ("mat", tuple(rows))
+            if (kind == "env" and text == f"\\end{{{env}}}" and rows
+                    and len({len(r) for r in rows}) == 1):
+                return (("f", "det", (("mat", tuple(rows)),)) if env == "vmatrix"
+                        else ("mat", tuple(rows)))
             if text != "\\\\":
                 raise ParseError("bad matrix")
 
@@ -417,7 +431,8 @@ def _fraction_literal(node: tuple) -> tuple[int, int] | None:
 
 
 def is_name(node: tuple) -> bool:
-    """A left side that only names the answer: x, f(x), |AB|, (p, q), V_1:V_2, \\frac{NO}{BO}; no numbers, no sums."""
+    """A left side that only names the answer: x, f(x), |AB|, (p, q), V_1:V_2, \\frac{NO}{BO}; no
+    numbers, no sums."""
     kind = node[0]
     if kind == "s":
         return True
@@ -437,10 +452,11 @@ def _has_unknowns(node) -> bool:
 
 
 def parse(s: str) -> tuple:
-    """The AST of one normalised answer. A top-level ',' or ';' makes a bare list; groups of assignments separated
-    by ';' or 'and' ("p=5, q=2; p=7, q=2") make a list of tuples of their values."""
+    """The AST of one normalised answer. A top-level ',' or ';' makes a bare list; groups of
+    assignments separated by ';' or 'and' ("p=5, q=2; p=7, q=2") make a list of tuples of their
+    values."""
     depth = peak = 0
-    for ch in s:                                              # reject deep nesting before any recursion
+    for ch in s:  # reject deep nesting before any recursion
         depth += (ch in "([{") - (ch in ")]}")
         peak = max(peak, depth)
     if peak > MAX_DEPTH:
@@ -456,7 +472,8 @@ def parse(s: str) -> tuple:
     flat = [part for g in groups for part in g]
     if len(flat) > MAX_ITEMS:
         raise ParseError("too many items")
-    return _Parser(flat[0]).item() if len(flat) == 1 else ("list", tuple(_Parser(p).item() for p in flat))
+    return (_Parser(flat[0]).item() if len(flat) == 1
+            else ("list", tuple(_Parser(p).item() for p in flat)))
 
 
 def _assigned(tokens: list) -> list | None:
@@ -468,8 +485,9 @@ def _assigned(tokens: list) -> list | None:
 
 
 def reduce_to_value(node: tuple, pred: bool):
-    """"name = value" -> value on either side; a prediction's chain -> its last side, or the exact side before a
-    "\\approx"; unchanged when that side has unknowns or a two-sided equation relates unknowns ("a + 3z = 0")."""
+    """"name = value" -> value on either side; a prediction's chain -> its last side, or the exact
+    side before a "\\approx"; unchanged when that side has unknowns or a two-sided equation relates
+    unknowns ("a + 3z = 0")."""
     if node[0] != "rel" or any(op not in ("=", "~") for op in node[1]):
         return node
     ops, exprs = node[1], node[2]
@@ -489,10 +507,11 @@ def reduce_to_value(node: tuple, pred: bool):
 
 
 def chain_value(s: str) -> str | None:
-    """The side of a normalised chain that is its value, as text, a space only where one is needed: "x = 5" -> "5",
-    "\\sqrt{4} = 2" -> "2", "a = b = c" -> "c", "x = 1/3 \\approx 0.33" -> "1/3". None when s is no such chain, the
-    value has unknowns or the equation relates unknowns. A side that does not parse is no value, but the others
-    still count ("\\lim_{x \\to 0} ... = 1" -> "1"). ParseError when s cannot be tokenized."""
+    """The side of a normalised chain that is its value, as text, a space only where one is needed:
+    "x = 5" -> "5", "\\sqrt{4} = 2" -> "2", "a = b = c" -> "c", "x = 1/3 \\approx 0.33" -> "1/3".
+    None when s is no such chain, the value has unknowns or the equation relates unknowns. A side
+    that does not parse is no value, but the others still count ("\\lim_{x \\to 0} ... = 1" -> "1").
+    ParseError when s cannot be tokenized."""
     tokens = _tokenize(s)
     sides = _split_top(tokens, {"=", "\\approx"})
     if len(sides) < 2 or len(_split_top(tokens, {",", ";"})) > 1 or not all(sides):
@@ -506,10 +525,12 @@ def chain_value(s: str) -> str | None:
             trees.append(_Parser(side).item())
         except (ParseError, ValueError, IndexError):
             trees.append(None)
-    node = reduce_to_value(("rel", tuple("=" if op == "=" else "~" for op in ops), tuple(trees)), pred=True)
+    node = reduce_to_value(("rel", tuple("=" if op == "=" else "~" for op in ops), tuple(trees)),
+                           pred=True)
     if node is None or node[0] == "rel" or _has_unknowns(node):
         return None
     out = ""
     for _, t in sides[trees.index(node)]:                     # tokens back to text
-        out += " " + t if out and (out[-1].isalnum() and t[0].isalnum() or out[-1].isdigit() and t[0] == ".") else t
+        spaced = out and (out[-1].isalnum() and t[0].isalnum() or out[-1].isdigit() and t[0] == ".")
+        out += " " + t if spaced else t
     return out

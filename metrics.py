@@ -127,17 +127,25 @@ def distinct_answers(rollouts: list) -> float:
 def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
     """What was generated this step (every round: `generated`) and what of it went into the batch
     (`fresh`): the mean (shaped) reward, the share of zero-variance groups, lengths, truncation,
-    diversity."""
+    the format-error rate, diversity."""
     rewards = torch.tensor([r.reward for r in generated])
     groups = torch.tensor([r.prompt_id for r in generated])
     n = len(generated)
     n_groups = len({r.prompt_id for r in generated})
     m.mean("reward/mean", rewards.mean().item(), n)
     m.mean("reward/zero_std_frac", grpo.zero_std_fraction(rewards, groups), n_groups)
+    by_group: dict[int, list[float]] = {}
+    for r in generated:
+        by_group.setdefault(r.prompt_id, []).append(r.reward)
+    flat = [g for g in by_group.values() if len(set(g)) == 1]       # every advantage exactly 0
+    m.total("rollout/prompts_with_signal", len(by_group) - len(flat))
+    m.total("rollout/zero_var_rollouts", sum(len(g) for g in flat))
     m.total("batch/fresh", len(fresh))
     m.total("rollout/generated", n)
     m.mean("response/len_mean", sum(len(r.completion_ids) for r in generated) / n, n)
     m.mean("response/truncated_frac", sum(r.truncated for r in generated) / n, n)
+    # not in the task's answer form (verify.format_rule), whatever --reward pays for
+    m.mean("rollout/format_error", sum(not r.formatted for r in generated) / n, n)
     # diversity within groups
     m.mean("rollout/distinct_answers", distinct_answers(generated), n_groups)
 

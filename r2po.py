@@ -2,8 +2,8 @@
 
     python train.py --preset r2po          # rank-64 head, 1 head step per 4 policy steps
 
-R²PO (arXiv 2601.11960; its code is public) decouples the policy that explores from the policy that
-is deployed. Training rollouts are sampled from
+R²PO (arXiv 2601.11960; official code RRPO-ARR/Code) decouples the policy that explores from the
+policy that is deployed. Training rollouts are sampled from
 
     z_rollout = z + W2 · ReLU(W1 · h),      z = lm_head(h) the base logits,
                                             h the last hidden state (after the final norm),
@@ -14,22 +14,42 @@ resumed run continues in the same phase):
 
 - head phase (`R2PO.head_step`): the base is frozen, the head takes one optimizer step on this
   step's head-sampled rollouts, with rarity advantages (`rarity_advantages`: an outcome rare in its
-  group is worth more) and a k3 KL of the rollout policy to the current base policy;
+  group is worth more) and a k3 KL of the rollout policy to an anchor (`--r2po-kl-anchor`): the
+  initial model (the official code's) or the current base policy;
 - policy phase: plain GRPO (train.update) on head-sampled rollouts, ratios against the base head's
   log-probs at generation (`Rollout.logprobs`). No correction for sampling from the head: the
   paper's choice.
 
-What was read and what was chosen: the paper's text was not available here; this follows its
-abstract and a summary of its official code (rarity advantages line for line). The head's learning
-rate (1e-2), the KL coefficient (0.05) and the initial scale (std 1e-6) are this implementation's
-choices.
+What was read and what was chosen: the paper's abstract and the official code
+(simple_grpo_v1/rollout_head_train.py, 2stage_train.sh, ref_server.py): rarity advantages line for
+line, and the KL anchor, which is the model as loaded at step 0 (the reference server's fixed model
+path), not the current base. The official values beside this repository's defaults:
+
+    setting                 official code                           here (--preset r2po)
+    head lr                 1e-6 (AdamW; the policy's too)          --r2po-head-lr 1e-2 (--lr 3e-4)
+    schedule                ~20 head loop steps, then 20-40 policy  --r2po-schedule 1,4
+                            loop steps (0.78 head rollouts per
+                            policy rollout)
+    KL to                   the initial model                       --r2po-kl-anchor initial
+    KL coefficient          0.04 (k3)                               --r2po-kl-coef 0.05
+    temperature             0.9 (log-probs scored at 1)             --temperature 1 (scored at it)
+    group size G            8 (a prompt a loop step, 2 an AdamW     --group-size 8
+                            step)
+    reward                  correct ±1 plus format +1.25 / -1:      the verdict (0/1); four classes
+                            four outcome classes                    with --reward correct+format
+
+The head's learning rate at this repository's scale (the built-in tiny model, --lr 3e-4) is not
+the official 1e-6: it is chosen on the dev split (eval/dev_accuracy) among the rates whose
+r2po/head_kl stays in the band that bench/experiments.py's `r2po` experiment states. The initial
+scale of the head (std 1e-6) is this implementation's choice.
 
 Where it plugs in: `TorchEngine.logits_head` is the head (the engine samples through it when
 `Sampling.use_head`); the loop asks `phase(step)` and runs `head_step` instead of
 sample/store/update/sync in the head phase; checkpoints call `save` / `state_dict` / `restore` (the
 head in HEAD_FILE beside the HF model, which transformers ignores; its AdamW state in the rank
-files). vLLM cannot add the head to its logits: flags.py refuses `--r2po-head residual` with
-`--engine vllm`.
+files; the frozen initial model is not saved: `make` reloads it from --model, the original base
+even on resume). vLLM cannot add the head to its logits: flags.py refuses `--r2po-head residual`
+with `--engine vllm`.
 """
 import dataclasses
 import os
@@ -40,9 +60,10 @@ from torch import Tensor
 import grpo
 import parallel
 from metrics import Metrics, distinct_answers
-from rollout import Prompt, Sampling, micro_batches
+from rollout import Prompt, Sampling, forward_logprobs, load_model, micro_batches
 
 HEADS = ("none", "residual")
+KL_ANCHORS = ("initial", "current")   # the head's KL to: the model at step 0 | the current base
 HEAD_FILE = "r2po_head.safetensors"
 
 
@@ -102,11 +123,13 @@ def group_ids(rollouts) -> Tensor:
 class R2PO:
     """The head, its optimizer and its schedule, for one run (`make` builds it from train.py's
     flags). The head is the same on every rank (made from the same seed) and stays whole: it is
-    replicated, not sharded, and its gradients are summed over ranks."""
+    replicated, not sharded, and its gradients are summed over ranks. `initial`: the frozen model
+    as loaded at step 0, the head's KL anchor under `--r2po-kl-anchor initial` (None otherwise)."""
 
-    def __init__(self, head: ResidualHead, args):
+    def __init__(self, head: ResidualHead, args, initial: torch.nn.Module | None = None):
         self.head = head
         self.args = args  # flags.Args: the schedule, the head's lr and KL, and the clip/agg shared
+        self.initial = initial
         self.opt = torch.optim.AdamW(head.parameters(), lr=args.r2po_head_lr)
         h, p = (int(x) for x in args.r2po_schedule.split(","))
         self.head_steps, self.policy_steps = h, p
@@ -121,12 +144,20 @@ class R2PO:
         """The head phase: one optimizer step of the rollout head with the base frozen,
 
             L = clipped surrogate of pi_rollout / pi_rollout,gen with rarity advantages
-                + r2po_kl_coef * k3 KL(pi_rollout || pi_base)    (pi_base: the current base policy)
+                + r2po_kl_coef * k3 KL(pi_rollout || pi_anchor)
 
-        on this step's head-sampled rollouts; groups whose rarities are all equal are skipped. The
-        base gets no gradient (its forward runs without one), so FSDP joins only the forward passes,
-        in lockstep; the head's gradients are summed over ranks here."""
+        on this step's head-sampled rollouts; groups whose rarities are all equal are skipped.
+        pi_anchor (`--r2po-kl-anchor`): initial = the model as loaded at step 0 (the official
+        code's reference), its log-probs from a no-grad forward of `self.initial` on each
+        micro-batch at --temperature; current = the current base policy. Metrics: r2po/head_kl
+        (to the anchor) and r2po/head_kl_current (to the current base, always: head_forward
+        returns its log-probs). The base gets no gradient (its forward runs without one), so FSDP
+        joins only the forward passes, in lockstep; the frozen initial model is unsharded, so its
+        forwards join nothing; the head's gradients are summed over ranks here."""
         a, metrics = self.args, Metrics()
+        if a.r2po_kl_anchor == "initial" and self.initial is None:
+            raise ValueError("--r2po-kl-anchor initial: R2PO needs the initial model (r2po.make "
+                             "loads it)")
         rewards = torch.tensor([r.reward for r in rollouts])
         adv = rarity_advantages(rewards, group_ids(rollouts)).tolist()
         live = {r.prompt_id for r, A in zip(rollouts, adv) if A != 0}
@@ -149,11 +180,18 @@ class R2PO:
             log_w = grpo.token_log_ratio(logp, mb["old_logprobs"], mask)
             loss, _ = grpo.policy_loss(log_w, mb["advantages"], mask, eps_low=a.eps_low,
                                        eps_high=a.eps_high, agg=a.agg, normaliser=normaliser)
-            kl = grpo.kl_penalty(logp, base_logp, "k3")
+            kl_current = grpo.kl_penalty(logp, base_logp, "k3")                     # [b, T]
+            kl = kl_current
+            if a.r2po_kl_anchor == "initial":
+                with torch.no_grad():
+                    initial_logp = forward_logprobs(self.initial, mb, a.temperature)[1]  # [b, T]
+                kl = grpo.kl_penalty(logp, initial_logp, "k3")
             (loss + a.r2po_kl_coef * grpo.aggregate(kl, mask, a.agg, normaliser)).backward()
             head_loss += loss.item()
-            head_kl = grpo.masked_mean(kl.detach(), mask)
-            metrics.token_means({"r2po/head_kl": head_kl}, float(mask.sum()))
+            metrics.token_means({"r2po/head_kl": grpo.masked_mean(kl.detach(), mask),
+                                 "r2po/head_kl_current": grpo.masked_mean(kl_current.detach(),
+                                                                          mask)},
+                                float(mask.sum()))
         parallel.reshard(model)                    # the base ran its forwards without a backward
         metrics.total("r2po/head_loss", head_loss)  # the step's surrogate, summed over ranks
         parallel.sum_gradients(self.head, world)
@@ -195,8 +233,14 @@ class R2PO:
 
 
 def make(args, model, device) -> R2PO | None:
-    """R²PO for `--r2po-head residual`, else None (no head: the loop is plain GRPO)."""
+    """R²PO for `--r2po-head residual`, else None (no head: the loop is plain GRPO). With
+    `--r2po-kl-anchor initial` it loads the KL anchor from --model (the original base, also when
+    resuming from a checkpoint): a frozen, unsharded fp32 copy on each rank, like train.py's
+    ref_model for --kl-coef; it is not saved in checkpoints."""
     if args.r2po_head == "none":
         return None
     head = ResidualHead(model.config.hidden_size, model.config.vocab_size, args.r2po_head_rank)
-    return R2PO(head.to(device), args)
+    initial = None
+    if args.r2po_kl_anchor == "initial":
+        initial = load_model(args.model, device)[0].eval().requires_grad_(False)
+    return R2PO(head.to(device), args, initial)

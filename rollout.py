@@ -48,6 +48,7 @@ class Rollout:
     text: str = ""                 # decoded completion
     answer: str = ""               # gold answer
     correct: float = 0.0           # the verifier's verdict (1.0 = right), set once, by grading
+    formatted: bool = False        # in the task's answer form (verify.format_rule), set with it
     reward: float = 0.0            # the shaped reward, set once, by scoring: the advantage's input
     advantage: float = 0.0         # set once from its own fresh group; replay never recomputes it
     version: int = 0               # loop step whose weights generated it; age = step - version

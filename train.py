@@ -15,7 +15,8 @@ Each step of `train()` reads top to bottom:
              of --train-data: value equality, or builtin_steps' integer-only rule); VIGOR:
              variance-guided group sizes at the same budget (vigor.vigor_generate); DAPO: extra
              rounds for the groups dynamic sampling drops;
-2. score     the shaped reward (r.reward: the verdict, plus DAPO's overlong penalty), then one
+2. score     the shaped reward (r.reward: the verdict, with --reward correct+format a format
+             term, plus DAPO's overlong penalty), then one
              advantage per rollout from its own group (grpo.py), set once;
 3. sample    replayed rollouts from earlier steps (buffer.py: `replay_ratio` x fresh, P(j) ∝
              |A_j|^alpha among those no older than `tau_max` steps; Headroom-Drift: whole groups
@@ -198,7 +199,9 @@ def setup(args: Args, model, tok, *, rank: int, world: int, device: str, max_len
                                 alpha=args.priority_alpha, capacity=args.replay_capacity or None,
                                 seed=replay_seed(args.seed, rank), headroom=args.hd_headroom,
                                 groups=args.hd_groups, candidates=args.hd_candidates,
-                                drift_max=args.hd_drift_max, logprobs=policy_logprobs)
+                                drift_max=buffer.drift_limit(args.hd_drift_frac, args.eps_low,
+                                                             args.eps_high),
+                                logprobs=policy_logprobs)
     r2po = r2po_lib.make(args, model, device)
     if r2po is not None:
         engine.logits_head = r2po.head               # the engine samples through the trainer's head
@@ -207,29 +210,50 @@ def setup(args: Args, model, tok, *, rank: int, world: int, device: str, max_len
 
 # ---- 1. generate and 2. score --------------------------------------------------------------------
 
-def grade(rollouts, grader=verify.grade) -> None:
-    """The verdict of each rollout, r.correct (1.0 = right), by `grader`: generate passes the one of
-    the prompt set trained on (verify.grader: builtin_steps scores only a plain integer answer, the
-    rest verify.grade); set once, here."""
+def grade(rollouts, grader=verify.grade, form=verify.integer_form) -> None:
+    """The verdict of each rollout, r.correct (1.0 = right), by `grader`, and whether it is in the
+    answer form, r.formatted, by `form`: generate passes those of the prompt set trained on
+    (verify.grader: builtin_steps scores only a plain integer answer, the rest verify.grade;
+    verify.format_rule); set once, here."""
     for r in rollouts:
         r.correct = 1.0 if grader(r.text, r.answer) else 0.0
+        r.formatted = form(r.text)
 
 
-def score(rollouts, args: Args) -> torch.Tensor:
-    """2. The shaped reward r.reward (the verdict plus DAPO's overlong penalty), then r.advantage
-    within each group. Returns the verdicts [B]: DAPO's dynamic sampling filters on them, not on the
-    shaped reward."""
+def shaped_reward(rollouts, args: Args) -> torch.Tensor:
+    """r_i, the reward the advantage is computed from [B]:
+
+        --reward correct:          r = right if correct else wrong
+        --reward correct+format:   r = (right if correct else wrong) + (ok if formatted else bad)
+        then, with --overlong-buffer, + DAPO's soft overlong penalty
+
+    right, wrong, ok, bad = --reward-right, --reward-wrong, --format-ok, --format-bad (defaults 1,
+    0, 1.25, -1: the verdict alone is 1 / 0; R²PO's official reward is right 1, wrong -1 with its
+    format term, four outcome classes)."""
     correct = torch.tensor([r.correct for r in rollouts])                            # [B]
-    rewards = correct
+    rewards = correct * (args.reward_right - args.reward_wrong) + args.reward_wrong
+    if args.reward == "correct+format":
+        formatted = torch.tensor([r.formatted for r in rollouts])                    # [B]
+        rewards = rewards + torch.where(formatted, args.format_ok, args.format_bad)
     if args.overlong_buffer:
         lengths = torch.tensor([len(r.completion_ids) for r in rollouts])
         penalty = grpo.overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer)
         rewards = rewards + penalty
+    return rewards
+
+
+def score(rollouts, args: Args) -> torch.Tensor:
+    """2. The shaped reward r.reward (shaped_reward), then r.advantage within each group (VIGOR's
+    --vigor-weight prompt: times vigor.prompt_weights). Returns
+    the verdicts [B]: DAPO's dynamic sampling filters on them, not on the shaped reward."""
+    rewards = shaped_reward(rollouts, args)
     adv = grpo.ADVANTAGES[args.adv](rewards, groups(rollouts))                       # [B]
+    if args.allocation == "vigor" and args.vigor_weight == "prompt":   # each prompt weighs as one
+        adv = adv * torch.tensor(vigor.prompt_weights(rollouts), dtype=adv.dtype)
     for r, reward, a in zip(rollouts, rewards.tolist(), adv.tolist()):
         r.reward = reward
         r.advantage = a
-    return correct
+    return torch.tensor([r.correct for r in rollouts])
 
 
 def groups(rollouts) -> torch.Tensor:
@@ -248,11 +272,11 @@ def generate(engine, prompts, args: Args, *, step: int, rank: int, round_: int, 
     """1. `group_size` completions per prompt, or VIGOR's variance-guided group sizes at the same
     budget (its rounds seeded round_ + 1, ...; its numbers go to `metrics`), each graded once, by
     the task's rule (verify.grader)."""
-    grader = verify.grader(args.train_data)
+    grader, form = verify.grader(args.train_data), verify.format_rule(args.train_data)
     if args.allocation == "fixed":
         s = sampling(args, rank, step, round_)
         new = engine.generate(prompts, args.group_size, s, version=step)
-        grade(new, grader)
+        grade(new, grader, form)
         return new
     budget = (args.vigor_budget or args.prompts_per_step * args.group_size) // world   # this rank's
 
@@ -260,9 +284,10 @@ def generate(engine, prompts, args: Args, *, step: int, rank: int, round_: int, 
         return sampling(args, rank, step, round_ + k)
 
     new, _ = vigor.vigor_generate(engine, prompts, sampling_for, step,
-                                  lambda rollouts: grade(rollouts, grader),
+                                  lambda rollouts: grade(rollouts, grader, form),
                                   n_init=args.vigor_n_init, n_step=args.vigor_n_step,
-                                  top=args.vigor_top, budget=budget, metrics=metrics)
+                                  top=args.vigor_top, budget=budget, rank=args.vigor_rank,
+                                  prior=args.vigor_prior, metrics=metrics)
     return new
 
 

@@ -1,16 +1,29 @@
 """VIGOR: variance-guided rollout allocation, at the fixed allocation's budget.
 
-    python train.py --preset vigor          # 2 completions each, then 2 more to the 16 most varied
+    python train.py --preset vigor          # 2 completions each, then more where they inform most
 
 The reading of the paper and its choices are `vigor_generate`'s docstring; the loop calls it in
 place of one `engine.generate(prompts, group_size, ...)` (train.generate), and everything after it
-(scoring, advantages of variable-size groups, the normaliser, replay) takes its groups as they come.
+(scoring, advantages of variable-size groups, the normaliser, replay) takes its groups as they come;
+with `--vigor-weight prompt` train.score scales each rollout's advantage by `prompt_weights`.
+
+The readings behind flags (--vigor-rank, --vigor-prior, --vigor-weight, and screening more prompts
+at the same --vigor-budget) were compared on the dev split (bench/compare.py --experiment vigor);
+the flags' defaults are the dev's choice: marginal, prior 1, rollout weight (its mean final dev
+accuracy tied with screening twice the prompts; ties go to the first listed). vigor_generate's
+own defaults (variance, prior 0) are the first reading, kept for its tests. Why the readings
+matter: with prior 0 and n_init 2 a prompt's variance is 0 with probability >= 1/2 even at p =
+1/2, and such a prompt never gets another completion; with most prompts excluded, `top` ranks
+nothing and the budget goes in large groups to a few prompts (28 on the built-in task).
 """
 import collections
+import heapq
 
 from rollout import Prompt, Rollout
 
 ALLOCATIONS = ("fixed", "vigor")
+RANKS = ("variance", "marginal")
+WEIGHTS = ("rollout", "prompt")
 
 
 def group_variance(rollouts: list[Rollout]) -> dict[int, float]:
@@ -22,43 +35,107 @@ def group_variance(rollouts: list[Rollout]) -> dict[int, float]:
             for pid, rs in by_prompt.items()}
 
 
+def smoothed_variance(rollouts: list[Rollout], prior: float) -> tuple[dict, dict]:
+    """({prompt_id: n_q}, {prompt_id: sigma_q^2}) with a Beta(prior, prior) prior on each prompt's
+    success rate: after s_q right of n_q,
+
+        p_q = (s_q + prior) / (n_q + 2 prior)   (the posterior mean),   sigma_q^2 = p_q (1 - p_q)
+
+    so 0 right of 2 with prior 1 is p = 1/4, sigma^2 = 3/16, not a verdict of 0; prior 0 is the
+    empirical p(1 - p), which is group_variance for 0/1 verdicts."""
+    n, s = collections.Counter(), collections.Counter()
+    for r in rollouts:
+        n[r.prompt_id] += 1
+        s[r.prompt_id] += r.correct
+    p = {q: (s[q] + prior) / (n[q] + 2 * prior) for q in n}
+    return dict(n), {q: p[q] * (1 - p[q]) for q in n}
+
+
+def by_variance(prompts, n, var, top: int, n_step: int, left: int) -> list[Prompt]:
+    """--vigor-rank variance: the `top` prompts of highest sigma^2 (> 0 only; ties: prompt order)
+    get n_step more each, the last one cut to fit `left`."""
+    ranked = sorted((p for p in prompts if var[p.prompt_id] > 0), key=lambda p: -var[p.prompt_id])
+    extra = []
+    for p in ranked[:top]:
+        extra += [p] * min(n_step, left - len(extra))
+        if len(extra) == left:
+            break
+    return extra
+
+
+def by_marginal_gain(prompts, n, var, top: int, n_step: int, left: int) -> list[Prompt]:
+    """--vigor-rank marginal: the round's min(top x n_step, left) completions one at a time, each to
+    the prompt whose next completion most reduces sum_q sigma_q^2 / n_q (the variance of the batch's
+    per-prompt mean estimates):
+
+        gain_q = sigma_q^2 / n_q - sigma_q^2 / (n_q + 1) = sigma_q^2 / (n_q (n_q + 1))
+
+    with n_q counting the completions already given in this round (sigma_q^2 stays as it is until
+    they are graded). Greedy on this separable convex objective is its optimum for the round, and
+    the optimum of sum sigma^2 / n at a fixed total is Neyman's n_q ∝ sigma_q. A prompt may get
+    several in one round; gain 0 (sigma^2 = 0, only without a prior) gets none. Ties: prompt
+    order."""
+    heap = [(-var[p.prompt_id] / (n[p.prompt_id] * (n[p.prompt_id] + 1)), i, n[p.prompt_id])
+            for i, p in enumerate(prompts)]
+    heapq.heapify(heap)
+    chosen = []
+    while len(chosen) < min(top * n_step, left) and heap and heap[0][0] < 0:
+        _, i, count = heapq.heappop(heap)
+        chosen.append(i)
+        q = prompts[i].prompt_id
+        heapq.heappush(heap, (-var[q] / ((count + 1) * (count + 2)), i, count + 1))
+    return [prompts[i] for i in sorted(chosen)]      # one engine call, grouped by prompt
+
+
+def prompt_weights(rollouts: list[Rollout]) -> list[float]:
+    """--vigor-weight prompt: each rollout's weight n_mean / n_q (n_q its prompt's group size,
+    n_mean the mean group size), so every prompt's rollouts weigh n_mean in all, as a fixed group
+    does, whatever its size; the weights sum to the number of rollouts. train.score multiplies the
+    advantages by them (--vigor-weight rollout: all 1, a prompt weighs as many rollouts as it
+    got)."""
+    count = collections.Counter(r.prompt_id for r in rollouts)
+    mean = len(rollouts) / len(count)
+    return [mean / count[r.prompt_id] for r in rollouts]
+
+
 def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, grade, *, n_init: int,
-                   n_step: int, top: int, budget: int, metrics=None) -> tuple[list[Rollout], dict]:
+                   n_step: int, top: int, budget: int, rank: str = "variance", prior: float = 0.0,
+                   metrics=None) -> tuple[list[Rollout], dict]:
     """VIGOR's variance-guided allocation. The paper was not available; this is the reading of its
     abstract ("begins with a small number of rollouts for all examples in a batch and iteratively
     allocates additional rollouts to those with the highest group reward variance until a fixed
     total rollout budget is reached"):
 
         round 0:  every prompt gets n_init completions;
-        round k:  the `top` prompts with the highest reward variance (population variance of their
-                  group so far, > 0 only: a prompt whose completions all agree gets no more) get
-                  n_step more each, in one engine call; the last round is cut to fit, so exactly
-                  `budget` completions are generated in all (fewer only when every prompt's variance
-                  is 0: nothing is left to learn from them this step).
+        round k:  with sigma_q^2 each prompt's reward variance so far (smoothed_variance: a
+                  Beta(prior, prior) prior on its success rate; prior 0 = the empirical one),
+                  --vigor-rank variance: the `top` prompts of highest sigma^2 (> 0 only) get
+                  n_step more each (by_variance); marginal: top x n_step completions go one by one
+                  to the largest gain in sum_q sigma_q^2 / n_q (by_marginal_gain); in one engine
+                  call; the last round is cut to fit, so exactly `budget` completions are generated
+                  in all (fewer only when every sigma^2 is 0, possible only with prior 0).
+
+    The readings and the defaults: the module docstring.
 
     `sampling_for(k)` is round k's Sampling (its own seed); `grade(rollouts)` sets each one's
     r.correct (the variance is of those verdicts). A prompt's completions keep its prompt_id, so its
     whole variable-size group is one GRPO group. Returns (rollouts grouped by prompt in prompt
     order, stats); with `metrics` (a metrics.Metrics) the stats are also reported there, each with
     how it combines over ranks."""
+    if rank not in RANKS:
+        raise ValueError(f"VIGOR: rank must be one of {', '.join(RANKS)}, got {rank!r}")
     if budget < n_init * len(prompts):
         raise ValueError(f"VIGOR: budget {budget} < n_init {n_init} x {len(prompts)} prompts")
     out = engine.generate(prompts, n_init, sampling_for(0), version=version)
     grade(out)
     zero_before = sum(v == 0 for v in group_variance(out).values()) / len(prompts)
+    allocate = by_variance if rank == "variance" else by_marginal_gain
     rounds = 0
     while len(out) < budget:
-        var = group_variance(out)
-        with_variance = (p for p in prompts if var[p.prompt_id] > 0)
-        ranked = sorted(with_variance, key=lambda p: -var[p.prompt_id])[:top]
-        if not ranked:
+        n, var = smoothed_variance(out, prior)
+        extra = allocate(prompts, n, var, top, n_step, budget - len(out))
+        if not extra:
             break
-        left, extra = budget - len(out), []
-        # n_step each, highest variance first, the last one cut
-        for p in ranked:
-            extra += [p] * min(n_step, left - len(extra))
-            if len(extra) == left:
-                break
         rounds += 1
         new = engine.generate(extra, 1, sampling_for(rounds), version=version)
         grade(new)

@@ -1,14 +1,19 @@
-"""Make the built-in tiny model: a character-level tokenizer, a small Qwen2 config, and a short supervised warm start.
+"""Make the built-in tiny model: a character-level tokenizer, a small Qwen2 config, and a short
+supervised warm start.
 
-    python assets/make_tiny_model.py                 # rewrites assets/tiny-arith (about a minute on 2 cores)
-    python assets/make_tiny_model.py --task steps    # rewrites assets/tiny-steps (the step-by-step task)
+    python assets/make_tiny_model.py                 # rewrites assets/tiny-arith
+                                                     # (about a minute on 2 cores)
+    python assets/make_tiny_model.py --task steps    # rewrites assets/tiny-steps
+                                                     # (the step-by-step task)
 
-The result is a standard Hugging Face directory (config.json, tokenizer.json, model.safetensors) that loads with
-`AutoModelForCausalLM.from_pretrained` like any real model, so the trainer has one code path for both.
+The result is a standard Hugging Face directory (config.json, tokenizer.json, model.safetensors)
+that loads with `AutoModelForCausalLM.from_pretrained` like any real model, so the trainer has one
+code path for both.
 
-The warm start is deliberately short: supervised training on the built-in arithmetic task (loss on the answer tokens
-only) is stopped after a fixed number of steps, when greedy held-out accuracy is well above zero but far from solved,
-leaving room for RL to show. Seeded: the same command gives the same weights on the same machine.
+The warm start is deliberately short: supervised training on the built-in arithmetic task (loss on
+the answer tokens only) is stopped after a fixed number of steps, when greedy held-out accuracy is
+well above zero but far from solved, leaving room for RL to show. Seeded: the same command gives the
+same weights on the same machine.
 
 --task steps: the same tokenizer and architecture, warm-started on data.py's second built-in task
 (5-6 operands), answers worked one operation at a time:
@@ -41,34 +46,38 @@ STEPS_SFT_STEPS = 320        # --task steps: supervised steps (30.2% greedy held
 
 
 def make_tokenizer():
-    """Character level: printable ASCII and newline (ids 0..95), plus EOS (96) and PAD (97). Enough for arithmetic
-    and for LaTeX answers.
+    """Character level: printable ASCII and newline (ids 0..95), plus EOS (96) and PAD (97). Enough
+    for arithmetic and for LaTeX answers.
 
-    A Qwen2Tokenizer with the characters as its vocabulary and no merges (one token per character). transformers 5
-    gives a `qwen2` model's directory a Qwen2Tokenizer whatever tokenizer_config.json names, and that class always
-    byte-level maps the text before the lookup (space -> 'Ġ', newline -> 'Ċ', the other printable characters to
-    themselves): so the vocabulary is written in that form, and space and newline reach their ids instead of being
-    dropped. The script, the trainer (rollout.load_model), vLLM and plain `AutoTokenizer` then all use this one class
-    with these same ids."""
+    A Qwen2Tokenizer with the characters as its vocabulary and no merges (one token per character).
+    transformers 5 gives a `qwen2` model's directory a Qwen2Tokenizer whatever tokenizer_config.json
+    names, and that class always byte-level maps the text before the lookup (space -> 'Ġ',
+    newline -> 'Ċ', the other printable characters to themselves): so the vocabulary is written in
+    that form, and space and newline reach their ids instead of being dropped. The script, the
+    trainer (rollout.load_model), vLLM and plain `AutoTokenizer` then all use this one class with
+    these same ids."""
     from transformers import Qwen2Tokenizer
     byte_level = {" ": "\u0120", "\n": "\u010a"}
     chars = [chr(i) for i in range(32, 127)] + ["\n"]
     vocab = {byte_level.get(c, c): i for i, c in enumerate(chars)}
-    return Qwen2Tokenizer(vocab=vocab, merges=[], eos_token=EOS, pad_token=PAD, model_max_length=256)
+    return Qwen2Tokenizer(vocab=vocab, merges=[], eos_token=EOS, pad_token=PAD,
+                          model_max_length=256)
 
 
 def make_model(vocab_size: int, seed: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, rope_theta=10000.0)
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=128, intermediate_size=384,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0)
     return Qwen2ForCausalLM(cfg)
 
 
-# task -> (train examples, test examples, supervised target of an example, greedy eval's max new tokens)
+# task -> (train examples, test examples, supervised target of an example,
+# greedy eval's max new tokens)
 TASKS = {
-    "arith": (lambda seed: data.arithmetic_examples("train", seed=seed), lambda: data.arithmetic_examples("test", 500),
+    "arith": (lambda seed: data.arithmetic_examples("train", seed=seed),
+              lambda: data.arithmetic_examples("test", 500),
               lambda ex: ex.answer, 8),
     "steps": (lambda seed: data.arithmetic_chain_examples("train", seed=seed),
               lambda: data.arithmetic_chain_examples("test", data.STEPS_TEST_SIZE),
@@ -78,7 +87,8 @@ GRADERS = {"arith": data.BUILTIN, "steps": data.STEPS}   # each task's answer ru
 
 
 def sft_batch(tok, examples, target=lambda ex: ex.answer):
-    """Prompt + target (the answer) + EOS, right padded; labels only on the target and EOS (-100 elsewhere)."""
+    """Prompt + target (the answer) + EOS, right padded; labels only on the target and EOS (-100
+    elsewhere)."""
     seqs, labels = [], []
     for ex in examples:
         p = tok.encode(data.builtin_prompt(ex.question))
@@ -93,7 +103,8 @@ def sft_batch(tok, examples, target=lambda ex: ex.answer):
 
 def greedy_completions(model, tok, examples, max_new_tokens: int = 8) -> list:
     engine = TorchEngine(model, tok)
-    prompts = [Prompt(i, tok.encode(data.builtin_prompt(e.question)), e.answer) for i, e in enumerate(examples)]
+    prompts = [Prompt(i, tok.encode(data.builtin_prompt(e.question)), e.answer)
+               for i, e in enumerate(examples)]
     return engine.generate(prompts, 1, Sampling(temperature=0, max_new_tokens=max_new_tokens))
 
 
@@ -105,18 +116,22 @@ def greedy_accuracy(model, tok, examples, max_new_tokens: int = 8, task: str = "
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", choices=tuple(TASKS), default="arith", help="arith (tiny-arith) | steps (tiny-steps)")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", choices=tuple(TASKS), default="arith",
+                    help="arith (tiny-arith) | steps (tiny-steps)")
     ap.add_argument("--out", default="", help="default: assets/tiny-arith or assets/tiny-steps")
-    ap.add_argument("--steps", type=int, default=0, help="supervised steps (the early stop that leaves headroom; "
-                    "default 400 for arith, STEPS_SFT_STEPS for steps)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="supervised steps (the early stop that leaves headroom; "
+                         "default 400 for arith, STEPS_SFT_STEPS for steps)")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = every core)")
     args = ap.parse_args()
-    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), f"tiny-{args.task}")
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        f"tiny-{args.task}")
     args.steps = args.steps or {"arith": 400, "steps": STEPS_SFT_STEPS}[args.task]
     train_of, test_of, target, max_new = TASKS[args.task]
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))

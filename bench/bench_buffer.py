@@ -3,12 +3,14 @@ same job.
 
     python bench/bench_buffer.py                    # 100k stored rollouts, k = 1000
     python bench/bench_buffer.py --n 1000000 --k 4096
-    python bench/bench_buffer.py --overhead          # add + sample per step at 10^3..10^6 stored, vs a step's time
+    python bench/bench_buffer.py --overhead          # add + sample per step at 10^3..10^6 stored,
+                                                     # vs a step's time
     python bench/bench_buffer.py --overhead --step-seconds 1.4 --sizes 1000,100000
 
-Both do one prioritized draw at a step where every stored rollout is inside the age window: filter the eligible
-rollouts (version < step, |A| > 0), give each the Efraimidis–Spirakis key E_j / |A_j|^alpha with E_j ~ Exp(1), keep
-the k smallest in order. The naive one walks the records one by one; the buffer uses its parallel numpy arrays.
+Both do one prioritized draw at a step where every stored rollout is inside the age window: filter
+the eligible rollouts (version < step, |A| > 0), give each the Efraimidis–Spirakis key
+E_j / |A_j|^alpha with E_j ~ Exp(1), keep the k smallest in order. The naive one walks the records
+one by one; the buffer uses its parallel numpy arrays.
 
 --overhead: the replay's cost per training step at a steady state of N stored rollouts, for each N
 of --sizes. Each step does what train.py does, in its order: sample(step, fresh), which draws
@@ -34,7 +36,8 @@ from rollout import Rollout  # noqa: E402
 def make_rollouts(n: int, tau_max: int, seed: int) -> list[Rollout]:
     rng = random.Random(seed)
     return [Rollout(prompt_id=i, prompt_ids=[1], completion_ids=[2, 3], logprobs=[-0.1, -0.2],
-                    advantage=rng.choice((0.0, rng.gauss(0.0, 1.0))), version=rng.randrange(tau_max + 1))
+                    advantage=rng.choice((0.0, rng.gauss(0.0, 1.0))),
+                    version=rng.randrange(tau_max + 1))
             for i in range(n)]
 
 
@@ -59,14 +62,16 @@ def median_seconds(fn, repeats: int) -> float:
 
 def steady_buffer(n: int, fresh: int, alpha: float, seed: int,
                   ratio: float = 1.0) -> tuple[RolloutReplay, int]:
-    """A buffer holding n rollouts, `fresh` per step over tau_max = n // fresh earlier steps; (buffer, next step).
-    The rollouts share their token lists (the buffer never reads them): memory is the records, not the tokens."""
+    """A buffer holding n rollouts, `fresh` per step over tau_max = n // fresh earlier steps;
+    (buffer, next step). The rollouts share their token lists (the buffer never reads them): memory
+    is the records, not the tokens."""
     tau_max = max(1, n // fresh)
     rng = random.Random(seed)
     prompt, completion, logprobs = [1], [2, 3], [-0.1, -0.2]
     step = tau_max
-    records = [Rollout(prompt_id=i % fresh, prompt_ids=prompt, completion_ids=completion, logprobs=logprobs,
-                       advantage=rng.choice((0.0, rng.gauss(0.0, 1.0))), version=step - 1 - (i // fresh) % tau_max)
+    records = [Rollout(prompt_id=i % fresh, prompt_ids=prompt, completion_ids=completion,
+                       logprobs=logprobs, advantage=rng.choice((0.0, rng.gauss(0.0, 1.0))),
+                       version=step - 1 - (i // fresh) % tau_max)
                for i in range(n)]
     replay = RolloutReplay(tau_max=tau_max, alpha=alpha, seed=seed, ratio=ratio)
     replay.add(records, step=step)
@@ -81,7 +86,8 @@ def overhead_per_step(n: int, fresh: int, replay_ratio: float, alpha: float, rep
     t_sample, t_add, sizes = [], [], []
     for s in range(step, step + repeats):
         new = [Rollout(prompt_id=i, prompt_ids=[1], completion_ids=[2, 3], logprobs=[-0.1, -0.2],
-                       advantage=rng.choice((0.0, rng.gauss(0.0, 1.0))), version=s) for i in range(fresh)]
+                       advantage=rng.choice((0.0, rng.gauss(0.0, 1.0))), version=s)
+               for i in range(fresh)]
         t0 = time.perf_counter()
         drawn = replay.sample(s, fresh)                   # round(replay_ratio x fresh), as train.py
         t1 = time.perf_counter()
@@ -101,13 +107,15 @@ def overhead_main(args) -> None:
     if not step_s:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import step_time
-        m = step_time.measure(["--threads", str(args.step_threads)] if args.step_threads else [], warmup=5, repeats=3)
-        step_s, how = m["step"], f"measured by bench/step_time.py's measure() on the built-in default " \
-                                 f"({m['threads']} threads)"
-    print(f"replay overhead per step: {args.fresh} fresh rollouts per step, replay ratio {args.replay_ratio} "
-          f"(sample {round(args.replay_ratio * args.fresh)}), alpha {args.alpha}; training step {1e3 * step_s:.0f} ms "
-          f"({how})")
-    print(f"{'stored':>9s} {'tau_max':>7s} {'sample ms':>10s} {'add ms':>8s} {'total ms':>9s} {'of a step':>9s}")
+        m = step_time.measure(["--threads", str(args.step_threads)] if args.step_threads else [],
+                              warmup=5, repeats=3)
+        step_s, how = m["step"], (f"measured by bench/step_time.py's measure() on the built-in "
+                                  f"default ({m['threads']} threads)")
+    print(f"replay overhead per step: {args.fresh} fresh rollouts per step, replay ratio "
+          f"{args.replay_ratio} (sample {round(args.replay_ratio * args.fresh)}), "
+          f"alpha {args.alpha}; training step {1e3 * step_s:.0f} ms ({how})")
+    print(f"{'stored':>9s} {'tau_max':>7s} {'sample ms':>10s} {'add ms':>8s} {'total ms':>9s} "
+          f"{'of a step':>9s}")
     for n in args.sizes:
         r = overhead_per_step(n, args.fresh, args.replay_ratio, args.alpha, args.repeats)
         print(f"{r['size']:9.0f} {r['tau_max']:7d} {1e3 * r['sample']:10.2f} {1e3 * r['add']:8.2f} "
@@ -116,19 +124,26 @@ def overhead_main(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--overhead", action="store_true", help="sample + add per step at --sizes, vs a step's time")
+    p.add_argument("--overhead", action="store_true",
+                   help="sample + add per step at --sizes, vs a step's time")
     p.add_argument("--sizes", type=lambda s: [int(float(x)) for x in s.split(",")],
-                   default=[1_000, 10_000, 100_000, 1_000_000], help="--overhead: stored rollouts (comma-separated)")
-    p.add_argument("--fresh", type=int, default=512, help="--overhead: fresh rollouts per step (64 prompts x 8)")
-    p.add_argument("--replay-ratio", type=float, default=0.5, help="--overhead: replayed per fresh rollout")
+                   default=[1_000, 10_000, 100_000, 1_000_000],
+                   help="--overhead: stored rollouts (comma-separated)")
+    p.add_argument("--fresh", type=int, default=512,
+                   help="--overhead: fresh rollouts per step (64 prompts x 8)")
+    p.add_argument("--replay-ratio", type=float, default=0.5,
+                   help="--overhead: replayed per fresh rollout")
     p.add_argument("--step-seconds", type=float, default=0.0,
-                   help="--overhead: a training step's time (0 = measure it with bench/step_time.py)")
-    p.add_argument("--step-threads", type=int, default=0, help="--overhead: torch threads of that step (0 = default)")
+                   help="--overhead: a training step's time "
+                        "(0 = measure it with bench/step_time.py)")
+    p.add_argument("--step-threads", type=int, default=0,
+                   help="--overhead: torch threads of that step (0 = default)")
     p.add_argument("--n", type=int, default=100_000, help="rollouts stored")
     p.add_argument("--k", type=int, default=1000, help="rollouts drawn per draw()")
     p.add_argument("--tau-max", type=int, default=4, help="age window; versions are spread over it")
     p.add_argument("--alpha", type=float, default=1.0, help="priority exponent")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per method (median reported)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed calls per method (median reported)")
     args = p.parse_args()
     if args.overhead:
         overhead_main(args)
@@ -137,14 +152,15 @@ def main() -> None:
     records = make_rollouts(args.n, args.tau_max, seed=0)
     replay = RolloutReplay(tau_max=args.tau_max, alpha=args.alpha, seed=0)
     replay.add(records, step=args.tau_max)
-    step = args.tau_max + 1                            # everything replayable except version 0 (age tau_max + 1)
+    # everything replayable except version 0 (age tau_max + 1)
+    step = args.tau_max + 1
     rng = random.Random(0)
     naive = naive_sample(records, args.k, step, args.tau_max, args.alpha, rng)
     assert len(replay.draw(args.k, step)) == len(naive)
 
     t_vec = median_seconds(lambda: replay.draw(args.k, step), args.repeats)
-    t_naive = median_seconds(lambda: naive_sample(records, args.k, step, args.tau_max, args.alpha, rng),
-                             args.repeats)
+    t_naive = median_seconds(
+        lambda: naive_sample(records, args.k, step, args.tau_max, args.alpha, rng), args.repeats)
     print(f"n={args.n} stored (after eviction {len(replay)}), k={args.k}, alpha={args.alpha}")
     print(f"RolloutReplay.draw    {1e3 * t_vec:9.2f} ms")
     print(f"naive Python loop     {1e3 * t_naive:9.2f} ms")

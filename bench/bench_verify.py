@@ -1,12 +1,14 @@
-"""Benchmark of verify.grade: numeric grades per second on one core (target >= 5,000/s), the slowest case, and ratios
-against baselines measured in the same process.
+"""Benchmark of verify.grade: numeric grades per second on one core (target >= 5,000/s), the slowest
+case, and ratios against baselines measured in the same process.
 
     python bench/bench_verify.py [--n 20000] [--seconds 2]
 
 Workloads (each timed for about --seconds, after a warm-up):
-  numeric/bare     the built-in task's completions: a bare integer, right or wrong ("-164" vs "-164")
+  numeric/bare     the built-in task's completions: a bare integer, right or wrong
+                   ("-164" vs "-164")
   numeric/text     the same answers inside a sentence or a box ("so the result is \\boxed{-164}.")
-  math500          MATH-500 reference solutions against their answers (long LaTeX, mostly the fractions path)
+  math500          MATH-500 reference solutions against their answers (long LaTeX, mostly the
+                   fractions path)
   symbolic         expression pairs that need the sympy worker ("(x+1)^2" vs "x^2+2x+1")
   naive baseline   response.strip() == gold.strip(), the cheapest possible "verifier"
 The process is pinned to one CPU where the OS allows it; the symbolic worker is a separate process.
@@ -34,8 +36,10 @@ def pairs_numeric(n: int, rng: random.Random, wrapped: bool) -> list[tuple[str, 
         gold = examples[k % len(examples)].answer
         answer = gold if rng.random() < 0.5 else str(int(gold) + rng.choice([-2, -1, 1, 10]))
         if wrapped:
-            answer = rng.choice([f"so the result is \\boxed{{{answer}}}.", f"The answer is {answer}.",
-                                 f"{examples[k % len(examples)].question}={answer}", f"$x = {answer}$"])
+            answer = rng.choice([f"so the result is \\boxed{{{answer}}}.",
+                                 f"The answer is {answer}.",
+                                 f"{examples[k % len(examples)].question}={answer}",
+                                 f"$x = {answer}$"])
         out.append((answer, gold))
     return out
 
@@ -46,13 +50,15 @@ def pairs_math500() -> list[tuple[str, str]]:
     return [(r["solution"], r["answer"]) for r in rows]
 
 
-SYMBOLIC = [("(x+1)^2", "x^2+2x+1"), ("\\frac{x}{7}+\\frac{2}{7}", "\\frac{x+2}{7}"), ("\\sec^2(y)", "\\tan^2(y)+1"),
-            ("2x+4y-3=0", "y=-\\frac{1}{2}x+\\frac{3}{4}"), ("x^3+2x+1", "x^2+2x+1"), ("3\\sqrt{13}", "\\sqrt{117}"),
+SYMBOLIC = [("(x+1)^2", "x^2+2x+1"), ("\\frac{x}{7}+\\frac{2}{7}", "\\frac{x+2}{7}"),
+            ("\\sec^2(y)", "\\tan^2(y)+1"), ("2x+4y-3=0", "y=-\\frac{1}{2}x+\\frac{3}{4}"),
+            ("x^3+2x+1", "x^2+2x+1"), ("3\\sqrt{13}", "\\sqrt{117}"),
             ("1 \\pm \\sqrt{19}", "\\{1+\\sqrt{19}, 1-\\sqrt{19}\\}"), ("x \\geq 5", "5 \\le x")]
 
 
 def rate(fn, pairs: list, seconds: float, slowest: list) -> float:
-    """Calls per second of fn over the pairs (cycled) for about `seconds`; records the slowest single call."""
+    """Calls per second of fn over the pairs (cycled) for about `seconds`; records the slowest
+    single call."""
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         verify.normalize.cache_clear()                      # every cycle pays for every pair again
@@ -71,16 +77,18 @@ def naive(response: str, gold: str) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--n", type=int, default=20_000, help="numeric pairs per workload")
     parser.add_argument("--seconds", type=float, default=2.0, help="time per workload")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     rng = random.Random(0)
-    bare, wrapped = pairs_numeric(args.n, rng, wrapped=False), pairs_numeric(args.n, rng, wrapped=True)
+    bare, wrapped = (pairs_numeric(args.n, rng, wrapped=False),
+                     pairs_numeric(args.n, rng, wrapped=True))
     math500 = pairs_math500()
-    for response, gold in bare[:200] + wrapped[:200] + math500[:50] + SYMBOLIC:    # warm-up, boots the worker
+    # warm-up, boots the worker
+    for response, gold in bare[:200] + wrapped[:200] + math500[:50] + SYMBOLIC:
         verify.grade(response, gold)
     verify.reset_stats()
 
@@ -91,7 +99,8 @@ def main() -> None:
             ("math500", rate(verify.grade, math500, args.seconds, slowest)),
             ("symbolic", rate(verify.grade, SYMBOLIC, args.seconds, slowest))]
     base, fast = rows[0][1], rows[1][1]
-    print(f"verify.grade on one core ({'pinned' if hasattr(os, 'sched_setaffinity') else 'not pinned'}), "
+    print(f"verify.grade on one core "
+          f"({'pinned' if hasattr(os, 'sched_setaffinity') else 'not pinned'}), "
           f"~{args.seconds:g} s per workload")
     print(f"{'workload':16} {'grades/s':>12} {'x naive':>10} {'x numeric/bare':>15}")
     for name, r in rows:

@@ -13,8 +13,13 @@ The protocol, the same for every experiment and every arm:
 2. **Choose.** The lr whose final `eval/dev_accuracy`, averaged over the sweep seeds, is highest;
    equal means go to the larger lr. When that is the grid's smallest or largest lr, the next one
    on the half-decade ladder past it is swept too (1e-5 below 3e-5, 1e-3 above 3e-4; EXTEND at
-   most, past_edge), so that no choice is an artefact of where the grid stops. No other per-arm tuning: an arm's flags are its paper's (its
-   preset) and what the experiment holds equal.
+   most, past_edge), so that no choice is an artefact of where the grid stops. No other per-arm
+   tuning: an arm's flags are its paper's (its preset) and what the experiment holds equal.
+   Readings of one method (`Setting.readings`: arms that differ only in how the method is read)
+   are then chosen among the same way: the one whose mean final dev accuracy at its own chosen lr
+   is highest (ties: the first listed), among those that keep `Setting.band` (a metric's largest
+   value over every step of those sweep runs under a stated bound) when there is one; only that
+   one is reported (choose_reading).
 3. **Report.** The arm at its chosen lr with fresh seeds REPORT_SEEDS, evaluated on the test split
    only. Then EXTRA_SEEDS for every arm whose final accuracy is within 2 standard errors of the
    baseline's (and for the baseline): at least 5 seeds where arms are within the noise.
@@ -27,9 +32,10 @@ diagnostics), sweep.md (every arm x lr: final dev accuracy per seed, the chosen 
 accuracy.png (test accuracy against the setting's x-axis and wall time: mean over seeds, band
 min..max), sweep.png and summary.json; OUT/README.md collects the experiment's claim, what it
 holds equal and every setting's table. The runs go to RUNS/<setting>/{sweep,report}/ARM/ (RUNS =
-runs/experiments/NAME by default, OUT/runs with --out); a run keeps its run.log, metrics.jsonl, updates.jsonl and
-samples.jsonl (its checkpoints are deleted once it is done). Runs are `python train.py ...` in subprocesses (in-process
-`train.main` under --quick); a finished run (its `done` file) is reused.
+runs/experiments/NAME by default, OUT/runs with --out); a run keeps its run.log, metrics.jsonl,
+updates.jsonl and samples.jsonl (its checkpoints are deleted once it is done). Runs are `python
+train.py ...` in subprocesses (in-process `train.main` under --quick); a finished run (its `done`
+file) is reused.
 """
 import contextlib
 import json
@@ -74,6 +80,11 @@ class Setting:
     sweep: tuple[str, ...] = ()                # extra flags for the sweep runs (e.g. fewer steps)
     diagnostics: tuple[tuple[str, str], ...] = ()   # (column, metrics.jsonl key): mean over steps
     eval_size: int = 500                       # prompts per eval: dev (sweep) and test (report)
+    readings: tuple[tuple[str, ...], ...] = ()  # readings of one method (choose_reading)
+    band: tuple[str, float] | None = None      # (metrics key, max over steps) a reading must keep
+    report_flags: tuple[str, ...] = ()         # extra flags for the reported runs (e.g. mean@k)
+    finals: tuple[tuple[str, str], ...] = ()   # (column, metrics key): its last value, per run
+    min_seeds: int = 3                         # reported seeds at least (5: REPORT + EXTRA_SEEDS)
 
 
 @dataclass(frozen=True)
@@ -107,9 +118,9 @@ def replay(quick: bool) -> Experiment:
             ("|A| sampled", "replay/abs_adv_sampled"), *DIAG)
     return Experiment(
         "replay", "rollout-level advantage-prioritized replay (arXiv 2606.04560)",
-        "replaying single rollouts drawn by |advantage| (evicted after tau_max steps) reaches plain "
-        "GRPO's accuracy with fewer fresh rollouts than GRPO and than naive uniform replay; its "
-        "metric: fresh rollouts to a target accuracy (our reading of the paper)",
+        "replaying single rollouts drawn by |advantage| (evicted after tau_max steps) reaches "
+        "plain GRPO's accuracy with fewer fresh rollouts than GRPO and than naive uniform replay; "
+        "its metric: fresh rollouts to a target accuracy (our reading of the paper)",
         "fresh rollouts per step and steps (so fresh rollouts in all); the recipe (token-mean, "
         "clip 0.2/0.28, GRPO advantages); replayed rollouts come on top (ratio 0.5, tau_max 4)",
         (Setting("arith", ARITH + size, arms, "grpo (replay recipe)", "fresh",
@@ -163,9 +174,9 @@ def mu_grpo(quick: bool) -> Experiment:
     return Experiment(
         "mu-grpo", "mu-GRPO (arXiv 2605.17570)",
         "\"under the same 4096-update training budget\", mu-GRPO at mu = 1024 updates per refresh "
-        "(clip [0, 5] and the negative-advantage veto) keeps up with GRPO at mu = 4 with 256x fewer "
-        "refreshes, where the relaxed clip without the veto collapses (our reading of its project "
-        "page; naive GRPO and M2PO at mu = 1024 are its other baselines)",
+        "(clip [0, 5] and the negative-advantage veto) keeps up with GRPO at mu = 4 with 256x "
+        "fewer refreshes, where the relaxed clip without the veto collapses (our reading of its "
+        "project page; naive GRPO and M2PO at mu = 1024 are its other baselines)",
         "total optimizer updates U, rollouts per update M, fresh rollouts U x M; mu = U/4 runs 4 "
         "stages (refreshes, weight syncs) of U/4 updates, GRPO mu = 4 runs U/4 of 4",
         (Setting("arith", ARITH + common, mu_arms(u_a, m_a, 8, False), "grpo mu=4", "updates",
@@ -203,7 +214,113 @@ def pnpo(quick: bool) -> Experiment:
                  eval_size=STEPS_EVAL),))
 
 
-EXPERIMENTS = {"replay": replay, "mu-grpo": mu_grpo, "pnpo": pnpo, "dapo": dapo}
+def vigor(quick: bool) -> Experiment:
+    steps, prompts, every = ("2", "4", "1") if quick else ("60", "32", "15")
+    budget = str(int(prompts) * 8)
+    common = ARITH + ("--steps", steps, "--prompts-per-step", prompts, "--group-size", "8",
+                      "--eval-every", every, "--replay", "none")
+    first = ("--preset", "vigor", "--vigor-rank", "variance", "--vigor-prior", "0",
+             "--vigor-weight", "rollout")
+    marginal = ("--preset", "vigor", "--vigor-rank", "marginal", "--vigor-prior", "1")
+    screen = ("--prompts-per-step", str(2 * int(prompts)), "--vigor-budget", budget)
+    readings = ("vigor marginal+prior", "vigor marginal+prior, prompt weight",
+                "vigor marginal+prior, prompt weight, 2x prompts")
+    arms = (Arm("fixed G=8", ()),
+            Arm("vigor (first reading)", first),
+            Arm(readings[0], marginal + ("--vigor-weight", "rollout")),
+            Arm(readings[1], marginal + ("--vigor-weight", "prompt")),
+            Arm(readings[2], marginal + ("--vigor-weight", "prompt") + screen))
+    diag = (("prompts with signal/step", "rollout/prompts_with_signal"),
+            ("zero-var rollouts/step", "rollout/zero_var_rollouts"),
+            ("largest group", "vigor/group_size_max"), *DIAG)
+    return Experiment(
+        "vigor", "VIGOR (variance-guided rollout allocation; abstract only)",
+        "\"reaches target accuracy with up to 2.3x fewer rollouts on math\" by starting every "
+        "prompt with a few rollouts and giving the rest of a fixed budget to those with the "
+        "highest group reward variance",
+        f"rollouts generated per step ({budget}: the fixed arm's prompts x 8) and steps; the "
+        "recipe (token-mean, clip 0.2/0.28, GRPO advantages, no replay). The readings (rank by "
+        "variance or by marginal gain in sum sigma^2/n, a Beta(1,1) prior, prompt weighting, "
+        "screening twice the prompts at the same budget) are chosen among on dev",
+        (Setting("arith", common, arms, "fixed G=8", "fresh", diagnostics=diag,
+                 readings=(readings,)),),
+        notes="x-axis: rollouts generated.")
+
+
+def headroom_drift(quick: bool) -> Experiment:
+    steps, prompts, every = ("3", "4", "1") if quick else ("60", "32", "15")
+    common = ARITH + ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every,
+                      "--tau-max", "4")
+    hd = ("--preset", "headroom-drift")
+    # the first reading's absolute gate 0.25 = 1.12 x the nearer clip bound -log(0.8) = 0.223
+    readings = ("hd stored p(1-p), gate 1.12 (first reading)", "hd stored p(1-p), gate 0.5",
+                "hd current p(1-p), gate 0.5")
+    arms = (Arm("grpo (replay recipe)", ("--replay", "none")),
+            Arm("naive-replay", ("--preset", "naive-replay")),
+            Arm(readings[0], hd + ("--hd-headroom", "variance", "--hd-drift-frac", "1.12")),
+            Arm(readings[1], hd + ("--hd-headroom", "variance", "--hd-drift-frac", "0.5")),
+            Arm(readings[2], hd + ("--hd-headroom", "current", "--hd-drift-frac", "0.5")))
+    k = "2" if quick else "8"
+    mean_at_k = ("--eval-benchmarks", "builtin", "--eval-k", k, "--eval-temperature", "1.0")
+    diag = (("replayed/step", "replay/sampled"), ("groups/step", "replay/groups"),
+            ("gated frac", "replay/drift_gated_frac"), ("drift", "replay/drift_mean"),
+            ("headroom", "replay/headroom_mean"),
+            ("stored headroom", "replay/headroom_stored_mean"),
+            ("replay age", "replay/age_mean"), *DIAG)
+    return Experiment(
+        "headroom-drift", "Headroom-Drift group replay (abstract only)",
+        "\"Headroom ranks stored groups by remaining learning value, while Drift gates them by "
+        "compatibility with the current policy. The fresh on-policy stream remains unchanged\"; "
+        "it reports Avg Mean@32 against GRPO and naive replay",
+        "the fresh stream (prompts per step x 8, steps) and the recipe (token-mean, clip "
+        "0.2/0.28); replayed groups come on top. The readings (headroom fixed at generation or "
+        "re-scored by the current policy; the gate as a fraction of the clip range) are chosen "
+        f"among on dev; greedy test accuracy beside mean@{k} at temperature 1",
+        (Setting("arith", common, arms, "grpo (replay recipe)", "fresh", diagnostics=diag,
+                 readings=(readings,), report_flags=mean_at_k,
+                 finals=((f"mean@{k} T=1", f"eval/builtin/mean@{k}"),), min_seeds=5),),
+        notes="5 seeds reported for every arm.")
+
+
+def r2po_exp(quick: bool) -> Experiment:
+    # R²PO: cycles of H head loop steps then P policy loop steps (official: about 20 then 20-40)
+    h, p, cycles, prompts = (1, 1, 2, "4") if quick else (8, 10, 4, "32")
+    loop, policy = (h + p) * cycles, p * cycles
+    common = ARITH + ("--prompts-per-step", prompts, "--group-size", "8", "--replay", "none",
+                      "--temperature", "0.9", "--reward", "correct+format", "--reward-wrong", "-1")
+
+    def size(n):
+        return ("--steps", str(n), "--eval-every", str(max(1, n // 4)))
+
+    head_lrs = ("1e-3", "1e-4") if quick else ("1e-2", "1e-3", "1e-4")
+    r2 = ("--preset", "r2po", "--r2po-schedule", f"{h},{p}", "--r2po-kl-anchor", "initial")
+    readings = tuple(f"r2po head lr {x}" for x in head_lrs)
+    arms = (Arm(f"grpo {policy} steps (equal policy updates)", size(policy)),
+            Arm(f"grpo {loop} steps (equal rollouts)", size(loop)),
+            *(Arm(n, r2 + size(loop) + ("--r2po-head-lr", x)) for n, x in zip(readings, head_lrs)))
+    band = 0.1
+    diag = (("distinct answers", "rollout/distinct_answers"),
+            ("format errors", "rollout/format_error"),
+            ("head KL (current)", "r2po/head_kl_current"),
+            ("head KL (initial)", "r2po/head_kl"), *DIAG)
+    return Experiment(
+        "r2po", "R²PO (arXiv 2601.11960; official code RRPO-ARR/Code)",
+        "training rollouts sampled from a residual rollout head (base logits + a low-rank head on "
+        "the last hidden state, trained for rare outcomes) explore more, and the deployed base "
+        "policy, trained on them, ends more accurate than GRPO",
+        f"the reward (correct ±1, format +1.25/-1: four outcome classes), temperature 0.9, G = 8, "
+        f"prompts per step; R²PO runs {cycles} cycles of {h} head then {p} policy loop steps "
+        f"({loop} steps, {policy} policy updates; head rollouts counted on the x-axis): against "
+        f"GRPO at equal policy updates ({policy} steps) and at equal rollouts ({loop} steps). The "
+        f"head lr is chosen on dev among {', '.join(head_lrs)} with the head's KL to the current "
+        f"base (r2po/head_kl_current) at most {band:g} at every step",
+        (Setting("arith", common, arms, f"grpo {loop} steps (equal rollouts)", "fresh",
+                 diagnostics=diag, readings=(readings,), band=("r2po/head_kl_current", band)),),
+        notes="KL anchor: the initial model (official).")
+
+
+EXPERIMENTS = {"replay": replay, "mu-grpo": mu_grpo, "pnpo": pnpo, "dapo": dapo, "vigor": vigor,
+               "headroom-drift": headroom_drift, "r2po": r2po_exp}
 
 
 # ---- running ----------------------------------------------------------------------------------
@@ -255,15 +372,31 @@ def load(run_dir: Path, metric: str, keys: tuple[str, ...]) -> dict:
     steps = [r for r in rows if r["step"] > 0]
     means = {k: statistics.mean(r[k] for r in steps if k in r) if any(k in r for r in steps)
              else None for k in keys}
+    maxima = {k: max(r[k] for r in steps if k in r) if any(k in r for r in steps) else None
+              for k in keys}
+    last = {k: next((r[k] for r in reversed(rows) if k in r), None) for k in keys}
     return {"curve": curve, "final": curve[-1][4], "start": curve[0][4],
             "len_start": steps[0].get("response/len_mean"), "len_end":
             steps[-1].get("response/len_mean"), "refreshes": len(steps), "updates": updates,
-            "fresh": fresh, "wall": wall, "gen": gen, "upd": upd, "means": means}
+            "fresh": fresh, "wall": wall, "gen": gen, "upd": upd, "means": means,
+            "maxima": maxima, "last": last}
 
 
 def choose(sweep: dict[float, list[float]]) -> float:
     """The lr with the highest mean final dev accuracy; equal means go to the larger lr."""
     return max(sweep, key=lambda lr: (round(statistics.mean(sweep[lr]), 9), lr))
+
+
+def choose_reading(names: tuple[str, ...], sweep: dict, chosen: dict,
+                   maxima: dict | None = None, bound: float | None = None) -> str:
+    """Of arms `names` (readings of one method), the one with the highest mean final dev accuracy
+    at its own chosen lr (ties: the first listed); with `bound`, only among those whose `maxima`
+    (the band metric's largest value over the steps of its chosen-lr sweep runs) is <= bound, or
+    the one with the smallest when none is."""
+    ok = [n for n in names if bound is None or (maxima[n] is not None and maxima[n] <= bound)]
+    if not ok:
+        return min(names, key=lambda n: (maxima[n] is None, maxima[n] or 0.0))
+    return max(ok, key=lambda n: (round(statistics.mean(sweep[n][chosen[n]]), 9), -names.index(n)))
 
 
 def past_edge(sweep: dict[float, list[float]]) -> float | None:
@@ -319,13 +452,13 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     def argv(arm, lr, seed, split):
         sizes = ("--dev-size", dev, "--eval-size", "0") if split == "dev" else (
             "--dev-size", "0", "--eval-size", test)
-        extra = s.sweep if split == "dev" else ()
+        extra = s.sweep if split == "dev" else s.report_flags
         return [*s.flags, *arm.flags, *extra, "--lr", f"{lr:g}", "--seed", str(seed), *sizes]
 
     def sweep_dir(arm, lr, seed):
         return base / "sweep" / slug(arm.name) / f"lr-{lr:g}" / f"seed-{seed}"
 
-    keys = tuple(k for _, k in s.diagnostics)
+    keys = tuple(k for _, k in s.diagnostics + s.finals) + ((s.band[0],) if s.band else ())
     sweep = {a.name: {} for a in s.arms}
     todo = [(a, lr) for a in s.arms for lr in grid]
     for _ in range(1 + (0 if plan.quick else EXTEND)):     # the grid, then past its edge
@@ -336,27 +469,36 @@ def run_setting(s: Setting, plan: Plan) -> dict:
                                  for sd in sweep_seeds]
         todo = [(a, lr) for a in s.arms if (lr := past_edge(sweep[a.name])) is not None]
     chosen = {a.name: choose(sweep[a.name]) for a in s.arms}
+    band = {}                                # the band metric's max at each arm's chosen lr
+    if s.band:
+        band = {a.name: max((m for sd in sweep_seeds if (m := load(
+            sweep_dir(a, chosen[a.name], sd), "eval/dev_accuracy", keys)["maxima"][s.band[0]])
+            is not None), default=None) for a in s.arms}
+    picked = {g: choose_reading(g, sweep, chosen, band, s.band and s.band[1]) for g in s.readings}
+    dropped = {n for g in s.readings for n in g if n != picked[g]}
+    arms = [a for a in s.arms if a.name not in dropped]
 
     def report_dir(arm, seed):
         return base / "report" / slug(arm.name) / f"seed-{seed}"
 
-    seeds = {a.name: list(report_seeds) for a in s.arms}
+    first = list(report_seeds) + (list(EXTRA_SEEDS) if s.min_seeds > 3 and not plan.quick else [])
+    seeds = {a.name: list(first) for a in arms}
 
     def report(names):
         plan.run_all([(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
-                      for a in s.arms if a.name in names for sd in seeds[a.name]])
+                      for a in arms if a.name in names for sd in seeds[a.name]])
         return {a.name: [load(report_dir(a, sd), "eval/accuracy", keys) for sd in seeds[a.name]]
-                for a in s.arms}
+                for a in arms}
 
     runs = report(set(seeds))
     finals = {name: [r["final"] for r in rs] for name, rs in runs.items()}
     close = [n for n in finals if n != s.baseline and within_noise(finals[n], finals[s.baseline])]
-    if close and not plan.quick:
+    if close and not plan.quick and s.min_seeds <= 3:
         for name in [*close, s.baseline]:
             seeds[name] += list(EXTRA_SEEDS)
         runs = report(set(close) | {s.baseline})
     return {"setting": s, "grid": grid, "sweep_seeds": sweep_seeds, "sweep": sweep,
-            "chosen": chosen, "runs": runs}
+            "chosen": chosen, "runs": runs, "picked": picked, "band": band}
 
 
 # ---- the tables and plots ---------------------------------------------------------------------
@@ -391,10 +533,12 @@ def table(summary: dict) -> str:
     head = (f"start (step 0, every run) {100 * start:.1f}%; target = start + {TARGET_FRAC:g} x "
             f"({s.baseline}'s gain) = {fmt(target and 100 * target, '.1f')}%")
     cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} ± SE", f"{x_name} to "
-            "target", "ratio", "wall s to target", "ratio", "length start → end", "refreshes (= syncs)",
-            "updates", "generate / update s", *(c for c, _ in s.diagnostics)]
+            "target", "ratio", "wall s to target", "ratio", "length start → end",
+            "refreshes (= syncs)",
+            "updates", "generate / update s", *(f"final {c}" for c, _ in s.finals),
+            *(c for c, _ in s.diagnostics)]
     out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for a in s.arms:
+    for a in (a for a in s.arms if a.name in runs):         # a reading not chosen is not reported
         rs, f = runs[a.name], finals[a.name]
         acc, std = mean_std(f)
         x, wall, n = to_target(rs, target, s.x) if target else (None, None, 0)
@@ -405,11 +549,16 @@ def table(summary: dict) -> str:
             if any(r[key] is not None for r in rs) else None                   # noqa: E731
         diag = [fmt(statistics.mean(r["means"][k] for r in rs) if all(
             r["means"][k] is not None for r in rs) else None, ".3g") for _, k in s.diagnostics]
+        lasts = []
+        for _, k in s.finals:
+            vals = [r["last"][k] for r in rs if r["last"][k] is not None]
+            lasts.append(f"{100 * mean_std(vals)[0]:.1f} ± {100 * mean_std(vals)[1]:.1f}"
+                         if vals else "—")
         cells = [a.name, f"{chosen[a.name]:g}", str(len(rs)), f"{100 * acc:.1f} ± {100 * std:.1f}",
                  diff, f"{fmt(x, ',.0f')} ({n}/{len(rs)})", ratio(x, b_x), fmt(wall, ".1f"),
                  ratio(wall, b_wall), f"{fmt(avg('len_start'), '.1f')} → "
                  f"{fmt(avg('len_end'), '.1f')}", f"{avg('refreshes'):.0f}",
-                 f"{avg('updates'):.0f}", f"{avg('gen'):.1f} / {avg('upd'):.1f}", *diag]
+                 f"{avg('updates'):.0f}", f"{avg('gen'):.1f} / {avg('upd'):.1f}", *lasts, *diag]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -439,6 +588,12 @@ def sweep_table(summary: dict) -> str:
                 cell = f"**{cell}**{edge}"
             cells.append(cell)
         out.append(f"| {a.name} | " + " | ".join(cells) + " |")
+    for group, pick in summary.get("picked", {}).items():
+        rule = "the best mean final dev accuracy at its own chosen lr"
+        if s.band:
+            maxima = ", ".join(f"{n} {fmt(summary['band'][n], '.3g')}" for n in group)
+            rule += f", among those whose {s.band[0]} stayed <= {s.band[1]:g} ({maxima})"
+        out.append(f"\nReadings {'; '.join(group)}: **{pick}** reported ({rule}).")
     return "\n".join(out) + "\n"
 
 
@@ -454,7 +609,7 @@ def plots(summary: dict, out: Path) -> bool:
     col = {"fresh": 1, "updates": 2}[s.x]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True)
     colors = plt.get_cmap("tab10").colors
-    for i, a in enumerate(s.arms):
+    for i, a in enumerate(a for a in s.arms if a.name in runs):
         rs = runs[a.name]
         n = min(len(r["curve"]) for r in rs)
         accs = [[100 * r["curve"][j][4] for r in rs] for j in range(n)]
@@ -499,7 +654,9 @@ def write_setting(summary: dict, out: Path) -> str:
             + table(summary) + "\nThe sweep:\n\n" + sweep_table(summary))
     (out / "results.md").write_text(text)
     (out / "sweep.md").write_text(sweep_table(summary))
-    data = {"chosen": summary["chosen"], "sweep": {n: {str(k): v for k, v in d.items()}
+    data = {"chosen": summary["chosen"], "picked": {" | ".join(g): p for g, p in
+                                                    summary["picked"].items()},
+            "band": summary["band"], "sweep": {n: {str(k): v for k, v in d.items()}
                                                    for n, d in summary["sweep"].items()},
             "runs": summary["runs"]}
     (out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
@@ -521,10 +678,12 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
             f"{exp.held_equal}. {exp.notes}\n\n**Protocol**: bench/experiments.py's docstring "
             f"(lr grid {', '.join(f'{x:g}' for x in (QUICK_GRID if quick else LR_GRID))}, the "
             f"best mean final dev accuracy, ties to the larger lr, up to {EXTEND} more past an "
-            f"edge; reported seeds fresh, test split).\n\n`python bench/compare.py --experiment {name}"
+            f"edge; reported seeds fresh, test split).\n\n"
+            f"`python bench/compare.py --experiment {name}"
             f"{' --quick' if quick else ''} --jobs {jobs}`: {len(set(plan.ran))} runs, "
             f"{took:.0f} s of runs ("
-            + ("in-process, one at a time" if quick else f"{jobs} at a time, {threads} thread(s) each")
+            + ("in-process, one at a time" if quick
+               else f"{jobs} at a time, {threads} thread(s) each")
             + "), "
             f"{time.perf_counter() - t0:.0f} s this call.\n\n")
     text = head + "\n".join(parts)

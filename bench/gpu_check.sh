@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# The vLLM rollout engine on a machine with a GPU, in one short run (under 8 minutes on one H200-class GPU):
-#   1. tests/test_vllm_engine.py on CUDA (log-probs = trainer's, pushed weights followed, unchanged push and sleep
-#      keep greedy output, train.py --engine vllm);
-#   2. sleep (level 1) -> wake -> push of unchanged weights leaves greedy output identical, on a ~0.5B model;
-#   3. throughput on a Qwen2-style ~0.5B model built from a config with random weights (no download): generation
-#      tokens/s, weight-sync seconds per billion parameters, training tokens/s, each for VLLMEngine next to
-#      TorchEngine on the same work. It prints a table and one JSON line.
+# The vLLM rollout engine on a machine with a GPU, in one short run
+# (under 8 minutes on one H200-class GPU):
+#   1. tests/test_vllm_engine.py on CUDA (log-probs = trainer's, pushed weights followed,
+#      unchanged push and sleep keep greedy output, train.py --engine vllm);
+#   2. sleep (level 1) -> wake -> push of unchanged weights leaves greedy output identical,
+#      on a ~0.5B model;
+#   3. throughput on a Qwen2-style ~0.5B model built from a config with random weights
+#      (no download): generation tokens/s, weight-sync seconds per billion parameters, training
+#      tokens/s, each for VLLMEngine next to TorchEngine on the same work. It prints a table and
+#      one JSON line.
 #
 #   pip install -r requirements.txt 'vllm>=0.32,<0.33'    # vllm brings its own CUDA torch
 #   bash bench/gpu_check.sh                                # on the GPU machine, from anywhere
-#   bash bench/gpu_check.sh --dry-run                      # CPU, toy sizes: checks that the script itself runs
-#                                                          # (needs vllm, e.g. the CPU build of .ci/run)
+#   bash bench/gpu_check.sh --dry-run                      # CPU, toy sizes: checks that the
+#                                                          # script itself runs (needs vllm,
+#                                                          # e.g. the CPU build of .ci/run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -26,12 +30,14 @@ problem = vllm_engine.vllm_problem()
 print("torch", torch.__version__, "| cuda", torch.version.cuda, "| GPUs", torch.cuda.device_count(),
       "|", problem or "vllm ok")
 if problem:
-    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}' (this "
-                     f"script checks the vLLM engine; without vLLM, bench/gpu_smoke.sh checks the rest)")
+    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}' "
+                     f"(this script checks the vLLM engine; without vLLM, bench/gpu_smoke.sh "
+                     f"checks the rest)")
 EOF
 
 if [ "$DRY" = 0 ]; then
-    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device (use --dry-run on CPU)')"
+    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available()
+        else 'gpu_check: no CUDA device (use --dry-run on CPU)')"
     echo "== 1. tests/test_vllm_engine.py on CUDA"
     REQUIRE_VLLM=1 timeout 240 "$PYTHON" -m pytest -q -rs tests/test_vllm_engine.py
 fi
@@ -55,8 +61,8 @@ if DRY:   # the same code at toy sizes (head_dim 32: the CPU build has no kernel
                  num_key_value_heads=2, vocab_size=1024)
     P, N, PROMPT_LEN, NEW, MB = 4, 2, 16, 8, 4
 else:     # Qwen2.5-0.5B's shape
-    shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936)
+    shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, vocab_size=151936)
     P, N, PROMPT_LEN, NEW, MB = 64, 8, 64, 256, 16
 
 
@@ -66,18 +72,20 @@ def sync():
 
 
 def make_model(path):
-    """Random weights from a config (no download) and a word-level tokenizer over the whole vocabulary."""
+    """Random weights from a config (no download) and a word-level tokenizer over the whole
+    vocabulary."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
     V = shape["vocab_size"]
-    cfg = Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=V - 2,
-                      pad_token_id=V - 1)
+    cfg = Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True,
+                      eos_token_id=V - 2, pad_token_id=V - 1)
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(cfg)
     vocab = {f"<t{i}>": i for i in range(V - 2)} | {"<eos>": V - 2, "<pad>": V - 1}
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
-                                  eos_token="<eos>", pad_token="<pad>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+        eos_token="<eos>", pad_token="<pad>")
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return model, tok
@@ -105,8 +113,8 @@ def sync_s_per_billion(engine, model, repeats=3):
 
 
 def train_tokens_per_s(model, rollouts, steps=2):
-    """Forward + backward + AdamW over the rollouts (bf16 autocast on CUDA), micro-batches of MB: the trainer's work
-    next to a resident (or sleeping) engine."""
+    """Forward + backward + AdamW over the rollouts (bf16 autocast on CUDA), micro-batches of MB:
+    the trainer's work next to a resident (or sleeping) engine."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
     times = []
@@ -116,7 +124,8 @@ def train_tokens_per_s(model, rollouts, steps=2):
         for i in range(0, len(rollouts), MB):
             b = {k: v.to(device) for k, v in collate(rollouts[i:i + MB], tok.pad_token_id).items()}
             with torch.autocast(device, dtype=torch.bfloat16, enabled=cuda):
-                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
+                logits = model(input_ids=b["input_ids"],
+                               attention_mask=b["attention_mask"]).logits[:, :-1]
             logp = grpo.token_logprobs(logits, b["input_ids"][:, 1:])
             loss = -(logp * b["completion_mask"]).sum() / max(1, len(rollouts) * NEW)
             loss.backward()
@@ -132,10 +141,12 @@ tmp = tempfile.mkdtemp()
 t0 = time.perf_counter()
 model, tok = make_model(tmp)
 n_params = sum(p.numel() for p in model.parameters())
-print(f"model: {n_params / 1e6:.0f}M parameters, random weights, built and saved in {time.perf_counter() - t0:.1f}s")
+print(f"model: {n_params / 1e6:.0f}M parameters, random weights, built and saved in "
+      f"{time.perf_counter() - t0:.1f}s")
 g = torch.Generator().manual_seed(0)
 V = shape["vocab_size"]
-prompts = [Prompt(i, torch.randint(0, V - 2, (PROMPT_LEN,), generator=g).tolist()) for i in range(P)]
+prompts = [Prompt(i, torch.randint(0, V - 2, (PROMPT_LEN,), generator=g).tolist())
+           for i in range(P)]
 s = Sampling(temperature=1.0, max_new_tokens=NEW, seed=1)
 res = {"device": torch.cuda.get_device_name() if cuda else "cpu (dry run)", "params": n_params,
        "work": f"{P} prompts x {N} completions x {NEW} new tokens, prompts of {PROMPT_LEN}"}
@@ -149,7 +160,7 @@ res["vllm_start_s"] = time.perf_counter() - t
 greedy = Sampling(temperature=0.0, max_new_tokens=min(NEW, 32))
 before = [r.completion_ids for r in engine.generate(prompts[:16], 1, greedy)]
 engine.sleep()
-engine.load_weights(model.named_parameters())        # wakes the weights, pushes, wakes the KV cache
+engine.load_weights(model.named_parameters())  # wakes the weights, pushes, wakes the KV cache
 after_push = [r.completion_ids for r in engine.generate(prompts[:16], 1, greedy)]
 engine.sleep()
 engine.wake_up()
@@ -172,7 +183,7 @@ t = time.perf_counter()
 engine.load_weights(model.named_parameters())
 sync()
 res["sync_s_per_1B"]["vllm_from_sleep"] = (time.perf_counter() - t) / (n_params / 1e9)
-engine.sleep()                                        # the trainer's phase: the engine's GPU memory freed
+engine.sleep()                                 # the trainer's phase: the engine's GPU memory freed
 res["train_tok_s"] = {"vllm_asleep": train_tokens_per_s(model, rs)}
 engine.close()
 del engine
@@ -186,13 +197,15 @@ res["sync_s_per_1B"]["torch"] = sync_s_per_billion(te, model)
 res["train_tok_s"]["torch_resident"] = train_tokens_per_s(model, rs)
 
 print(f"\n{'':34} {'VLLMEngine':>14} {'TorchEngine':>14}")
-print(f"{'generation tokens/s':34} {res['gen_tok_s']['vllm']:14.0f} {res['gen_tok_s']['torch']:14.0f}")
+print(f"{'generation tokens/s':34} {res['gen_tok_s']['vllm']:14.0f} "
+      f"{res['gen_tok_s']['torch']:14.0f}")
 print(f"{'weight sync s per 1B parameters':34} {res['sync_s_per_1B']['vllm']:14.3f} "
       f"{res['sync_s_per_1B']['torch']:14.3f}")
 print(f"{'  (vLLM: waking from sleep)':34} {res['sync_s_per_1B']['vllm_from_sleep']:14.3f}")
 print(f"{'training tokens/s':34} {res['train_tok_s']['vllm_asleep']:14.0f} "
       f"{res['train_tok_s']['torch_resident']:14.0f}")
-print(f"vLLM start {res['vllm_start_s']:.1f}s | canary logprob_diff: fp32 trainer {res['canary_fp32_trainer']:.2e}, "
+print(f"vLLM start {res['vllm_start_s']:.1f}s | canary logprob_diff: "
+      f"fp32 trainer {res['canary_fp32_trainer']:.2e}, "
       f"bf16 trainer {res['canary_bf16_trainer']:.2e} | {res['work']} | {res['device']}")
 print(json.dumps(res))
 if not res["sleep_wake_greedy_identical"]:

@@ -46,7 +46,8 @@ done
 STEPS=(env one_process torchrun_one_rank fsdp_variants model_05b suite_on_cuda)
 ONLY=${ONLY:-}
 for name in ${ONLY//,/ }; do
-    [[ " ${STEPS[*]} " == *" $name "* ]] || { echo "gpu_smoke: ONLY: no step '$name' (steps: ${STEPS[*]})" >&2; exit 2; }
+    [[ " ${STEPS[*]} " == *" $name "* ]] ||
+        { echo "gpu_smoke: ONLY: no step '$name' (steps: ${STEPS[*]})" >&2; exit 2; }
 done
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
     echo "gpu_smoke: no $PYTHON (set PYTHON=...)" >&2
@@ -70,24 +71,30 @@ CHECK=$WORK/_smoke/check.py
 DRIVER=$WORK/_smoke/driver.py
 TORCHRUN=("$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 1)
 
-# ---- sizes: the GPU's and the toy rehearsal's -----------------------------------------------------
-# every run: TorchEngine (no vLLM), the canary every step, built-in data only (nothing of ../shared).
+# ---- sizes: the GPU's and the toy rehearsal's ----------------------------------------------------
+# every run: TorchEngine (no vLLM), the canary every step, built-in data only
+# (nothing of ../shared).
 # --max-logprob-diff 10 lets a run go on past a high canary: the checks hold it to 0.1 (the default)
 COMMON=(--engine torch --check-every 1 --max-logprob-diff 10 --eval-benchmarks "")
 if [ "$TOY" = 1 ]; then
     export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     COMMON+=(--threads 1)
-    TINY=(--prompts-per-step 8 --group-size 4)      # the tiny model's steps (the GPU's: the defaults)
+    TINY=(--prompts-per-step 8 --group-size 4)  # the tiny model's steps (the GPU's: the defaults)
     EVAL=8; EVAL_SMALL=4; DEVICE=cpu; SHAPE=toy
-    BIG=(--prompts-per-step 4 --group-size 2 --max-new-tokens 8 --eval-size 4 --micro-batch-tokens 4096)
+    BIG=(--prompts-per-step 4 --group-size 2 --max-new-tokens 8 --eval-size 4
+         --micro-batch-tokens 4096)
 else
     TINY=()
     EVAL=50; EVAL_SMALL=16; DEVICE=cuda; SHAPE=05b
-    BIG=(--prompts-per-step 16 --group-size 4 --max-new-tokens 64 --eval-size 16 --micro-batch-tokens 4096)
+    BIG=(--prompts-per-step 16 --group-size 4 --max-new-tokens 64 --eval-size 16
+         --micro-batch-tokens 4096)
 fi
 
 # ---- machinery: time, commands under timeout, notes, the summary ---------------------------------
-now_us() { local t=${EPOCHREALTIME:-}; if [ -n "$t" ]; then echo "${t/[.,]/}"; else date +%s%6N; fi; }
+now_us() {
+    local t=${EPOCHREALTIME:-}
+    if [ -n "$t" ]; then echo "${t/[.,]/}"; else date +%s%6N; fi
+}
 T0_US=$(now_us)
 left() { echo $(( BUDGET - ($(now_us) - T0_US) / 1000000 )); }
 secs() { local d=$(( $(now_us) - $1 )); printf '%d.%d' $((d / 1000000)) $(((d / 100000) % 10)); }
@@ -99,7 +106,9 @@ NCMD=0
 reap() {
     local p
     for p in /proc/[0-9]*; do
-        if grep -qsxz "GPU_SMOKE_TAG=$1" "$p/environ" 2>/dev/null; then kill -9 "${p#/proc/}" 2>/dev/null; fi
+        if grep -qsxz "GPU_SMOKE_TAG=$1" "$p/environ" 2>/dev/null; then
+            kill -9 "${p#/proc/}" 2>/dev/null
+        fi
     done
 }
 
@@ -139,7 +148,8 @@ summarize() {
           cat "$WORK/_smoke/summary.log" >&2
           cat "$WORK"/*/status > "$OUT/summary.md" 2>/dev/null; }
     tar -czf "$OUT/logs.tar.gz.tmp" -C "$WORK" --exclude='*.safetensors' --exclude='*.pt' \
-        --exclude='*.distcp' --exclude='*.bin' --exclude=checkpoints --exclude=final . 2>/dev/null &&
+        --exclude='*.distcp' --exclude='*.bin' --exclude=checkpoints \
+        --exclude=final . 2>/dev/null &&
         mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"
 }
 
@@ -170,7 +180,8 @@ cuda_ok() {   # GPU mode: the GPU steps need CUDA (env's answer, else one look)
         timeout 120 "$PYTHON" -c "import torch; print(int(torch.cuda.is_available()))" \
             > "$WORK/_smoke/cuda" 2>/dev/null || echo 0 > "$WORK/_smoke/cuda"
     fi
-    [ "$(cat "$WORK/_smoke/cuda")" = 1 ] || { note "no CUDA device: not run (SMOKE_TOY=1 rehearses on the CPU)"; return 1; }
+    [ "$(cat "$WORK/_smoke/cuda")" = 1 ] ||
+        { note "no CUDA device: not run (SMOKE_TOY=1 rehearses on the CPU)"; return 1; }
 }
 
 cleanup() {   # no weights or checkpoints left behind ($OUT may be a folder with a file-count limit)
@@ -183,7 +194,8 @@ step_env() {
     local rc=0
     if command -v nvidia-smi >/dev/null 2>&1; then
         run 30 nvidia_smi nvidia-smi
-        run 30 nvidia_smi_query nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+        run 30 nvidia_smi_query nvidia-smi --query-gpu=name,memory.total,driver_version \
+            --format=csv,noheader
     else
         note "no nvidia-smi on PATH"
     fi
@@ -193,18 +205,20 @@ step_env() {
 
 step_one_process() {
     cuda_ok || return 1
-    run 150 train "$PYTHON" train.py "${COMMON[@]}" ${TINY[@]+"${TINY[@]}"} --steps 3 --eval-size "$EVAL" \
-        --out-dir "$SDIR/run"
+    run 150 train "$PYTHON" train.py "${COMMON[@]}" ${TINY[@]+"${TINY[@]}"} --steps 3 \
+        --eval-size "$EVAL" --out-dir "$SDIR/run"
     check one_process
 }
 
 step_torchrun_one_rank() {
     cuda_ok || return 1
-    local args=("${COMMON[@]}" ${TINY[@]+"${TINY[@]}"} --max-grad-norm 0.5 --save-every 2 --eval-size "$EVAL" --out-dir "$SDIR/run")
+    local args=("${COMMON[@]}" ${TINY[@]+"${TINY[@]}"} --max-grad-norm 0.5 --save-every 2
+                --eval-size "$EVAL" --out-dir "$SDIR/run")
     run 150 train "${TORCHRUN[@]}" train.py "${args[@]}" --steps 3
     # the same command again (train.main in the driver), then from_pretrained of both checkpoints
     printf 'resume %s\n' "$(printf '%q ' "${args[@]}" --steps 4 --resume auto)" > "$SDIR/runs.txt"
-    run 150 resume "${TORCHRUN[@]}" "$DRIVER" --results "$SDIR/results.jsonl" --runs "$SDIR/runs.txt" \
+    run 150 resume "${TORCHRUN[@]}" "$DRIVER" --results "$SDIR/results.jsonl" \
+        --runs "$SDIR/runs.txt" \
         --load-check "$SDIR/run/checkpoints/step_000003" "$SDIR/run/checkpoints/step_000004"
     check torchrun_one_rank
     local rc=$?
@@ -217,8 +231,10 @@ step_fsdp_variants() {
     local name args
     : > "$SDIR/runs.txt"
     while read -r name args; do     # NAME FLAGS... (quoted as bash quotes: the driver splits them)
-        printf '%s %s %s --out-dir %q\n' "$name" "$(printf '%q ' "${COMMON[@]}" ${TINY[@]+"${TINY[@]}"})" \
-            "$args --steps 2 --eval-size $EVAL_SMALL --save-every 0" "$SDIR/$name" >> "$SDIR/runs.txt"
+        printf '%s %s %s --out-dir %q\n' "$name" \
+            "$(printf '%q ' "${COMMON[@]}" ${TINY[@]+"${TINY[@]}"})" \
+            "$args --steps 2 --eval-size $EVAL_SMALL --save-every 0" "$SDIR/$name" \
+            >> "$SDIR/runs.txt"
     done <<'EOF'
 kl --kl-coef 0.05
 tis --tis-cap 2
@@ -232,7 +248,8 @@ EOF
                 --runs "$SDIR/runs_$name.txt"
         done < "$SDIR/runs.txt"
     else
-        run 300 train "${TORCHRUN[@]}" "$DRIVER" --results "$SDIR/results.jsonl" --runs "$SDIR/runs.txt"
+        run 300 train "${TORCHRUN[@]}" "$DRIVER" --results "$SDIR/results.jsonl" \
+            --runs "$SDIR/runs.txt"
     fi
     check fsdp_variants
     local rc=$?
@@ -247,11 +264,13 @@ step_model_05b() {
     args+=" --steps 2 --save-every 0"
     printf 'one %s --out-dir %q\n' "$args" "$SDIR/one" > "$SDIR/runs_one.txt"
     printf 'fsdp %s --out-dir %q\n' "$args" "$SDIR/fsdp" > "$SDIR/runs_fsdp.txt"
-    # one process: fp32 weights (autocast-bf16 on CUDA where train.py does it); the model is made first
+    # one process: fp32 weights (autocast-bf16 on CUDA where train.py does it); the model is
+    # made first
     run 240 one "$PYTHON" "$DRIVER" --make-model "$SDIR/model" --shape "$SHAPE" \
         --results "$SDIR/results.jsonl" --runs "$SDIR/runs_one.txt"
     if [ -f "$SDIR/model/config.json" ]; then
-        run 240 fsdp "${TORCHRUN[@]}" "$DRIVER" --results "$SDIR/results.jsonl" --runs "$SDIR/runs_fsdp.txt"
+        run 240 fsdp "${TORCHRUN[@]}" "$DRIVER" --results "$SDIR/results.jsonl" \
+            --runs "$SDIR/runs_fsdp.txt"
     else
         note "no model was made: the torchrun run is not started"
     fi
@@ -324,9 +343,9 @@ def make_model(path, shape):
 
 
 def load_check(dirs):
-    """Each checkpoint through plain AutoModelForCausalLM.from_pretrained (not the trainer's loader):
-    the tiny model's parameter count, finite weights and logits, moved from the tiny model's
-    weights; and how far the last moved from the first."""
+    """Each checkpoint through plain AutoModelForCausalLM.from_pretrained (not the trainer's
+    loader): the tiny model's parameter count, finite weights and logits, moved from the tiny
+    model's weights; and how far the last moved from the first."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tiny = os.path.join(ROOT, "assets", "tiny-arith")
     row = {"name": "from_pretrained", "rc": 0}
@@ -346,8 +365,10 @@ def load_check(dirs):
                 "params": sum(p.numel() for p in m.parameters()),
                 "dtype": str(next(m.parameters()).dtype),
                 "finite": logits_ok and all(bool(torch.isfinite(v).all()) for v in sd.values()),
-                "max_abs_from_tiny": max((sd[k] - v.float()).abs().max().item() for k, v in base.items())}
-        row["max_abs_first_to_last"] = max((sds[-1][k] - v).abs().max().item() for k, v in sds[0].items())
+                "max_abs_from_tiny": max((sd[k] - v.float()).abs().max().item()
+                                         for k, v in base.items())}
+        row["max_abs_first_to_last"] = max((sds[-1][k] - v).abs().max().item()
+                                           for k, v in sds[0].items())
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         row.update(rc=1, error=f"{type(e).__name__}: {e}"[:300])
@@ -493,7 +514,8 @@ def run_lines(log):
                 args = None
         m = WORLD_LINE.search(line)
         if m and args:
-            out[os.path.realpath(args["out_dir"])] = (int(m.group(1)), m.group(2), m.group(3) or "", args)
+            out[os.path.realpath(args["out_dir"])] = (int(m.group(1)), m.group(2),
+                                                      m.group(3) or "", args)
     return out
 
 
@@ -506,31 +528,36 @@ def train_run(st, key, out_dir, log, steps, first=1, canary_max=CANARY_MAX, worl
         n["world"], n["device"], n["precision"], args = info
         n["precision"] = n["precision"] or "(not printed)"
         st.check(n["world"] == world, f"{key or 'run'}: world size {n['world']}, not {world}")
-        st.check(n["device"].split(":")[0] == DEVICE, f"{key or 'run'}: device {n['device']}, not {DEVICE}")
+        st.check(n["device"].split(":")[0] == DEVICE,
+                 f"{key or 'run'}: device {n['device']}, not {DEVICE}")
         if args.get("micro_batch_tokens") is not None:
             n["micro_batch_tokens"] = args["micro_batch_tokens"]
-    warnings = sorted({line.strip()[:160] for line in log.splitlines() if line.startswith("warning")})
+    warnings = sorted({line.strip()[:160] for line in log.splitlines()
+                       if line.startswith("warning")})
     if warnings:
         n["log_warnings"] = warnings[:5]
     rows = {r["step"]: r for r in jsonl(os.path.join(out_dir, "metrics.jsonl")) if "step" in r}
     want = list(range(first, steps + 1))
-    st.check(all(s in rows for s in want), f"{key or 'run'}: metrics.jsonl has steps {sorted(rows)}, "
-             f"not {want}")
-    got = [rows[s] for s in want if s in rows and s > 0]    # the training steps (0: the eval before)
+    st.check(all(s in rows for s in want),
+             f"{key or 'run'}: metrics.jsonl has steps {sorted(rows)}, not {want}")
+    got = [rows[s] for s in want if s in rows and s > 0]  # the training steps (0: the eval before)
     if not got:
         return n
     last = got[-1]
     if 0 in rows:
         n["eval_accuracy_step0"] = rows[0].get("eval/accuracy")
     n["eval_accuracy_end"] = last.get("eval/accuracy")
-    st.check(all(r.get("rollout/generated", 0) > 0 and r.get("response/len_mean", 0) > 0 for r in got),
+    st.check(all(r.get("rollout/generated", 0) > 0 and r.get("response/len_mean", 0) > 0
+                 for r in got),
              f"{key or 'run'}: a step generated nothing")
     diff = [r.get("rollout/logprob_diff") for r in got]
     n["logprob_diff"] = diff
-    floor = {k: [r.get(k) for r in got] for k in sorted({k for r in got for k in r if "logprob_floor" in k})}
+    floor = {k: [r.get(k) for r in got]
+             for k in sorted({k for r in got for k in r if "logprob_floor" in k})}
     if floor:
         n["logprob_floor"] = floor
-    st.check(all(finite(d) for d in diff), f"{key or 'run'}: rollout/logprob_diff missing or not finite")
+    st.check(all(finite(d) for d in diff),
+             f"{key or 'run'}: rollout/logprob_diff missing or not finite")
     if canary_max is not None:
         high = [d for d in diff if finite(d) and d > canary_max]
         st.check(not high, f"{key or 'run'}: rollout/logprob_diff {high} above {canary_max} (the "
@@ -554,11 +581,12 @@ def train_run(st, key, out_dir, log, steps, first=1, canary_max=CANARY_MAX, worl
         n["update_tok_s"] = L * upd / last["time/update"]
     samples = jsonl(os.path.join(out_dir, "samples.jsonl"))
     if samples:
-        n["sample"] = f"{samples[-1].get('prompt', '')!r} -> {samples[-1].get('completion', '')[:40]!r}"
+        n["sample"] = (f"{samples[-1].get('prompt', '')!r} -> "
+                       f"{samples[-1].get('completion', '')[:40]!r}")
     return n
 
 
-# ---- the steps ------------------------------------------------------------------------------------
+# ---- the steps -----------------------------------------------------------------------------------
 
 def probe(n, key, fn):
     """n[key] = fn(), or the error as text: a probe that breaks is a number, not a failure."""
@@ -612,11 +640,12 @@ def env(st):
         probe(n, "vllm", vllm)
 
     def git():
-        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=20)
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=20)
         dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain"], capture_output=True,
                                text=True, timeout=20).stdout.splitlines()
-        return head.stdout.strip() + (f" + {len(dirty)} changed files" if dirty else "") or "(no git)"
+        return (head.stdout.strip() + (f" + {len(dirty)} changed files" if dirty else "")
+                or "(no git)")
     probe(n, "git", git)
 
 
@@ -653,15 +682,18 @@ def torchrun_one_rank(st):
              f"the resumed run: train.main returned {res.get('resume', {}).get('rc')} "
              f"{res.get('resume', {}).get('error', '')}")
     load = res.get("from_pretrained")
-    if st.check(load and load["rc"] == 0, f"from_pretrained: {(load or {}).get('error', 'not run')}"):
+    if st.check(load and load["rc"] == 0,
+                f"from_pretrained: {(load or {}).get('error', 'not run')}"):
         for name in ("step_000003", "step_000004"):
             m = load.get(name, {})
             st.n[f"from_pretrained_{name}"] = m
             st.check(m.get("finite") and m.get("params") == load["tiny_params"],
                      f"{name}: from_pretrained gave a wrong or non-finite model")
-            st.check(m.get("max_abs_from_tiny", 0) > 0, f"{name}: the tiny model's weights: nothing trained")
+            st.check(m.get("max_abs_from_tiny", 0) > 0,
+                     f"{name}: the tiny model's weights: nothing trained")
         st.n["max_w_change_step3_to_4"] = load["max_abs_first_to_last"]
-        st.check(load["max_abs_first_to_last"] > 0, "step 4's weights are step 3's: the resume did not train")
+        st.check(load["max_abs_first_to_last"] > 0,
+                 "step 4's weights are step 3's: the resume did not train")
 
 
 VARIANT_KEYS = {"kl": "kl", "r2po": "r2po/phase"}
@@ -673,7 +705,8 @@ def results(st):
 
 def fsdp_variants(st):
     res = results(st)
-    log = "\n".join(st.log(f[:-4]) for f in sorted(os.listdir(st.sdir)) if f.startswith("train") and f.endswith(".log"))
+    log = "\n".join(st.log(f[:-4]) for f in sorted(os.listdir(st.sdir))
+                    if f.startswith("train") and f.endswith(".log"))
     for name in ("kl", "tis", "grad_ckpt", "r2po"):
         r = res.get(name)
         if not st.check(r is not None, f"{name}: did not finish (no result)"):
@@ -685,9 +718,11 @@ def fsdp_variants(st):
             n["peak_allocated_gib"] = round(r["peak_allocated_gib"], 3)
         key = VARIANT_KEYS.get(name)
         if key:
-            rows = [x for x in jsonl(os.path.join(st.sdir, name, "metrics.jsonl")) if x.get("step", 0) > 0]
+            rows = [x for x in jsonl(os.path.join(st.sdir, name, "metrics.jsonl"))
+                    if x.get("step", 0) > 0]
             n[key] = [x.get(key) for x in rows]
-            st.check(all(x is not None for x in n[key]) and n[key], f"{name}: no {key} in metrics.jsonl")
+            st.check(all(x is not None for x in n[key]) and n[key],
+                     f"{name}: no {key} in metrics.jsonl")
         if r["rc"] != 0 and name != "kl" and res.get("kl", {}).get("rc") == 0 and \
                 os.environ.get("SMOKE_SEPARATE") != "1":
             st.n.setdefault("hint", "a variant after the first failed in the shared process: "
@@ -701,7 +736,8 @@ def model_05b(st):
     res = results(st)
     made = res.get("make_model")
     if st.check(made and made.get("rc") == 0, "the model was not made"):
-        st.n["model"] = {k: made[k] for k in ("params", "hidden_size", "num_hidden_layers", "vocab_size")}
+        st.n["model"] = {k: made[k]
+                         for k in ("params", "hidden_size", "num_hidden_layers", "vocab_size")}
         st.n["model"]["made_s"] = round(made["seconds"], 1)
     for name, world in (("one", 1), ("fsdp", 1)):
         r = res.get(name)
@@ -709,8 +745,8 @@ def model_05b(st):
             continue
         st.check(r["rc"] == 0, f"{name}: train.main returned {r['rc']} {r.get('error', '')}")
         # random weights: the canary is recorded, not held to the tiny model's 0.1
-        n = train_run(st, name, os.path.join(st.sdir, name), st.log(name), 2, first=0, canary_max=None,
-                      world=world)
+        n = train_run(st, name, os.path.join(st.sdir, name), st.log(name), 2, first=0,
+                      canary_max=None, world=world)
         n["seconds"] = round(r["seconds"], 1)
         for k in ("peak_allocated_gib", "peak_reserved_gib", "device_total_gib", "max_rss_mib"):
             if k in r:
@@ -729,7 +765,7 @@ def suite_on_cuda(st):
     st.check(st.rc("suite") == 0, f"pytest exited {st.rc('suite')}: {tail}")
 
 
-# ---- the summary ----------------------------------------------------------------------------------
+# ---- the summary ---------------------------------------------------------------------------------
 
 def fmt(v):
     if isinstance(v, float):
@@ -778,7 +814,8 @@ def summary(work, out, names):
         md += [f"- failed: {x}" for x in s["failed"]]
         md += [f"- note: {x}" for x in s["notes"]]
         for k, v in s["numbers"].items():
-            if isinstance(v, dict) and v and all(not isinstance(x, dict) for x in v.values()) and len(v) > 3:
+            if (isinstance(v, dict) and v and all(not isinstance(x, dict) for x in v.values())
+                    and len(v) > 3):
                 md.append(f"- {k}:")
                 md += [f"  - {k2}: {fmt(v2)}" for k2, v2 in v.items()]
             else:
@@ -807,8 +844,8 @@ PYEOF
 
 # ---- the run -------------------------------------------------------------------------------------
 trap 'echo "gpu_smoke: interrupted" >&2; summarize; cleanup; exit 130' INT TERM
-echo "gpu_smoke: $([ "$TOY" = 1 ] && echo "toy rehearsal on the CPU" || echo "GPU run"), results in $OUT," \
-     "budget ${BUDGET}s, python $(command -v "$PYTHON")"
+echo "gpu_smoke: $([ "$TOY" = 1 ] && echo "toy rehearsal on the CPU" || echo "GPU run")," \
+     "results in $OUT, budget ${BUDGET}s, python $(command -v "$PYTHON")"
 for step in "${STEPS[@]}"; do
     run_step "$step"
 done

@@ -3,13 +3,14 @@
     python bench/plot_run.py runs/default                 # writes runs/default/curves.png
     python bench/plot_run.py runs/default --out x.png
 
-Six panels against the loop step: held-out accuracy (every eval/* key), reward (mean and zero-std fraction),
-clip and veto fractions (loss/clip_frac, loss/veto_frac), replay age (mean, max) and size (right axis), response
-length, and the step-time split (time/generate and time/update stacked). A key absent from the run (e.g. replay/*
-under --replay none) leaves its panel with what there is.
+Six panels against the loop step: held-out accuracy (every eval/* key), reward (mean and zero-std
+fraction), clip and veto fractions (loss/clip_frac, loss/veto_frac), replay age (mean, max) and size
+(right axis), response length, and the step-time split (time/generate and time/update stacked). A
+key absent from the run (e.g. replay/* under --replay none) leaves its panel with what there is.
 
-matplotlib is an optional dependency (requirements-bench.txt), imported only in `plot()`; without it the script
-says so in one line and exits with status 2. `load_metrics` and `series` need nothing beyond the standard library.
+matplotlib is an optional dependency (requirements-bench.txt), imported only in `plot()`; without it
+the script says so in one line and exits with status 2. `load_metrics` and `series` need nothing
+beyond the standard library.
 """
 import argparse
 import json
@@ -38,7 +39,8 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def import_pyplot():
-    """matplotlib.pyplot on the non-interactive backend, or SystemExit with one line when it is absent."""
+    """matplotlib.pyplot on the non-interactive backend, or SystemExit with one line when it is
+    absent."""
     try:
         import matplotlib
     except ImportError:
@@ -77,7 +79,8 @@ def plot(rows: list[dict], out: str, title: str = "") -> str:
     steps, gen = series(rows, "time/generate")
     _, upd = series(rows, "time/update")
     if steps:
-        time_ax.stackplot(steps, gen, upd, labels=["time/generate", "time/update (+ sync)"], alpha=0.7)
+        time_ax.stackplot(steps, gen, upd, labels=["time/generate", "time/update (+ sync)"],
+                          alpha=0.7)
         _, step_t = series(rows, "time/step")
         time_ax.plot(steps, step_t, color="black", linewidth=0.8, label="time/step")
     time_ax.set(title="step time split (s)", xlabel="step")

@@ -1,10 +1,13 @@
-"""Do two runs log the same numbers? Compares metrics.jsonl of run directories pairwise, every key but time/*.
+"""Do two runs log the same numbers? Compares metrics.jsonl of run directories pairwise,
+every key but time/*.
 
-    python bench/same_metrics.py RUNS_A RUNS_B          # each holds run directories of the same names
+    python bench/same_metrics.py RUNS_A RUNS_B           # each holds run directories of the
+                                                         # same names
     python bench/same_metrics.py runs/a runs/b --single  # two run directories
 
-A refactor that must not change what any run computes is checked this way (same flags, same --threads, same
-machine): it prints, per run, the lines compared and the keys that differ, and exits 1 on any difference.
+A refactor that must not change what any run computes is checked this way (same flags, same
+--threads, same machine): it prints, per run, the lines compared and the keys that differ,
+and exits 1 on any difference.
 """
 import argparse
 import json
@@ -18,7 +21,8 @@ def rows(run_dir: str) -> list[dict]:
 
 
 def differences(a: list[dict], b: list[dict]) -> list[str]:
-    """'step S key: A != B' for each shared key (time/* aside) whose values differ, and for missing steps."""
+    """'step S key: A != B' for each shared key (time/* aside) whose values differ, and for missing
+    steps."""
     out = [] if len(a) == len(b) else [f"{len(a)} lines != {len(b)} lines"]
     for ra, rb in zip(a, b):
         for key in sorted(set(ra) | set(rb)):
@@ -31,13 +35,14 @@ def differences(a: list[dict], b: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--single", action="store_true", help="a and b are run directories themselves")
     args = ap.parse_args(argv)
-    names = [""] if args.single else sorted(n for n in os.listdir(args.a)
-                                            if os.path.isfile(os.path.join(args.a, n, "metrics.jsonl")))
+    names = [""] if args.single else sorted(
+        n for n in os.listdir(args.a) if os.path.isfile(os.path.join(args.a, n, "metrics.jsonl")))
     bad = 0
     for name in names:
         a, b = os.path.join(args.a, name), os.path.join(args.b, name)

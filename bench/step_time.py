@@ -1,29 +1,34 @@
 """One training step of train.py, split into its parts, against the machine's limit for the update.
 
-    python bench/step_time.py                                  # the built-in default (64 prompts x 8, replay 0.5)
-    python bench/step_time.py --repeats 5 -- --prompts-per-step 16 --threads 1     # train.py's flags after --
+    python bench/step_time.py                  # the built-in default (64 prompts x 8, replay 0.5)
+    python bench/step_time.py --repeats 5 -- \\
+        --prompts-per-step 16 --threads 1      # train.py's flags after --
 
-Everything runs through train.py's own functions (train.setup, train.generate_and_score, the replay buffer,
-train.update, parallel.full_parameters + engine.load_weights): no step is re-implemented here. After `--warmup`
-whole steps (so the replay buffer holds `tau_max` steps of rollouts and sample() returns replay_ratio x fresh), each
-of `--repeats` steps is timed part by part and the medians are printed:
+Everything runs through train.py's own functions (train.setup, train.generate_and_score, the replay
+buffer, train.update, parallel.full_parameters + engine.load_weights): no step is re-implemented
+here. After `--warmup` whole steps (so the replay buffer holds `tau_max` steps of rollouts and
+sample() returns replay_ratio x fresh), each of `--repeats` steps is timed part by part and the
+medians are printed:
 
-    generate        engine.generate inside train.generate_and_score (the engine is wrapped to time its call)
+    generate        engine.generate inside train.generate_and_score (the engine is wrapped to
+                    time its call)
     score           the rest of train.generate_and_score (the task's grader, advantages)
     sample+store    replay.sample + replay.add
     update          train.update (collate, forward, loss, backward, clip, AdamW)
     sync            engine.load_weights(parallel.full_parameters(model))
 
-then tokens/s (generated completion tokens per second of `generate`; real and padded tokens per second of `update`),
-the share of padded tokens in the update's forward passes (from the attention masks of the micro-batches that
-rollout.micro_batches collates for it: length-bucketed, rollout.length_buckets), and a bare forward + backward of the
-same model over the same micro-batches (logits.sum().backward(), no loss, no optimizer: the machine's limit for this
-model and these shapes).
+then tokens/s (generated completion tokens per second of `generate`; real and padded tokens per
+second of `update`), the share of padded tokens in the update's forward passes (from the attention
+masks of the micro-batches that rollout.micro_batches collates for it: length-bucketed,
+rollout.length_buckets), and a bare forward + backward of the same model over the same micro-batches
+(logits.sum().backward(), no loss, no optimizer: the machine's limit for this model and these
+shapes).
 
-`--consecutive` also measures the layout before length bucketing: the same rollouts cut into consecutive micro-batches
-in batch order. It checks that the gradient of train.micro_batch_loss summed over those equals the one over the
-trainer's bucketed micro-batches (float rounding), then times the bare pass and train.update with
-rollout.micro_batches replaced by the consecutive one for the duration of the measurement only.
+`--consecutive` also measures the layout before length bucketing: the same rollouts cut into
+consecutive micro-batches in batch order. It checks that the gradient of train.micro_batch_loss
+summed over those equals the one over the trainer's bucketed micro-batches (float rounding), then
+times the bare pass and train.update with rollout.micro_batches replaced by the consecutive one for
+the duration of the measurement only.
 """
 import argparse
 import os
@@ -49,7 +54,8 @@ TARGET_PAD, TARGET_RATIO = 0.15, 1.15                 # issue 14's targets on th
 
 
 class TimedEngine:
-    """The run's engine, with the seconds and completion tokens of its last generate() call recorded."""
+    """The run's engine, with the seconds and completion tokens of its last generate() call
+    recorded."""
 
     def __init__(self, engine):
         self.engine, self.seconds, self.tokens = engine, 0.0, 0
@@ -66,12 +72,13 @@ class TimedEngine:
 
 
 def update_micro_batches(args, fresh, replayed, pad_id, device) -> list[dict]:
-    """The micro-batches train.update collates in its first epoch (same mini-batch split, same call)."""
+    """The micro-batches train.update collates in its first epoch (same mini-batch split, same
+    call)."""
     batch = fresh + replayed
     parts = rollout.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
     return [mb for idx in parts
-            for mb in rollout.micro_batches([batch[i] for i in idx], args.micro_batch_size, pad_id, device,
-                                            mask_truncated=args.overlong_filter)]
+            for mb in rollout.micro_batches([batch[i] for i in idx], args.micro_batch_size, pad_id,
+                                            device, mask_truncated=args.overlong_filter)]
 
 
 def padding(mbs: list[dict]) -> tuple[int, int]:
@@ -81,10 +88,12 @@ def padding(mbs: list[dict]) -> tuple[int, int]:
 
 
 def bare_forward_backward(model, mbs: list[dict]) -> float:
-    """Seconds of forward + backward of the model over the micro-batches, nothing else (gradients dropped)."""
+    """Seconds of forward + backward of the model over the micro-batches, nothing else (gradients
+    dropped)."""
     t0 = time.perf_counter()
     for mb in mbs:
-        model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits.sum().backward()
+        model(input_ids=mb["input_ids"],
+              attention_mask=mb["attention_mask"]).logits.sum().backward()
     seconds = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     return seconds
@@ -96,8 +105,10 @@ def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=No
     rollout.micro_batches collates its buckets. Same number of micro-batches of the same sizes
     (max_tokens is ignored: this layout is the one before the token budget too)."""
     old, starts = old_logprobs or None, range(0, len(rollouts), size)
-    return [{k: v.to(device) for k, v in rollout.collate(rollouts[i:i + size], pad_id, old and old[i:i + size],
-                                                         mask_truncated).items()} for i in starts]
+    return [{k: v.to(device)
+             for k, v in rollout.collate(rollouts[i:i + size], pad_id, old and old[i:i + size],
+                                         mask_truncated).items()}
+            for i in starts]
 
 
 _bucketed_micro_batches = rollout.micro_batches
@@ -114,7 +125,8 @@ def gradient(model, args, mbs, normaliser) -> list[torch.Tensor]:
 
 
 def build(argv: list[str]):
-    """(train args, engine, model, optimizer, replay, prompts, tokenizer) as train.main / train.train set them up."""
+    """(train args, engine, model, optimizer, replay, prompts, tokenizer) as
+    train.main / train.train set them up."""
     args = flags.parse(train.Args, argv, "train.py flags")
     args.engine = vllm_engine.engine_kind(args.engine)
     flags.check_args(args, 1)
@@ -122,7 +134,8 @@ def build(argv: list[str]):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, tok = rollout.load_model(args.model, "cpu")
-    name = data.train_split(args.train_data)                 # as train.main: a built-in task trains on its train split
+    # as train.main: a built-in task trains on its train split
+    name = data.train_split(args.train_data)
     prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),
                                 data.template_for(name, args.prompt_template), tok)
     max_len = args.max_new_tokens + max(len(p.ids) for p in prompts)
@@ -130,8 +143,10 @@ def build(argv: list[str]):
     return args, run.engine, run.model, run.opt, run.replay, prompts, tok
 
 
-def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive: bool = False) -> dict:
-    """Time `repeats` steps after `warmup` steps of the run train.py would make with flags `argv`; medians."""
+def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
+            consecutive: bool = False) -> dict:
+    """Time `repeats` steps after `warmup` steps of the run train.py would make with flags `argv`;
+    medians."""
     args, engine, model, opt, replay, prompts, tok = build(list(argv))
     timed, pad_id, device = TimedEngine(engine), tok.pad_token_id, next(model.parameters()).device
     mine, pos = list(range(len(prompts))), 0
@@ -150,7 +165,8 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive
             replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)
         t2 = time.perf_counter()
         t["sample+store"] = t2 - t1
-        mbs = update_micro_batches(args, fresh, replayed, pad_id, device)         # not timed: for the counts
+        # not timed: for the counts
+        mbs = update_micro_batches(args, fresh, replayed, pad_id, device)
         t3 = time.perf_counter()
         train.update(model, None, opt, fresh, replayed, args, step=step, pad_id=pad_id)
         t4 = time.perf_counter()
@@ -159,8 +175,8 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive
         t["update"], t["sync"] = t4 - t3, t5 - t4
         t["bare_fwd_bwd"] = bare_forward_backward(model, mbs)
         real, padded = padding(mbs)
-        t.update(gen_tokens=timed.tokens, fresh=len(fresh), replayed=len(replayed), real_tokens=real,
-                 padded_tokens=padded, micro_batches=len(mbs), epochs=args.epochs)
+        t.update(gen_tokens=timed.tokens, fresh=len(fresh), replayed=len(replayed),
+                 real_tokens=real, padded_tokens=padded, micro_batches=len(mbs), epochs=args.epochs)
         if consecutive:
             parts = rollout.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
             cmbs = [mb for idx in parts
@@ -169,7 +185,8 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive
                                                         mask_truncated=args.overlong_filter)]
             t["consec_padded_tokens"] = padding(cmbs)[1]
             t["consec_bare_fwd_bwd"] = bare_forward_backward(model, cmbs)
-            rollout.micro_batches = consecutive_micro_batches        # train.update calls rollout.micro_batches
+            # train.update calls rollout.micro_batches
+            rollout.micro_batches = consecutive_micro_batches
             try:
                 t5 = time.perf_counter()
                 # one more optimizer step: same shapes, for the time
@@ -180,13 +197,15 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive
             engine.load_weights(parallel.full_parameters(model))
             if step == warmup:                          # gradient identity, once
                 normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, 1)
-                g0, g1 = gradient(model, args, mbs, normaliser), gradient(model, args, cmbs, normaliser)
-                t["consec_grad_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(g0, g1))
+                g0, g1 = (gradient(model, args, mbs, normaliser),
+                          gradient(model, args, cmbs, normaliser))
+                t["consec_grad_max_abs_diff"] = max(float((a - b).abs().max())
+                                                    for a, b in zip(g0, g1))
                 t["grad_max_abs"] = max(float(a.abs().max()) for a in g0)
         if step >= warmup:
             rows.append(t)
-    out = {k: statistics.median(r[k] for r in rows) for k in rows[0] if not k.startswith("consec_grad") and
-           k != "grad_max_abs"}
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0]
+           if not k.startswith("consec_grad") and k != "grad_max_abs"}
     for k in ("consec_grad_max_abs_diff", "grad_max_abs"):
         if any(k in r for r in rows):
             out[k] = next(r[k] for r in rows if k in r)
@@ -197,8 +216,9 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3, consecutive
 
 
 def report(m: dict) -> str:
-    lines = [f"train.py {m['flags']} | {m['fresh']:.0f} fresh + {m['replayed']:.0f} replayed rollouts | "
-             f"{m['micro_batches']:.0f} micro-batches | {m['threads']} threads | medians"]
+    lines = [f"train.py {m['flags']} | {m['fresh']:.0f} fresh + {m['replayed']:.0f} replayed "
+             f"rollouts | {m['micro_batches']:.0f} micro-batches | {m['threads']} threads "
+             "| medians"]
     for part in PARTS:
         lines.append(f"  {part:13s} {1e3 * m[part]:9.1f} ms  {100 * m[part] / m['step']:5.1f}%")
     lines.append(f"  {'step':13s} {1e3 * m['step']:9.1f} ms")
@@ -206,10 +226,12 @@ def report(m: dict) -> str:
     pad = m["padded_tokens"] / total
     ratio = m["update"] / (m["epochs"] * m["bare_fwd_bwd"])
     lines += [
-        f"generation   {m['gen_tokens'] / m['generate']:10.0f} completion tokens/s ({m['gen_tokens']:.0f} tokens)",
+        f"generation   {m['gen_tokens'] / m['generate']:10.0f} completion tokens/s "
+        f"({m['gen_tokens']:.0f} tokens)",
         f"update       {m['epochs'] * m['real_tokens'] / m['update']:10.0f} real tokens/s, "
         f"{m['epochs'] * total / m['update']:.0f} padded positions/s",
-        f"padded share {100 * pad:9.1f}% of the update's forward positions ({m['padded_tokens']:.0f} of {total:.0f}); "
+        f"padded share {100 * pad:9.1f}% of the update's forward positions "
+        f"({m['padded_tokens']:.0f} of {total:.0f}); "
         f"target <= {100 * TARGET_PAD:.0f}%: {'met' if pad <= TARGET_PAD else 'NOT met'}",
         f"bare fwd+bwd {1e3 * m['bare_fwd_bwd']:9.1f} ms per epoch; update / bare = {ratio:.2f}x; "
         f"target <= {TARGET_RATIO}x: {'met' if ratio <= TARGET_RATIO else 'NOT met'}"]
@@ -217,11 +239,14 @@ def report(m: dict) -> str:
         ctotal = m["real_tokens"] + m["consec_padded_tokens"]
         lines += [
             f"consecutive micro-batches (before length bucketing): padded share "
-            f"{100 * m['consec_padded_tokens'] / ctotal:.1f}% ({m['consec_padded_tokens']:.0f} of {ctotal:.0f}); "
+            f"{100 * m['consec_padded_tokens'] / ctotal:.1f}% "
+            f"({m['consec_padded_tokens']:.0f} of {ctotal:.0f}); "
             f"bare fwd+bwd {1e3 * m['consec_bare_fwd_bwd']:.1f} ms (bucketed: "
-            f"{m['consec_bare_fwd_bwd'] / m['bare_fwd_bwd']:.2f}x faster); update {1e3 * m['consec_update']:.1f} ms "
+            f"{m['consec_bare_fwd_bwd'] / m['bare_fwd_bwd']:.2f}x faster); "
+            f"update {1e3 * m['consec_update']:.1f} ms "
             f"(bucketed: {m['consec_update'] / m['update']:.2f}x faster; "
-            f"{m['consec_update'] / (m['epochs'] * m['consec_bare_fwd_bwd']):.2f}x its bare fwd+bwd)",
+            f"{m['consec_update'] / (m['epochs'] * m['consec_bare_fwd_bwd']):.2f}x "
+            "its bare fwd+bwd)",
             f"  gradient of the summed micro_batch_loss, bucketed vs consecutive: max |diff| "
             f"{m['consec_grad_max_abs_diff']:.2e} (max |grad| {m['grad_max_abs']:.2e})"]
     return "\n".join(lines)
@@ -229,13 +254,17 @@ def report(m: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="train.py's flags go after --, e.g. -- --prompts-per-step 16")
-    p.add_argument("--warmup", type=int, default=5, help="whole steps before timing (fills the replay buffer)")
+                                epilog="train.py's flags go after --, "
+                                       "e.g. -- --prompts-per-step 16")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="whole steps before timing (fills the replay buffer)")
     p.add_argument("--repeats", type=int, default=3, help="timed steps (medians reported)")
     p.add_argument("--consecutive", action="store_true",
-                   help="also measure consecutive micro-batches (the layout before length bucketing)")
+                   help="also measure consecutive micro-batches "
+                        "(the layout before length bucketing)")
     argv = sys.argv[1:] if argv is None else argv
-    ours, train_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, train_flags = ((argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv
+                         else (argv, []))
     args = p.parse_args(ours)
     print(report(measure(train_flags, args.warmup, args.repeats, args.consecutive)), flush=True)
     return 0

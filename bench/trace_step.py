@@ -1,11 +1,13 @@
-"""What a reader opens to follow one loop step: the project functions one default step of train.py calls,
-within --depth calls of train(), in first-call order, and how often that order switches files.
+"""What a reader opens to follow one loop step: the project functions one default step of
+train.py calls, within --depth calls of train(), in first-call order, and how often that order
+switches files.
 
     python bench/trace_step.py               # the 2nd of 3 steps of the built-in default, depth 3
     python bench/trace_step.py --depth 99    # every project function the step reaches
 
-It traces a real run (sys.setprofile), so what it lists is what runs, not what a reading guesses. The
-step is the second one (the first pays for a canary check every --check-every steps); eval is off.
+It traces a real run (sys.setprofile), so what it lists is what runs, not what a reading guesses.
+The step is the second one (the first pays for a canary check every --check-every steps);
+eval is off.
 """
 import argparse
 import os
@@ -56,9 +58,12 @@ def trace(depth: int, out_dir: str) -> list[tuple[str, str]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--depth", type=int, default=3, help="calls below train() to follow (default: 3)")
-    ap.add_argument("--out-dir", default="runs/trace_step", help="the traced run's output directory")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--depth", type=int, default=3,
+                    help="calls below train() to follow (default: 3)")
+    ap.add_argument("--out-dir", default="runs/trace_step",
+                    help="the traced run's output directory")
     args = ap.parse_args(argv)
     order = trace(args.depth, args.out_dir)
     switches = sum(a[0] != b[0] for a, b in zip(order, order[1:]))

@@ -1,6 +1,7 @@
-"""bench/: each script runs at tiny sizes and prints (or draws) what its docstring promises. The PNG tests skip with
-the reason where matplotlib is absent (the main CI venv installs only requirements.txt), except under REQUIRE_BENCH=1
-(.ci/run's stage with requirements-bench.txt), where a missing dependency fails them; the rest needs nothing else."""
+"""bench/: each script runs at tiny sizes and prints (or draws) what its docstring promises. The PNG
+tests skip with the reason where matplotlib is absent (the main CI venv installs only
+requirements.txt), except under REQUIRE_BENCH=1 (.ci/run's stage with requirements-bench.txt), where
+a missing dependency fails them; the rest needs nothing else."""
 import importlib.util
 import json
 import os
@@ -18,8 +19,8 @@ REQUIRE_BENCH = os.environ.get("REQUIRE_BENCH") == "1"
 
 
 def needs(module: str):
-    """Skip where `module` (an optional dependency, requirements-bench.txt) is not installed, with the reason; under
-    REQUIRE_BENCH=1 never: the test runs and fails."""
+    """Skip where `module` (an optional dependency, requirements-bench.txt) is not installed, with
+    the reason; under REQUIRE_BENCH=1 never: the test runs and fails."""
     return pytest.mark.skipif(importlib.util.find_spec(module) is None and not REQUIRE_BENCH,
                               reason=f"{module} is not installed (requirements-bench.txt)")
 
@@ -42,11 +43,12 @@ def fake_run(tmp_path: Path) -> Path:
     """A metrics.jsonl in train.py's form: step 0 eval, then steps with every key plot_run draws."""
     rows = [{"step": 0, "eval/accuracy": 0.3}]
     for s in range(1, 6):
-        rows.append({"step": s, "reward/mean": 0.2 + 0.05 * s, "reward/zero_std_frac": 0.4, "loss/clip_frac": 0.05,
-                     "loss/veto_frac": 0.0, "replay/age_mean": min(s - 1, 2.5), "replay/age_max": min(s - 1, 4),
-                     "replay/size": 512 * min(s, 5), "response/len_mean": 2.7, "response/truncated_frac": 0.0,
-                     "time/generate": 0.1, "time/update": 0.4, "time/step": 0.5,
-                     **({"eval/accuracy": 0.3 + 0.02 * s} if s % 5 == 0 else {})})
+        rows.append({"step": s, "reward/mean": 0.2 + 0.05 * s, "reward/zero_std_frac": 0.4,
+                     "loss/clip_frac": 0.05, "loss/veto_frac": 0.0,
+                     "replay/age_mean": min(s - 1, 2.5), "replay/age_max": min(s - 1, 4),
+                     "replay/size": 512 * min(s, 5), "response/len_mean": 2.7,
+                     "response/truncated_frac": 0.0, "time/generate": 0.1, "time/update": 0.4,
+                     "time/step": 0.5, **({"eval/accuracy": 0.3 + 0.02 * s} if s % 5 == 0 else {})})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return tmp_path
 
@@ -62,7 +64,7 @@ def test_plot_run_reads_series_without_matplotlib(tmp_path):
 
 def test_plot_run_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch, capsys):
     import plot_run
-    monkeypatch.setitem(sys.modules, "matplotlib", None)                  # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib -> ImportError
     assert plot_run.main([str(fake_run(tmp_path))]) == 2
     err = capsys.readouterr().err.strip()
     assert err == plot_run.MISSING_MPL and "requirements-bench.txt" in err
@@ -73,50 +75,59 @@ def test_plot_run_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch, 
 def test_plot_run_writes_png_next_to_the_run(tmp_path):
     out = run("bench/plot_run.py", str(fake_run(tmp_path)))
     png = tmp_path / "curves.png"
-    assert f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert (f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            and png.stat().st_size > 10_000)
 
 
 def test_step_time_splits_a_real_step_and_checks_bucketing(cpu_only):
     """In process on the CPU (cpu_only): --engine auto would be vLLM where CUDA and vllm are."""
     import step_time
     m = step_time.measure(TINY, warmup=2, repeats=1, consecutive=True)
-    assert m["fresh"] == 16 and m["replayed"] == 8                       # replay ratio 0.5 after the warm-up
-    assert all(m[p] > 0 for p in step_time.PARTS) and m["step"] == pytest.approx(sum(m[p] for p in step_time.PARTS))
+    assert m["fresh"] == 16 and m["replayed"] == 8              # replay ratio 0.5 after the warm-up
+    assert (all(m[p] > 0 for p in step_time.PARTS)
+            and m["step"] == pytest.approx(sum(m[p] for p in step_time.PARTS)))
     assert m["micro_batches"] == 3 and m["real_tokens"] > 0 and m["padded_tokens"] >= 0
-    assert m["padded_tokens"] <= m["consec_padded_tokens"]               # sorting by length never pads more
-    assert m["consec_grad_max_abs_diff"] <= 1e-6 + 1e-4 * m["grad_max_abs"]   # same gradient up to rounding
+    assert m["padded_tokens"] <= m["consec_padded_tokens"]      # sorting by length never pads more
+    # same gradient up to rounding
+    assert m["consec_grad_max_abs_diff"] <= 1e-6 + 1e-4 * m["grad_max_abs"]
     text = step_time.report(m)
-    for needle in ("generate", "score", "sample+store", "update", "sync", "completion tokens/s", "real tokens/s",
-                   "padded share", "update / bare =", "consecutive micro-batches", "max |diff|"):
+    for needle in ("generate", "score", "sample+store", "update", "sync", "completion tokens/s",
+                   "real tokens/s", "padded share", "update / bare =", "consecutive micro-batches",
+                   "max |diff|"):
         assert needle in text
 
 
 def test_step_time_cli_on_the_long_completion_task():
-    """The second built-in task's flags pass through to train.py's set-up (it trains on builtin_steps' train split)."""
-    out = run("bench/step_time.py", "--warmup", "1", "--repeats", "1", "--", *TINY, "--train-data", "builtin_steps",
-              "--model", "assets/tiny-steps", "--max-new-tokens", "24")
-    assert "padded share" in out and "update / bare" in out and "target <= 15%" in out and "builtin_steps" in out
+    """The second built-in task's flags pass through to train.py's set-up (it trains on
+    builtin_steps' train split)."""
+    out = run("bench/step_time.py", "--warmup", "1", "--repeats", "1", "--", *TINY, "--train-data",
+              "builtin_steps", "--model", "assets/tiny-steps", "--max-new-tokens", "24")
+    assert ("padded share" in out and "update / bare" in out and "target <= 15%" in out
+            and "builtin_steps" in out)
 
 
 def test_bench_buffer_overhead_table():
-    out = run("bench/bench_buffer.py", "--overhead", "--sizes", "1000,20000", "--step-seconds", "1.5",
-              "--repeats", "2")
-    assert "512 fresh rollouts per step, replay ratio 0.5 (sample 256)" in out and "training step 1500 ms" in out
+    out = run("bench/bench_buffer.py", "--overhead", "--sizes", "1000,20000",
+              "--step-seconds", "1.5", "--repeats", "2")
+    assert ("512 fresh rollouts per step, replay ratio 0.5 (sample 256)" in out
+            and "training step 1500 ms" in out)
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [int(r[0]) // 1000 for r in rows] == [1, 20] and all(r[-1].endswith("%") for r in rows)
 
 
 def test_compare_quick_runs_train_py_and_writes_the_table(tmp_path):
-    out = run("bench/compare.py", "--quick", "--methods", "grpo,rollout-replay", "--jobs", "2", "--out",
-              str(tmp_path), "--", "--steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--eval-size", "20",
-              "--eval-every", "1", timeout=240)
+    out = run("bench/compare.py", "--quick", "--methods", "grpo,rollout-replay", "--jobs", "2",
+              "--out", str(tmp_path), "--", "--steps", "2", "--prompts-per-step", "4",
+              "--group-size", "4", "--eval-size", "20", "--eval-every", "1", timeout=240)
     assert "4 runs (2 methods x 2 seeds)" in out                          # --quick: seeds 0,1
     table = (tmp_path / "results.md").read_text()
     assert "| method | seeds | final accuracy |" in table
-    assert "target accuracy = start + 0.9 x (grpo's final mean - start)" in table or "no target: grpo's" in table
-    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ") and
-            "method" not in line}
-    assert set(rows) == {"grpo", "rollout-replay"} and "+0.000" in rows["grpo"]   # AES of the baseline against itself
+    assert ("target accuracy = start + 0.9 x (grpo's final mean - start)" in table
+            or "no target: grpo's" in table)
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()
+            if line.startswith("| ") and "method" not in line}
+    # AES of the baseline against itself
+    assert set(rows) == {"grpo", "rollout-replay"} and "+0.000" in rows["grpo"]
     for method in ("grpo", "rollout-replay"):
         for seed in (0, 1):
             assert (tmp_path / method / f"seed-{seed}" / "metrics.jsonl").exists()

@@ -1,5 +1,6 @@
-"""RolloutReplay (buffer.py): age eviction at exactly tau_max, fresh-anchoring, P(j) ∝ |A_j|^alpha within a binomial
-k-sigma bound, A = 0 never drawn, no duplicates, capacity order, exact resume, stats by hand, no mutation.
+"""RolloutReplay (buffer.py): age eviction at exactly tau_max, fresh-anchoring, P(j) ∝ |A_j|^alpha
+within a binomial k-sigma bound, A = 0 never drawn, no duplicates, capacity order, exact resume,
+stats by hand, no mutation.
 
     python -m pytest -q tests/test_buffer.py
 """
@@ -20,8 +21,9 @@ Z = 5.0  # k-sigma bound: a correct sampler fails one category with prob ~6e-7
 
 
 def mk(adv: float, version: int, pid: int = 0) -> Rollout:
-    return Rollout(prompt_id=pid, prompt_ids=[1, 2], completion_ids=[3, 4, 5], logprobs=[-0.1, -0.2, -0.3],
-                   text=f"A={adv} v={version}", answer="7", reward=float(adv > 0), advantage=adv, version=version)
+    return Rollout(prompt_id=pid, prompt_ids=[1, 2], completion_ids=[3, 4, 5],
+                   logprobs=[-0.1, -0.2, -0.3], text=f"A={adv} v={version}", answer="7",
+                   reward=float(adv > 0), advantage=adv, version=version)
 
 
 def within_binomial_bound(counts: np.ndarray, probs: np.ndarray, n: int) -> bool:
@@ -36,18 +38,18 @@ def single_draw_counts(replay: RolloutReplay, n: int, step: int) -> np.ndarray:
     return np.bincount(ids, minlength=len(replay))
 
 
-# ---- age eviction and fresh-anchoring -------------------------------------------------------------------------------
+# ---- age eviction and fresh-anchoring ------------------------------------------------------------
 def test_eviction_at_exactly_tau_max():
     replay = RolloutReplay(tau_max=3, alpha=0.0)
     for v in range(6):
         replay.add([mk(1.0, v), mk(-1.0, v)], step=v)
-    assert replay.evict(5) == 4                     # versions 0, 1: age 5, 4 > 3
+    assert replay.evict(5) == 4                    # versions 0, 1: age 5, 4 > 3
     # age 3 == tau_max is kept
     assert sorted({r.version for r in replay.draw(100, step=5)}) == [2, 3, 4]
-    assert len(replay) == 8                         # versions 2..5 stored, 5 not replayable yet
+    assert len(replay) == 8                        # versions 2..5 stored, 5 not replayable yet
     assert replay.draw(100, step=6) and all(6 - r.version <= 3 for r in replay.draw(100, step=6))
-    assert replay.stats()["replay/evicted"] == 0    # the second sample at step 6 evicted nothing new
-    assert len(replay) == 6                         # version 2 (age 4) went at step 6
+    assert replay.stats()["replay/evicted"] == 0   # the second sample at step 6 evicted nothing new
+    assert len(replay) == 6                        # version 2 (age 4) went at step 6
 
 
 def test_tau_max_zero_replays_nothing():
@@ -71,7 +73,7 @@ def test_fresh_anchored_excludes_current_step_whatever_the_order():
         assert (len(got_a) == 3) == (step > 0)      # step 0 has nothing older to replay
 
 
-# ---- priority P(j) = |A_j|^alpha / sum_k |A_k|^alpha -----------------------------------------------------------------
+# ---- priority P(j) = |A_j|^alpha / sum_k |A_k|^alpha ---------------------------------------------
 @pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0])
 def test_single_draw_frequencies_match_priority(alpha):
     abs_adv = np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
@@ -96,13 +98,14 @@ def test_uniform_replay_draws_zero_advantage_too():
 
 
 def test_k2_inclusion_follows_successive_draws_without_replacement():
-    """For k = 2: P(j in S) = P(j) + sum_{i != j} P(i) P(j) / (1 - P(i)), P the normalised priorities; the first
-    returned rollout is distributed as one draw, P(j)."""
+    """For k = 2: P(j in S) = P(j) + sum_{i != j} P(i) P(j) / (1 - P(i)), P the normalised
+    priorities; the first returned rollout is distributed as one draw, P(j)."""
     abs_adv = np.array([1.0, 2.0, 3.0, 4.0])
     replay = RolloutReplay(tau_max=10, alpha=1.0, seed=4)
     replay.add([mk(float(a), 0, pid=j) for j, a in enumerate(abs_adv)], step=0)
     p = abs_adv / abs_adv.sum()
-    incl = p + np.array([sum(p[i] * p[j] / (1 - p[i]) for i in range(4) if i != j) for j in range(4)])
+    incl = p + np.array([sum(p[i] * p[j] / (1 - p[i]) for i in range(4) if i != j)
+                         for j in range(4)])
     assert incl.sum() == pytest.approx(2.0)
     n = 6000
     counts, first = np.zeros(4), np.zeros(4)
@@ -112,35 +115,45 @@ def test_k2_inclusion_follows_successive_draws_without_replacement():
         for r in got:
             counts[r.prompt_id] += 1
     assert within_binomial_bound(counts, incl, n)
-    assert within_binomial_bound(first, p, n)           # returned in draw order: the first is a single draw
-    assert not within_binomial_bound(counts, 2 * p, n)  # not k * P(j) = [.2, .4, .6, .8]: incl = [.23, ..., .72]
+    # returned in draw order: the first is a single draw
+    assert within_binomial_bound(first, p, n)
+    # not k * P(j) = [.2, .4, .6, .8]: incl = [.23, ..., .72]
+    assert not within_binomial_bound(counts, 2 * p, n)
 
 
 def naive_sample(stored: list[Rollout], rng: np.random.Generator, k: int, step: int, tau_max: int,
                  alpha: float) -> list[Rollout]:
-    """Reference, one rollout at a time: keep age <= tau_max and version < step (and |A| > 0 if alpha > 0), give each
-    key E_j / |A_j|^alpha with E_j ~ Exp(1) in storage order, return the k smallest keys in increasing order."""
-    cand = [r for r in stored if step - r.version <= tau_max and r.version < step and (alpha == 0 or r.advantage)]
+    """Reference, one rollout at a time: keep age <= tau_max and version < step (and |A| > 0 if
+    alpha > 0), give each key E_j / |A_j|^alpha with E_j ~ Exp(1) in storage order, return the k
+    smallest keys in increasing order."""
+    cand = [r for r in stored
+            if step - r.version <= tau_max and r.version < step and (alpha == 0 or r.advantage)]
     e = rng.standard_exponential(len(cand))
-    keyed = sorted(((e[i] / abs(r.advantage) ** alpha, i, r) for i, r in enumerate(cand)), key=lambda t: t[:2])
+    keyed = sorted(((e[i] / abs(r.advantage) ** alpha, i, r) for i, r in enumerate(cand)),
+                   key=lambda t: t[:2])
     return [r for _, _, r in keyed[:k]]
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.5])
 def test_vectorised_sample_equals_naive_loop(alpha):
-    """Same seed, same draws, same order, across steps with eviction: the numpy path is the naive loop."""
-    replay, rng, stored = RolloutReplay(tau_max=2, alpha=alpha, seed=11), np.random.default_rng(11), []
+    """Same seed, same draws, same order, across steps with eviction: the numpy path is the naive
+    loop."""
+    replay, rng, stored = (RolloutReplay(tau_max=2, alpha=alpha, seed=11),
+                           np.random.default_rng(11), [])
     for step in range(6):
-        expected = naive_sample(stored, rng, 1000, step, 2, alpha)  # 1000 of up to 3000: a partial selection
+        # 1000 of up to 3000: a partial selection
+        expected = naive_sample(stored, rng, 1000, step, 2, alpha)
         assert [id(r) for r in replay.draw(1000, step)] == [id(r) for r in expected]
-        fresh = [mk(float((step * 7 + g) % 5 - 2), step, pid=g) for g in range(1500)]  # A in {-2..2}, some 0
+        # A in {-2..2}, some 0
+        fresh = [mk(float((step * 7 + g) % 5 - 2), step, pid=g) for g in range(1500)]
         replay.add(fresh, step)
         stored += fresh
 
 
 def test_zero_advantage_never_drawn_when_alpha_positive():
     replay = RolloutReplay(tau_max=10, alpha=0.5, seed=5)
-    replay.add([mk(0.0, 0, pid=j) for j in range(50)] + [mk(1e-6, 0, pid=50), mk(-2.0, 0, pid=51)], step=0)
+    replay.add([mk(0.0, 0, pid=j) for j in range(50)] + [mk(1e-6, 0, pid=50), mk(-2.0, 0, pid=51)],
+               step=0)
     for _ in range(2000):
         assert all(r.advantage != 0.0 for r in replay.draw(1, step=1))
     # fewer eligible than k: all of them
@@ -158,7 +171,7 @@ def test_no_duplicates_and_all_eligible_when_short():
     assert replay.draw(0, step=2) == []
 
 
-# ---- capacity, resume, stats, immutability, factory ---------------------------------------------------------------
+# ---- capacity, resume, stats, immutability, factory ----------------------------------------------
 def test_capacity_drops_oldest_version_then_earliest_inserted():
     replay = RolloutReplay(tau_max=100, alpha=0.0, capacity=4)
     replay.add([mk(1.0, 3, pid=0), mk(1.0, 1, pid=1), mk(1.0, 2, pid=2)], step=3)
@@ -166,12 +179,14 @@ def test_capacity_drops_oldest_version_then_earliest_inserted():
     # versions in insertion order: 3 1 2 1 3 2 -> drop the two version-1 rollouts (pids 1 and 3)
     assert replay.stats()["replay/capacity_dropped"] == 2
     assert sorted(r.prompt_id for r in replay.draw(10, step=4)) == [0, 2, 4, 5]
-    replay.add([mk(1.0, 4, pid=6)], step=4)         # versions 3 2 3 2 4: the first-inserted version 2 (pid 2) goes
+    # versions 3 2 3 2 4: the first-inserted version 2 (pid 2) goes
+    replay.add([mk(1.0, 4, pid=6)], step=4)
     assert sorted(r.prompt_id for r in replay.draw(10, step=5)) == [0, 4, 5, 6]
 
 
 def _run(replay: RolloutReplay, steps: range) -> list[list[dict]]:
-    """A toy loop: sample, then store a fresh group of 4 with rewards and advantages depending on the step."""
+    """A toy loop: sample, then store a fresh group of 4 with rewards and advantages depending on
+    the step."""
     out = []
     for step in steps:
         out.append([asdict(r) for r in replay.draw(5, step)])
@@ -188,9 +203,10 @@ def test_state_round_trip_resumes_identical_samples():
     buf = io.BytesIO()
     torch.save(sd, buf)
     buf.seek(0)
-    via_torch = torch.load(buf, weights_only=True)            # plain data: the safe loader accepts it
+    via_torch = torch.load(buf, weights_only=True)          # plain data: the safe loader accepts it
     via_pickle = pickle.loads(pickle.dumps(sd))
-    resumed_t = RolloutReplay(tau_max=3, alpha=1.0, capacity=20, seed=999)  # the seed comes from the state
+    # the seed comes from the state
+    resumed_t = RolloutReplay(tau_max=3, alpha=1.0, capacity=20, seed=999)
     resumed_t.load_state_dict(via_torch)
     resumed_p = RolloutReplay(tau_max=3, alpha=1.0, capacity=20)
     resumed_p.load_state_dict(via_pickle)
@@ -232,7 +248,8 @@ def test_stats_on_a_hand_built_case():
 
 
 def test_records_are_stored_as_given_and_never_mutated():
-    rollouts = [mk(float(a), v, pid=j) for j, (a, v) in enumerate([(1, 0), (-2, 0), (0.5, 1), (3, 1), (-1, 2)])]
+    rollouts = [mk(float(a), v, pid=j)
+                for j, (a, v) in enumerate([(1, 0), (-2, 0), (0.5, 1), (3, 1), (-1, 2)])]
     before = copy.deepcopy(rollouts)
     replay = RolloutReplay(tau_max=1, alpha=1.0, capacity=4, seed=8)
     replay.add(rollouts[:3], step=1)

@@ -1,7 +1,8 @@
-"""Checkpoints: kill -9 and resume equals a run that never stopped; a half-written checkpoint is never resumed; a
-checkpoint is a plain Hugging Face model that generates what the trainer's engine generates; non-finite steps are
-skipped, counted, and end the run with the last good checkpoint intact. train.py runs under torchrun with 2 ranks
-(gloo) for the kill test, in-process at world size 1 for the rest."""
+"""Checkpoints: kill -9 and resume equals a run that never stopped; a half-written checkpoint is
+never resumed; a checkpoint is a plain Hugging Face model that generates what the trainer's engine
+generates; non-finite steps are skipped, counted, and end the run with the last good checkpoint
+intact. train.py runs under torchrun with 2 ranks (gloo) for the kill test, in-process at world size
+1 for the rest."""
 import json
 import os
 import shutil
@@ -68,13 +69,14 @@ def children(pid: int) -> list[int]:
 
 
 def rank_states(ckpt) -> list[dict]:
-    return [torch.load(str(ckpt / "trainer" / f"rank_0000{r}.pt"), weights_only=True) for r in (0, 1)]
+    return [torch.load(str(ckpt / "trainer" / f"rank_0000{r}.pt"), weights_only=True)
+            for r in (0, 1)]
 
 
 def test_kill_and_resume_on_two_ranks_equals_straight_run(task, tmp_path):
-    """N = 8 steps on 2 ranks straight vs the same command killed (SIGKILL to every worker, then torchrun) once a
-    checkpoint exists, then `--resume auto`: the same final weights, every rank's buffer and data position, and the
-    same metrics, bit for bit (time/* aside)."""
+    """N = 8 steps on 2 ranks straight vs the same command killed (SIGKILL to every worker, then
+    torchrun) once a checkpoint exists, then `--resume auto`: the same final weights, every rank's
+    buffer and data position, and the same metrics, bit for bit (time/* aside)."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     args = ["--steps", "8", "--save-every", "2"]
     proc = subprocess.run(torchrun(task, straight, *args), cwd=ROOT, capture_output=True, text=True,
@@ -99,15 +101,15 @@ def test_kill_and_resume_on_two_ranks_equals_straight_run(task, tmp_path):
     k = int(resumed_from[-6:])
     assert 2 <= k < 8
     # Debris of a save cut off mid-write, newer than the real checkpoint: resume must pick neither.
-    junk = killed / "checkpoints" / f"step_{k + 1:06d}"                   # renamed but without the marker
+    junk = killed / "checkpoints" / f"step_{k + 1:06d}"         # renamed but without the marker
     (junk / "trainer").mkdir(parents=True)
     (junk / "config.json").write_text("{")
-    tmp = killed / "checkpoints" / f".tmp-step_{k + 2:06d}"               # never renamed
-    tmp.mkdir(exist_ok=True)                                             # the kill may have left one already
+    tmp = killed / "checkpoints" / f".tmp-step_{k + 2:06d}"     # never renamed
+    tmp.mkdir(exist_ok=True)                                    # the kill may have left one already
     (tmp / checkpoint.MARKER).write_text("")
 
-    proc = subprocess.run(torchrun(task, killed, *args, "--resume", "auto"), cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=cpu_env())
+    proc = subprocess.run(torchrun(task, killed, *args, "--resume", "auto"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=cpu_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {resumed_from} at step {k}" in proc.stdout
 
@@ -115,33 +117,42 @@ def test_kill_and_resume_on_two_ranks_equals_straight_run(task, tmp_path):
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[n], wb[n]) for n in wa)
     start = load_file(os.path.join(task[0], "model.safetensors"))
-    assert all(not torch.equal(start[n], wa[n]) for n in start)          # training moved every tensor
+    # training moved every tensor
+    assert all(not torch.equal(start[n], wa[n]) for n in start)
     for ra, rb in zip(rank_states(a), rank_states(b)):
-        assert ra["replay"] == rb["replay"] and ra["pos"] == rb["pos"]    # contents, RNG, last stats
+        # contents, RNG, last stats
+        assert ra["replay"] == rb["replay"] and ra["pos"] == rb["pos"]
         assert len(ra["replay"]["rollouts"]) > 0
     ids = [{d["prompt_id"] for d in r["replay"]["rollouts"]} for r in rank_states(a)]
-    assert not ids[0] & ids[1]                                            # each rank stores its own prompts
+    assert not ids[0] & ids[1]                                    # each rank stores its own prompts
     ma, mb = metrics(straight), metrics(killed)
-    assert [m["step"] for m in mb] == list(range(9))                     # continued: no step lost or repeated
+    # continued: no step lost or repeated
+    assert [m["step"] for m in mb] == list(range(9))
     assert [no_time(m) for m in ma] == [no_time(m) for m in mb]
-    assert all(m["batch/fresh"] == 16 for m in ma[1:])                   # both ranks' rollouts counted
-    assert sum(m["replay/sampled"] for m in ma[k + 1:]) > 0              # the resumed steps replayed old rollouts
+    # both ranks' rollouts counted
+    assert all(m["batch/fresh"] == 16 for m in ma[1:])
+    # the resumed steps replayed old rollouts
+    assert sum(m["replay/sampled"] for m in ma[k + 1:]) > 0
 
 
 def test_resume_at_world_size_one(task, tmp_path):
-    """Plain `python` (no process group): 4 steps straight vs step 2's checkpoint alone, resumed to 4."""
+    """Plain `python` (no process group): 4 steps straight vs step 2's checkpoint alone, resumed to
+    4."""
     a, b = tmp_path / "a", tmp_path / "b"
     assert train.main(args_of(task, a, "--steps", "4", "--save-every", "2")) == 0
     (b / "checkpoints").mkdir(parents=True)
     shutil.copytree(a / "checkpoints" / "step_000002", b / "checkpoints" / "step_000002")
-    assert train.main(args_of(task, b, "--steps", "4", "--save-every", "2", "--resume",
-                              str(b / "checkpoints" / "step_000002"))) == 0
-    wa, wb = (load_file(str(d / "checkpoints" / "step_000004" / "model.safetensors")) for d in (a, b))
+    assert train.main(args_of(task, b, "--steps", "4", "--save-every", "2",
+                              "--resume", str(b / "checkpoints" / "step_000002"))) == 0
+    wa, wb = (load_file(str(d / "checkpoints" / "step_000004" / "model.safetensors"))
+              for d in (a, b))
     assert all(torch.equal(wa[n], wb[n]) for n in wa)
-    sa, sb = (torch.load(str(d / "checkpoints" / "step_000004" / "trainer" / "rank_00000.pt"), weights_only=True)
+    sa, sb = (torch.load(str(d / "checkpoints" / "step_000004" / "trainer" / "rank_00000.pt"),
+                         weights_only=True)
               for d in (a, b))
     assert sa["replay"] == sb["replay"] and sa["pos"] == sb["pos"]
-    assert [no_time(m) for m in metrics(a)[3:]] == [no_time(m) for m in metrics(b)]   # b logged steps 3, 4 only
+    # b logged steps 3, 4 only
+    assert [no_time(m) for m in metrics(a)[3:]] == [no_time(m) for m in metrics(b)]
 
 
 def test_latest_ignores_partial_checkpoints(tmp_path):
@@ -155,7 +166,8 @@ def test_latest_ignores_partial_checkpoints(tmp_path):
     assert checkpoint.latest(str(root)) == str(root / "step_000010")
     assert checkpoint.resolve("auto", str(tmp_path)) == str(root / "step_000010")
     assert checkpoint.resolve("", str(tmp_path)) is None
-    assert checkpoint.resolve("auto", str(tmp_path / "elsewhere")) is None     # nothing yet: start fresh
+    # nothing yet: start fresh
+    assert checkpoint.resolve("auto", str(tmp_path / "elsewhere")) is None
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         checkpoint.resolve(str(root / "step_000012"), str(tmp_path))
     with pytest.raises(ValueError, match="written by 1 ranks, this run has 2"):
@@ -169,7 +181,8 @@ def test_latest_ignores_partial_checkpoints(tmp_path):
     assert found == str(root / "step_000010")
 
 
-def test_checkpoint_is_a_transformers_model_that_generates_like_the_engine(task, tmp_path, monkeypatch):
+def test_checkpoint_is_a_transformers_model_that_generates_like_the_engine(task, tmp_path,
+                                                                           monkeypatch):
     engines = []
 
     class Recorded(train.TorchEngine):
@@ -189,21 +202,24 @@ def test_checkpoint_is_a_transformers_model_that_generates_like_the_engine(task,
     ours = dict(engine.model.named_parameters())
     assert all(torch.equal(p, ours[n]) for n, p in hf.named_parameters())
     start = AutoModelForCausalLM.from_pretrained(task[0])
-    assert not all(torch.equal(p, ours[n]) for n, p in start.named_parameters())    # the engine was synced
+    # the engine was synced
+    assert not all(torch.equal(p, ours[n]) for n, p in start.named_parameters())
     texts = ["3=", "7=", "12+5=", "9*9="]
     rs = engine.generate([Prompt(i, tok.encode(t)) for i, t in enumerate(texts)], 1,
                          Sampling(temperature=0, max_new_tokens=6))
     for t, r in zip(texts, rs):
         ids = torch.tensor([tok.encode(t)])
         with torch.no_grad():
-            g = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-                            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            g = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                            do_sample=False, eos_token_id=tok.eos_token_id,
+                            pad_token_id=tok.pad_token_id)
         assert g[0, ids.shape[1]:].tolist()[:len(r.completion_ids)] == r.completion_ids, t
 
 
 def test_non_finite_steps_are_skipped_then_end_the_run(task, tmp_path, monkeypatch, capsys):
-    """From the third update on the loss is NaN: step 3 is skipped (weights unchanged, counted, still saved, since
-    its weights are the good ones), step 4 is the second in a row and ends the run; no later checkpoint exists."""
+    """From the third update on the loss is NaN: step 3 is skipped (weights unchanged, counted,
+    still saved, since its weights are the good ones), step 4 is the second in a row and ends the
+    run; no later checkpoint exists."""
     calls = []
     real = train.micro_batch_loss
 
@@ -219,7 +235,8 @@ def test_non_finite_steps_are_skipped_then_end_the_run(task, tmp_path, monkeypat
     assert rc == 1 and "error: 2 optimizer steps in a row had a non-finite loss" in err
     assert checkpoint.latest(str(out / "checkpoints")).endswith("step_000003")
     assert not (out / "checkpoints" / "step_000004").exists()
-    w2, w3 = (load_file(str(out / "checkpoints" / f"step_00000{s}" / "model.safetensors")) for s in (2, 3))
+    w2, w3 = (load_file(str(out / "checkpoints" / f"step_00000{s}" / "model.safetensors"))
+              for s in (2, 3))
     assert all(torch.equal(w2[n], w3[n]) and torch.isfinite(w3[n]).all() for n in w2)
     m = metrics(out)
     assert [x["step"] for x in m] == [0, 1, 2, 3]

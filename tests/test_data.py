@@ -1,5 +1,5 @@
-"""data.py: the published benchmark files load as their README says, gold answers are extracted, bad input names
-the file and line, and the prompt templates produce the exact text."""
+"""data.py: the published benchmark files load as their README says, gold answers are extracted, bad
+input names the file and line, and the prompt templates produce the exact text."""
 import json
 import sys
 from pathlib import Path
@@ -42,8 +42,8 @@ def test_gold_answers_as_published(shared_data):
     load = lambda name: data.load_benchmark(name, data_dir=str(shared_data))   # noqa: E731
     first = {n: load(n)[0].answer
              for n in ("gsm8k", "math500", "aime24", "amc23", "minerva", "olympiadbench")}
-    assert first == {"gsm8k": "18", "math500": "\\left( 3, \\frac{\\pi}{2} \\right)", "aime24": "204",
-                     "amc23": "27", "minerva": "1.6", "olympiadbench": "2"}
+    assert first == {"gsm8k": "18", "math500": "\\left( 3, \\frac{\\pi}{2} \\right)",
+                     "aime24": "204", "amc23": "27", "minerva": "1.6", "olympiadbench": "2"}
     # GSM8K's "#### 1,080"-style answers lose the separator; every gold is then a plain integer.
     assert all(e.answer.lstrip("-").isdigit() for e in load("gsm8k_train"))
     # AIME keeps its published zero-padded strings; the verifier compares them as numbers.
@@ -58,7 +58,7 @@ def test_minerva_all_272_from_boxed_with_nested_braces(shared_data):
     for row, ex in zip(rows, exs):
         assert "\\boxed{" + ex.answer in row["solution"].replace("\\boxed{ ", "\\boxed{")
         assert ex.answer.count("{") == ex.answer.count("}")
-    assert sum("{" in e.answer for e in exs) > 20          # nested braces are common, not an edge case
+    assert sum("{" in e.answer for e in exs) > 20       # nested braces are common, not an edge case
 
 
 def test_last_boxed():
@@ -73,7 +73,8 @@ def test_olympiad_answers():
     assert data.olympiad_answer(["$\\frac{1}{2 n+2}$"]) == "\\frac{1}{2 n+2}"
     assert data.olympiad_answer(["$69$,$84$"]) == "69,84"
     assert data.olympiad_answer(["3", "5"]) == "3, 5"
-    assert data.olympiad_answer("['$2^{1009}$', '7']") == "2^{1009}, 7"     # the list written as a string
+    # the list written as a string
+    assert data.olympiad_answer("['$2^{1009}$', '7']") == "2^{1009}, 7"
 
 
 def test_olympiadbench_answers_as_published(shared_data):
@@ -83,7 +84,8 @@ def test_olympiadbench_answers_as_published(shared_data):
 
 
 def test_builtin_names():
-    assert data.load_benchmark("builtin") == data.arithmetic_examples("test", data.BUILTIN_TEST_SIZE, seed=0)
+    assert (data.load_benchmark("builtin")
+            == data.arithmetic_examples("test", data.BUILTIN_TEST_SIZE, seed=0))
     assert len(data.load_benchmark("builtin")) == 500
     train = data.load_benchmark("builtin_train")
     assert len(train) == data.BUILTIN_TRAIN_SIZE == len(data.arithmetic_examples("train"))  # all
@@ -122,7 +124,8 @@ def test_train_dev_and_test_splits_are_pairwise_disjoint_whatever_the_seed(examp
 
 def test_malformed_line_names_file_and_line(tmp_path):
     f = tmp_path / "set.jsonl"
-    f.write_text('{"question": "q1", "answer": "1"}\n\n{"question": "q2", "answer": "2"}\n{"question": "q3", \n')
+    f.write_text('{"question": "q1", "answer": "1"}\n\n{"question": "q2", "answer": "2"}\n'
+                 '{"question": "q3", \n')
     with pytest.raises(ValueError, match=rf"{f}:4: malformed JSON line"):
         data.load_benchmark(str(f))
     # The same for a named benchmark read from another data dir.
@@ -153,14 +156,17 @@ def test_missing_and_unknown():
 
 def test_generic_jsonl_and_json_with_keys(tmp_path):
     f = tmp_path / "dapo.jsonl"
-    rows = [{"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2+2?"}],
+    rows = [{"prompt": [{"role": "system", "content": "s"},
+                        {"role": "user", "content": "What is 2+2?"}],
              "reward_model": {"ground_truth": 4}},
-            {"prompt": [{"role": "user", "content": "What is 1.5*2?"}], "reward_model": {"ground_truth": 3.0}}]
+            {"prompt": [{"role": "user", "content": "What is 1.5*2?"}],
+             "reward_model": {"ground_truth": 3.0}}]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     exs = data.load_benchmark(str(f), answer_key="reward_model.ground_truth")
     assert exs == [data.Example("What is 2+2?", "4"), data.Example("What is 1.5*2?", "3")]
     j = tmp_path / "set.json"
-    j.write_text(json.dumps([{"problem": "p1", "final_answer": ["$5$"]}, {"problem": "p2", "final_answer": "x"}]))
+    j.write_text(json.dumps([{"problem": "p1", "final_answer": ["$5$"]},
+                             {"problem": "p2", "final_answer": "x"}]))
     assert data.load_benchmark(str(j)) == [data.Example("p1", "$5$"), data.Example("p2", "x")]
     j.write_text('[{"problem": "p1",\n "answer": }]')
     with pytest.raises(ValueError, match=rf"{j}:2: malformed JSON"):
@@ -187,7 +193,8 @@ def test_parquet(tmp_path):
 def _chat_tokenizer(template):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
     tok.chat_template = template
     return tok
 
@@ -198,8 +205,9 @@ def test_templates():
     assert data.apply_template(ex, "plain") == plain
     assert data.apply_template("What is 1+1?", "plain") == plain
     assert data.apply_template(data.Example("3+4", "7"), "builtin") == "3+4="
-    tok = _chat_tokenizer("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tok = _chat_tokenizer(
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     assert data.apply_template(ex, "chat", tok) == f"<|user|>{plain}<|end|><|assistant|>"
     with pytest.raises(ValueError, match="has none"):
         data.apply_template(ex, "chat", _chat_tokenizer(None))
@@ -209,7 +217,7 @@ def test_templates():
         data.apply_template(ex, "fancy")
 
 
-# ---- the second built-in task: arithmetic worked step by step -------------------------------------------------------
+# ---- the second built-in task: arithmetic worked step by step ------------------------------------
 
 def test_steps_task_worked_solution_grades_and_reduces_one_operation_at_a_time():
     import verify
@@ -307,7 +315,10 @@ def test_shipped_tiny_steps_model_works_step_by_step_with_headroom():
 def test_cli_help_and_unknown_name_are_not_tracebacks():
     import subprocess
     script = str(ROOT / "data.py")
-    ok = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
+    ok = subprocess.run([sys.executable, script, "--help"], capture_output=True,
+                        text=True, timeout=60)
     assert ok.returncode == 0 and "python data.py math500" in ok.stdout
-    bad = subprocess.run([sys.executable, script, "nosuch"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and bad.stderr.startswith("error: unknown benchmark") and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, script, "nosuch"], capture_output=True,
+                         text=True, timeout=60)
+    assert (bad.returncode == 1 and bad.stderr.startswith("error: unknown benchmark")
+            and "Traceback" not in bad.stderr)

@@ -1,12 +1,15 @@
-"""The documentation is the code's: docs/flags.md is `python train.py --help`, every relative link in the docs
-resolves to a file of the repository, docs/methods.md names only train.py's flags, and no doc cites an issue number.
+"""The documentation is the code's: docs/flags.md is `python train.py --help`, every relative link
+in the docs resolves to a file of the repository, docs/methods.md names only train.py's flags, and
+no doc cites an issue number.
 
-    python tests/test_docs.py --write      # regenerate docs/flags.md after changing a flag or its help text
+    python tests/test_docs.py --write      # regenerate docs/flags.md after changing a flag or its
+                                           # help text
     python -m pytest -q tests/test_docs.py
 
-The help is taken at COLUMNS=100, so argparse wraps it the same everywhere, with the repository's absolute path
-removed from the defaults (`--model`'s default is a path inside the repository). The comparison ignores how lines are
-wrapped: that path's length, which differs between checkouts, moves argparse's line breaks.
+The help is taken at COLUMNS=100, so argparse wraps it the same everywhere, with the repository's
+absolute path removed from the defaults (`--model`'s default is a path inside the repository). The
+comparison ignores how lines are wrapped: that path's length, which differs between checkouts, moves
+argparse's line breaks.
 """
 import functools
 import os
@@ -28,7 +31,8 @@ FENCE = "```"
 
 
 def doc_files() -> list[Path]:
-    """README.md, docs/*.md and bench/README.md: the documentation a reader of the repository has."""
+    """README.md, docs/*.md and bench/README.md: the documentation a reader of the repository
+    has."""
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
 
 
@@ -37,8 +41,8 @@ def help_text() -> str:
     """`python train.py --help`, run from the repository root, the repository's path removed."""
     env = dict(os.environ, COLUMNS="100", NO_COLOR="1", PYTHON_COLORS="0", OMP_NUM_THREADS="1")
     env.pop("FORCE_COLOR", None)
-    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"python train.py --help failed:\n{out.stderr}"
     return out.stdout.replace(str(ROOT) + os.sep, "").rstrip() + "\n"
 
@@ -66,8 +70,9 @@ def test_flags_md_is_train_help():
         first = next((i for i, (a, b) in enumerate(zip(_words(have), _words(want))) if a != b),
                      min(len(_words(have)), len(_words(want))))
         context = " ".join(_words(want)[max(0, first - 8):first + 8])
-        raise AssertionError(f"docs/flags.md is not `python train.py --help` (first difference near: {context!r}): "
-                             f"regenerate it with {REGENERATE}")
+        raise AssertionError(
+            f"docs/flags.md is not `python train.py --help` (first difference near: {context!r}): "
+            f"regenerate it with {REGENERATE}")
 
 
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -80,7 +85,8 @@ def _prose(text: str) -> str:
 
 def relative_links(path: Path) -> list[str]:
     links = LINK.findall(_prose(path.read_text(encoding="utf-8")))
-    return [t for t in links if not re.match(r"[a-z][a-z0-9+.-]*:", t, re.I) and not t.startswith("#")]
+    return [t for t in links
+            if not re.match(r"[a-z][a-z0-9+.-]*:", t, re.I) and not t.startswith("#")]
 
 
 def test_relative_links_resolve():
@@ -103,15 +109,18 @@ def test_no_issue_numbers():
     found = []
     for doc in doc_files():
         for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
-            found += [f"{doc.relative_to(ROOT)}:{n}: {m.group(0)!r}" for m in ISSUE_NUMBER.finditer(line)]
+            found += [f"{doc.relative_to(ROOT)}:{n}: {m.group(0)!r}"
+                      for m in ISSUE_NUMBER.finditer(line)]
     assert not found, "issue numbers in the docs:\n" + "\n".join(found)
 
 
 def test_methods_md_names_only_train_flags():
     """Every `--flag` in docs/methods.md is one of train.py's (a renamed flag shows here)."""
     known = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text()))
-    used = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")))
-    assert not used - known, f"docs/methods.md names flags train.py does not have: {sorted(used - known)}"
+    used = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*",
+                          (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")))
+    assert not used - known, (
+        f"docs/methods.md names flags train.py does not have: {sorted(used - known)}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""eval.py: pass@k against brute-force enumeration, maj@k and AES by hand, evaluate() on scripted completions, and the
-CLI end to end on a tiny random model (outputs, same numbers as in-process evaluate, one-line errors)."""
+"""eval.py: pass@k against brute-force enumeration, maj@k and AES by hand, evaluate() on scripted
+completions, and the CLI end to end on a tiny random model (outputs, same numbers as in-process
+evaluate, one-line errors)."""
 import itertools
 import json
 import math
@@ -19,10 +20,11 @@ from rollout import Rollout, Sampling
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# ---- pure metrics --------------------------------------------------------------------------------------------------
+# ---- pure metrics --------------------------------------------------------------------------------
 
 def brute_pass_at_k(n, c, k):
-    """Share of the k-subsets of n samples (the first c correct) that hold at least one correct sample."""
+    """Share of the k-subsets of n samples (the first c correct) that hold at least one correct
+    sample."""
     subsets = list(itertools.combinations(range(n), k))
     return Fraction(sum(any(i < c for i in s) for s in subsets), len(subsets))
 
@@ -31,11 +33,13 @@ def test_pass_at_k_equals_brute_force_enumeration():
     for n in range(1, 8):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert ev.pass_at_k(n, c, k) == pytest.approx(float(brute_pass_at_k(n, c, k)), abs=1e-12), (n, c, k)
+                assert (ev.pass_at_k(n, c, k)
+                        == pytest.approx(float(brute_pass_at_k(n, c, k)), abs=1e-12)), (n, c, k)
 
 
 def test_pass_at_k_large_n_is_stable_and_exact():
-    # C(200, 100) ~ 9e58: the product form stays accurate where the quotient of huge combinations is the reference.
+    # C(200, 100) ~ 9e58: the product form stays accurate where the quotient of huge combinations is
+    # the reference.
     for c, k in [(3, 100), (1, 1), (0, 50), (150, 60), (199, 2)]:
         exact = 1 - Fraction(math.comb(200 - c, k), math.comb(200, k))
         assert ev.pass_at_k(200, c, k) == pytest.approx(float(exact), rel=1e-12, abs=1e-15)
@@ -49,27 +53,31 @@ def test_pass_at_k_large_n_is_stable_and_exact():
 def test_maj_at_k_by_hand():
     answers = ["3", "4", "4", "3", "5"]
     correct = [True, False, False, True, False]
-    assert ev.maj_at_k(answers, correct, 5) == 1.0          # 3 and 4 tie at two votes; "3" was seen first
-    assert ev.maj_at_k(answers, correct, 3) == 0.0          # "4" twice among the first three
+    assert ev.maj_at_k(answers, correct, 5) == 1.0    # 3 and 4 tie at two votes; "3" was seen first
+    assert ev.maj_at_k(answers, correct, 3) == 0.0    # "4" twice among the first three
     assert ev.maj_at_k(answers, correct, 1) == 1.0
-    assert ev.maj_at_k([None, "", "7"], [False, False, True], 3) == 1.0   # samples without an answer do not vote
+    # samples without an answer do not vote
+    assert ev.maj_at_k([None, "", "7"], [False, False, True], 3) == 1.0
     assert ev.maj_at_k([None, None], [False, False], 2) == 0.0
-    assert ev.maj_at_k(["1 / 2", "9", "1/2"], [True, False, True], 3) == 1.0  # whitespace does not split a vote
+    # whitespace does not split a vote
+    assert ev.maj_at_k(["1 / 2", "9", "1/2"], [True, False, True], 3) == 1.0
 
 
 def test_aes_reproduces_o1_pruner_row():
-    # O1-Pruner (arXiv 2501.12570): baseline 73.8% at 1156 tokens -> 77.5% at 657 tokens gives AES 0.58.
+    # O1-Pruner (arXiv 2501.12570): baseline 73.8% at 1156 tokens -> 77.5% at 657 tokens
+    # gives AES 0.58.
     score = ev.aes(77.5, 657, 73.8, 1156)
     assert round(score, 2) == 0.58
     assert score == pytest.approx((1156 - 657) / 1156 + 3 * (77.5 - 73.8) / 73.8)
     assert ev.aes(0.775, 657, 0.738, 1156) == pytest.approx(score)          # units cancel
     assert ev.aes(0.7, 500, 0.8, 1000) == pytest.approx(0.5 - 5 * 0.125)    # a drop weighs 5, not 3
-    assert ev.aes(0.8, 1200, 0.8, 1000) == pytest.approx(-0.2)             # dA = 0 takes the >= 0 branch
+    # dA = 0 takes the >= 0 branch
+    assert ev.aes(0.8, 1200, 0.8, 1000) == pytest.approx(-0.2)
     with pytest.raises(ValueError):
         ev.aes(0.5, 10, 0.0, 10)
 
 
-# ---- evaluate() on scripted completions ------------------------------------------------------------------------------
+# ---- evaluate() on scripted completions ----------------------------------------------------------
 
 class CharTok:
     def encode(self, text, add_special_tokens=True):
@@ -91,17 +99,20 @@ class ScriptedEngine:
         out = []
         for p in prompts:
             for text, length, trunc in self.script[CharTok().decode(p.ids)]:
-                out.append(Rollout(prompt_id=p.prompt_id, prompt_ids=p.ids, completion_ids=[0] * length,
-                                   logprobs=[0.0] * length, text=text, answer=p.answer, truncated=trunc))
+                out.append(Rollout(prompt_id=p.prompt_id, prompt_ids=p.ids,
+                                   completion_ids=[0] * length, logprobs=[0.0] * length, text=text,
+                                   answer=p.answer, truncated=trunc))
         return out
 
 
 def test_evaluate_numbers_by_hand():
     script = {"2+3=": [("\\boxed{5}", 4, True), ("\\boxed{6}", 5, False), ("\\boxed{5}", 6, False)],
-              "3+4=": [("\\boxed{1}", 1, False), ("\\boxed{2}", 2, False), ("\\boxed{1}", 3, False)]}
+              "3+4=": [("\\boxed{1}", 1, False), ("\\boxed{2}", 2, False),
+                       ("\\boxed{1}", 3, False)]}
     engine = ScriptedEngine(script)
     exs = [data.Example("2+3", "5"), data.Example("3+4", "7")]
-    summary, records = ev.evaluate(engine, CharTok(), exs, template="builtin", k=3, sampling=Sampling(seed=10))
+    summary, records = ev.evaluate(engine, CharTok(), exs, template="builtin", k=3,
+                                   sampling=Sampling(seed=10))
     # batch_size 3 // k 3 = one prompt per generate call, each with its own seed
     assert engine.calls == [(["2+3="], 3, 10), (["3+4="], 3, 11)]
     assert records[0]["correct"] == [True, False, True] and records[1]["correct"] == [False] * 3
@@ -109,12 +120,14 @@ def test_evaluate_numbers_by_hand():
     assert summary["n"] == 2 and summary["k"] == 3
     assert summary["mean@k"] == pytest.approx((2 / 3 + 0) / 2)
     assert summary["pass@1"] == pytest.approx(1 / 3)
-    assert summary["pass@2"] == pytest.approx((1 + 0) / 2)      # 2 of 3 correct: every pair holds one
+    # 2 of 3 correct: every pair holds one
+    assert summary["pass@2"] == pytest.approx((1 + 0) / 2)
     assert summary["pass@3"] == pytest.approx(0.5)
-    assert summary["maj@k"] == pytest.approx(0.5)               # "5" wins problem 0, "1" (wrong) wins problem 1
+    assert summary["maj@k"] == pytest.approx(0.5)   # "5" wins problem 0, "1" (wrong) wins problem 1
     assert summary["length/mean"] == pytest.approx(21 / 6)
     assert summary["truncated/frac"] == pytest.approx(1 / 6)
-    assert not any(key.startswith("pass@") and key not in ("pass@1", "pass@2", "pass@3") for key in summary)
+    assert not any(key.startswith("pass@") and key not in ("pass@1", "pass@2", "pass@3")
+                   for key in summary)
 
 
 def test_evaluate_grades_by_the_sets_rule():
@@ -166,7 +179,7 @@ def test_make_prompts_templates():
     assert CharTok().decode(ps[0].ids) == "q?\n" + data.BOXED_INSTRUCTION and ps[0].answer == "1"
 
 
-# ---- the CLI on a tiny random model ----------------------------------------------------------------------------------
+# ---- the CLI on a tiny random model --------------------------------------------------------------
 
 def random_model(path):
     """A random 2-layer Qwen2 with a character tokenizer, saved as a Hugging Face directory."""
@@ -178,23 +191,26 @@ def random_model(path):
     t = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     t.decoder = decoders.Fuse()
     t.add_special_tokens(["<|endoftext|>", "<|pad|>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|endoftext|>", pad_token="<|pad|>")
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|endoftext|>",
+                                  pad_token="<|pad|>")
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=1024, tie_word_embeddings=True,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
 
 
-# eval.py runs on 1 torch thread, as the in-process comparison below does: kernels may sum in another order on
-# another thread count, and a sampled or greedy token can then differ (1 thread is also what train.py --threads 1 uses)
+# eval.py runs on 1 torch thread, as the in-process comparison below does: kernels may sum in
+# another order on another thread count, and a sampled or greedy token can then differ (1 thread is
+# also what train.py --threads 1 uses)
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def run_cli(*flags):
-    return subprocess.run([sys.executable, str(ROOT / "eval.py"), *flags], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120, env=ONE_THREAD)
+    return subprocess.run([sys.executable, str(ROOT / "eval.py"), *flags], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, env=ONE_THREAD)
 
 
 @pytest.fixture(scope="module")
@@ -211,44 +227,52 @@ def test_cli_end_to_end(model_dir, tmp_path):
     base.write_text(json.dumps({"benchmarks": {"builtin": {"mean@k": 0.5, "length/mean": 8.0},
                                                "mine": {"mean@k": 0.25, "length/mean": 2.0}}}))
     out = tmp_path / "out"
-    p = run_cli("--model", str(model_dir), "--benchmarks", f"builtin,{gen}", "--limit", "3", "--k", "2",
-                "--temperature", "1.0", "--max-new-tokens", "4", "--seed", "5", "--out", str(out),
-                "--question-key", "q", "--answer-key", "sol.final", "--baseline", str(base))
+    p = run_cli("--model", str(model_dir), "--benchmarks", f"builtin,{gen}", "--limit", "3",
+                "--k", "2", "--temperature", "1.0", "--max-new-tokens", "4", "--seed", "5",
+                "--out", str(out), "--question-key", "q", "--answer-key", "sol.final",
+                "--baseline", str(base))
     assert p.returncode == 0, p.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["benchmarks"]) == {"builtin", "mine"}
     for name, n in [("builtin", 3), ("mine", 2)]:
         recs = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
         s = summary["benchmarks"][name]
-        assert len(recs) == n == s["n"] and all(len(r["responses"]) == len(r["lengths"]) == 2 for r in recs)
+        assert (len(recs) == n == s["n"]
+                and all(len(r["responses"]) == len(r["lengths"]) == 2 for r in recs))
         assert all(1 <= x <= 4 for r in recs for x in r["lengths"])
         assert s["mean@k"] == pytest.approx(sum(sum(r["correct"]) for r in recs) / (2 * n))
         assert s["length/mean"] == pytest.approx(sum(sum(r["lengths"]) for r in recs) / (2 * n))
-        assert s["truncated/frac"] == pytest.approx(sum(sum(r["truncated"]) for r in recs) / (2 * n))
+        assert (s["truncated/frac"]
+                == pytest.approx(sum(sum(r["truncated"]) for r in recs) / (2 * n)))
         b = json.loads(base.read_text())["benchmarks"][name]
-        assert s["aes"] == pytest.approx(ev.aes(s["mean@k"], s["length/mean"], b["mean@k"], b["length/mean"]))
-    assert [r["gold"] for r in map(json.loads, (out / "mine.jsonl").read_text().splitlines())] == ["2", "4"]
+        assert s["aes"] == pytest.approx(ev.aes(s["mean@k"], s["length/mean"], b["mean@k"],
+                                                b["length/mean"]))
+    assert ([r["gold"] for r in map(json.loads, (out / "mine.jsonl").read_text().splitlines())]
+            == ["2", "4"])
     assert summary["macro"]["mean@k"] == pytest.approx(
         (summary["benchmarks"]["builtin"]["mean@k"] + summary["benchmarks"]["mine"]["mean@k"]) / 2)
     table = (out / "summary.md").read_text()
-    assert table.startswith("| benchmark | n | mean@2 | pass@2 | maj@2 |") and "| average |" in table
+    assert (table.startswith("| benchmark | n | mean@2 | pass@2 | maj@2 |")
+            and "| average |" in table)
     assert table.strip() in p.stdout
 
-    # What train.py logs (evaluate() on its own engine) equals what the CLI reports for the same model and settings.
+    # What train.py logs (evaluate() on its own engine) equals what the CLI reports for the same
+    # model and settings.
     import torch
     from rollout import TorchEngine, load_model
     model, tok = load_model(str(model_dir))
     engine = TorchEngine(model, tok, batch_size=ev.Args.batch_size)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)                        # as the CLI ran: the same computation, token for token
+    torch.set_num_threads(1)                 # as the CLI ran: the same computation, token for token
     try:
-        s, recs = ev.evaluate(engine, tok, data.load_benchmark("builtin")[:3], template="builtin", k=2,
-                              sampling=Sampling(temperature=1.0, max_new_tokens=4, seed=5))
+        s, recs = ev.evaluate(engine, tok, data.load_benchmark("builtin")[:3], template="builtin",
+                              k=2, sampling=Sampling(temperature=1.0, max_new_tokens=4, seed=5))
     finally:
         torch.set_num_threads(threads)
     cli = [json.loads(line) for line in (out / "builtin.jsonl").read_text().splitlines()]
     assert [r["responses"] for r in recs] == [r["responses"] for r in cli]
-    assert [r["prompt"] for r in cli] == [data.builtin_prompt(e.question) for e in data.load_benchmark("builtin")[:3]]
+    assert ([r["prompt"] for r in cli]
+            == [data.builtin_prompt(e.question) for e in data.load_benchmark("builtin")[:3]])
     assert {key: v for key, v in summary["benchmarks"]["builtin"].items() if key != "aes"} == s
 
 
@@ -284,7 +308,8 @@ def test_help_text_comes_from_field_docstrings():
     assert set(docs) == {f.name for f in ev.dataclasses.fields(ev.Args)}
     assert docs["k"].startswith("samples per problem")
     p = run_cli("--help")
-    assert p.returncode == 0 and "--max-new-tokens" in p.stdout and "sampling temperature; 0 is greedy" in p.stdout
+    assert (p.returncode == 0 and "--max-new-tokens" in p.stdout
+            and "sampling temperature; 0 is greedy" in p.stdout)
 
 
 def test_help_and_import_do_not_import_torch():

@@ -94,7 +94,8 @@ def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
         sweep = (tmp_path / s.label / "sweep.md").read_text()
         for arm in s.arms:
             assert f"| {arm.name} |" in results and f"| {arm.name} |" in sweep
-        rows = [line for line in sweep.splitlines() if line.startswith("| ") and "| arm |" not in line]
+        rows = [line for line in sweep.splitlines()
+                if line.startswith("| ") and "| arm |" not in line]
         assert [row.count("**") for row in rows] == [2] * len(s.arms)   # one chosen lr per arm
         arm = experiments.slug(s.arms[0].name)
         dev = tmp_path / "runs" / s.label / "sweep" / arm / "lr-3e-05" / "seed-0" / "metrics.jsonl"
@@ -105,6 +106,12 @@ def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
         assert not any("eval/accuracy" in r for r in dev_rows)           # and never test
         assert any("eval/accuracy" in r for r in test_rows)
         assert not any("eval/dev_accuracy" in r for r in test_rows)
+        for group in s.readings:      # one reading of each method reported, the dev's choice
+            report = tmp_path / "runs" / s.label / "report"
+            reported = [n for n in group if (report / experiments.slug(n)).exists()]
+            assert len(reported) == 1 and f"**{reported[0]}** reported" in sweep
+            assert all(f"| {n} |" not in results.split("The sweep:")[0]
+                       for n in group if n != reported[0])
         if os.environ.get("REQUIRE_BENCH") == "1" or _has_mpl():
             assert (tmp_path / s.label / "accuracy.png").exists()
 
@@ -130,3 +137,55 @@ def test_past_edge_sweeps_one_more_half_decade_where_the_best_is_at_an_edge():
     assert experiments.past_edge({3e-4: [0.3], 1e-4: [0.2], 3e-5: [0.1]}) == 1e-3
     assert experiments.past_edge({1e-4: [0.1], 3e-5: [0.1], 1e-5: [0.3]}) == 3e-6
     assert experiments.past_edge({3e-4: [0.1], 1e-4: [0.3], 3e-5: [0.1]}) is None   # interior
+
+
+def test_choose_reading_takes_the_best_dev_accuracy_within_the_band():
+    sweep = {"a": {1e-4: [0.4, 0.4]}, "b": {1e-4: [0.5, 0.5], 3e-5: [0.7, 0.7]},
+             "c": {3e-5: [0.6, 0.6]}}
+    chosen = {"a": 1e-4, "b": 1e-4, "c": 3e-5}          # each at its own chosen lr
+    assert experiments.choose_reading(("a", "b", "c"), sweep, chosen) == "c"
+    band = {"a": 0.01, "b": 0.05, "c": 0.5}
+    assert experiments.choose_reading(("a", "b", "c"), sweep, chosen, band, 0.1) == "b"
+    # none inside the band: the one nearest to it
+    assert experiments.choose_reading(("a", "c"), sweep, chosen, {"a": 0.3, "c": 0.2}, 0.1) == "c"
+    tie = {"a": {1e-4: [0.5]}, "b": {1e-4: [0.5]}}
+    assert experiments.choose_reading(("b", "a"), tie, {"a": 1e-4, "b": 1e-4}) == "b"
+
+
+def _budget(argv):
+    budget = int(flag(argv, "--vigor-budget")) if "--vigor-budget" in argv else 0
+    return budget or int(flag(argv, "--prompts-per-step")) * int(flag(argv, "--group-size"))
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_vigor_arms_spend_the_same_rollouts_per_step(quick):
+    (s,) = experiments.vigor(quick).settings
+    assert len({(_budget([*s.flags, *a.flags]), flag([*s.flags, *a.flags], "--steps"))
+                for a in s.arms}) == 1
+    screened = [a for a in s.arms if "2x prompts" in a.name]
+    assert screened and all(int(flag([*s.flags, *a.flags], "--prompts-per-step"))
+                            == 2 * int(flag(list(s.flags), "--prompts-per-step")) for a in screened)
+    assert len(s.readings) == 1 and len(s.readings[0]) >= 2
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_r2po_arms_hold_policy_updates_or_loop_steps_equal(quick):
+    (s,) = experiments.r2po_exp(quick).settings
+    r2 = [a for a in s.arms if "--r2po-schedule" in a.flags]
+    grpo = {a.name: int(flag([*s.flags, *a.flags], "--steps")) for a in s.arms if a not in r2}
+    for a in r2:
+        argv = [*s.flags, *a.flags]
+        h, p = map(int, flag(argv, "--r2po-schedule").split(","))
+        steps = int(flag(argv, "--steps"))
+        assert steps % (h + p) == 0
+        assert sorted(grpo.values()) == [steps // (h + p) * p, steps]   # equal updates, rollouts
+    assert {flag([*s.flags, *a.flags], "--reward") for a in s.arms} == {"correct+format"}
+    assert s.band and s.readings == (tuple(a.name for a in r2),)
+
+
+def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_seeds():
+    (s,) = experiments.headroom_drift(False).settings
+    for key in ("--steps", "--prompts-per-step"):
+        assert len({flag([*s.flags, *a.flags], key) for a in s.arms}) == 1
+    assert flag(list(s.report_flags), "--eval-temperature") == "1.0"
+    assert int(flag(list(s.report_flags), "--eval-k")) >= 8 and s.min_seeds >= 5

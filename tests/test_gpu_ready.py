@@ -58,7 +58,8 @@ def test_one_process_cuda_setup_takes_the_bf16_path(tiny_model):
     assert run.precision == "autocast-bf16"
     assert "forward" in vars(run.model)             # the autocast wrapper, on the instance
     assert "forward" not in vars(run.engine.model)
-    cpu = train.setup(args, make_model(len(tok), seed=0), tok, rank=0, world=1, device="cpu", max_len=32)
+    cpu = train.setup(args, make_model(len(tok), seed=0), tok, rank=0, world=1,
+                      device="cpu", max_len=32)
     assert cpu.precision == "fp32" and "forward" not in vars(cpu.model)
 
 
@@ -81,7 +82,8 @@ def test_canary_floor_is_what_bf16_alone_moves():
     assert 1e-4 < floor < 0.5  # bf16 has 8 bits of mantissa: a visible, small gap
     wrapped = train.autocast_bf16(copy.deepcopy(model), "cpu")
     forward = wrapped.forward
-    assert rollout.logprob_floor(wrapped, rs, 1.0, tok.pad_token_id) == pytest.approx(floor, rel=1e-6)
+    assert (rollout.logprob_floor(wrapped, rs, 1.0, tok.pad_token_id)
+            == pytest.approx(floor, rel=1e-6))
     assert wrapped.forward is forward               # the wrapper is put back
     assert rollout.logprob_floor(model, [], 1.0, tok.pad_token_id) == 0.0
 
@@ -108,7 +110,8 @@ def test_token_budget_leaves_the_update_alone():
     moved = []
     for tokens in (0, 12):
         model = copy.deepcopy(base).train()
-        args = dataclasses.replace(flags.Args(), micro_batch_tokens=tokens, lr=0.5, max_grad_norm=0.0)
+        args = dataclasses.replace(flags.Args(), micro_batch_tokens=tokens, lr=0.5,
+                                   max_grad_norm=0.0)
         opt = torch.optim.SGD(model.parameters(), lr=args.lr)
         m = train.update(model, None, opt, batch, [], args, step=0, pad_id=tok.pad_token_id)
         pairs = zip(model.parameters(), base.parameters())

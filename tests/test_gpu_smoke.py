@@ -15,10 +15,12 @@ STEPS = ["env", "one_process", "torchrun_one_rank", "fsdp_variants", "model_05b"
 
 
 def smoke(out: Path, **env) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if k not in ("ONLY", "SMOKE_WORK", "SMOKE_KEEP", "SMOKE_SEPARATE")}
-    e.update(SMOKE_TOY="1", OUT=str(out), PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
-             SMOKE_BUDGET="900", **env)
-    return subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=e, capture_output=True, text=True, timeout=900)
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("ONLY", "SMOKE_WORK", "SMOKE_KEEP", "SMOKE_SEPARATE")}
+    e.update(SMOKE_TOY="1", OUT=str(out), PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="",
+             OMP_NUM_THREADS="1", SMOKE_BUDGET="900", **env)
+    return subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=e, capture_output=True, text=True,
+                          timeout=900)
 
 
 def summary(out: Path) -> dict:
@@ -31,7 +33,8 @@ def test_toy_rehearsal_passes_every_step(tmp_path):
     assert list(steps) == STEPS
     md = (tmp_path / "summary.md").read_text()
     assert all(f"| {name} | " in md and f"## {name}: " in md for name in STEPS)
-    bad = {n: s["failed"] + s["notes"] for n, s in steps.items() if s["status"] != "PASS" and n != "suite_on_cuda"}
+    bad = {n: s["failed"] + s["notes"] for n, s in steps.items()
+           if s["status"] != "PASS" and n != "suite_on_cuda"}
     assert not bad, f"{bad}\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     assert steps["suite_on_cuda"]["status"] == "SKIP"          # the GPU machine's step
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -41,10 +44,12 @@ def test_toy_rehearsal_passes_every_step(tmp_path):
     assert env["torch"] and env["cuda_available"] is False and "vllm" in env
     one = steps["one_process"]["numbers"]
     assert one["device"] == "cpu" and one["world"] == 1
-    assert len(one["logprob_diff"]) == 3 and all(0 <= d < 1e-3 for d in one["logprob_diff"])  # fp32 = fp32
+    # fp32 = fp32
+    assert len(one["logprob_diff"]) == 3 and all(0 <= d < 1e-3 for d in one["logprob_diff"])
     assert one["gen_tok_s"] > 0 and one["update_tok_s"] > 0 and len(one["time_step_s"]) == 3
     run = steps["torchrun_one_rank"]["numbers"]
-    assert run["metrics_steps"] == [0, 1, 2, 3, 4] and run["resume_line"].endswith("step_000003 at step 3")
+    assert (run["metrics_steps"] == [0, 1, 2, 3, 4]
+            and run["resume_line"].endswith("step_000003 at step 3"))
     assert run["final"] == "step_000004" and run["max_w_change_step3_to_4"] > 0
     assert run["first"]["world"] == 1 and len(run["first"]["loss/grad_norm"]) == 3
     var = steps["fsdp_variants"]["numbers"]
@@ -53,7 +58,8 @@ def test_toy_rehearsal_passes_every_step(tmp_path):
     big = steps["model_05b"]["numbers"]
     assert big["model"]["vocab_size"] == 98 and big["model"]["params"] > 0     # the toy shape
     for name in ("one", "fsdp"):
-        assert big[name]["gen_tok_s"] > 0 and big[name]["update_tok_s"] > 0 and len(big[name]["time_step_s"]) == 2
+        assert (big[name]["gen_tok_s"] > 0 and big[name]["update_tok_s"] > 0
+                and len(big[name]["time_step_s"]) == 2)
         assert big[name]["max_rss_mib"] > 0
 
     # what comes back from a device machine's $OUT: at most 8 files; the runs' folder is gone
@@ -66,7 +72,7 @@ def test_toy_rehearsal_passes_every_step(tmp_path):
 
 
 def test_only_lists_every_step_and_runs_the_named(tmp_path):
-    proc = smoke(tmp_path, ONLY="suite_on_cuda")              # toy: this one SKIPs, so nothing trains
+    proc = smoke(tmp_path, ONLY="suite_on_cuda")            # toy: this one SKIPs, so nothing trains
     assert proc.returncode == 0, proc.stderr
     steps = summary(tmp_path)
     assert list(steps) == STEPS and {s["status"] for s in steps.values()} == {"SKIP"}

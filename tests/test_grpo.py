@@ -1,4 +1,5 @@
-"""grpo.py by hand (tier a) and against naive per-token loops (tier b). Golden numbers from verl: test_golden.py."""
+"""grpo.py by hand (tier a) and against naive per-token loops (tier b). Golden numbers from verl:
+test_golden.py."""
 import math
 
 import pytest
@@ -23,32 +24,35 @@ def rand_batch(B=6, T=10, seed=0, dtype=torch.float64):
 
 # ---------------------------------------------------------------- advantages
 
-REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 2.0, 0.0, 1.0], dtype=torch.float64)
-GROUPS = torch.tensor([5, 5, 5, 5, 2, 2, 2, 2, 9, 4, 4, 4])                    # unsorted, non-contiguous ids
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 2.0, 0.0, 1.0],
+                       dtype=torch.float64)
+GROUPS = torch.tensor([5, 5, 5, 5, 2, 2, 2, 2, 9, 4, 4, 4])           # unsorted, non-contiguous ids
 
 
 def test_grpo_advantages_by_hand():
-    s5 = math.sqrt((4 * 0.25) / 3)                                              # Bessel std of [1, 0, 0, 1]
+    s5 = math.sqrt((4 * 0.25) / 3)                                      # Bessel std of [1, 0, 0, 1]
     a = 0.5 / (s5 + EPS)
     expected = [a, -a, -a, a, 0, 0, 0, 0, 0.5 / (1 + EPS), 1 / (1 + EPS), -1 / (1 + EPS), 0]
     got = grpo.grpo_advantages(REWARDS, GROUPS)
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
-    assert (got[4:8] == 0).all()                                                # zero variance: exactly 0
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64),
+                               rtol=1e-12, atol=1e-12)
+    assert (got[4:8] == 0).all()                                        # zero variance: exactly 0
 
 
 def test_drgrpo_advantages_by_hand():
-    expected = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, 0.5, 1, -1, 0]                # group of one: mean 0, so A = r
-    torch.testing.assert_close(grpo.drgrpo_advantages(REWARDS, GROUPS), torch.tensor(expected, dtype=torch.float64))
+    expected = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, 0.5, 1, -1, 0]    # group of one: mean 0, so A = r
+    torch.testing.assert_close(grpo.drgrpo_advantages(REWARDS, GROUPS),
+                               torch.tensor(expected, dtype=torch.float64))
 
 
 def test_zero_variance_is_exact_even_when_the_mean_rounds():
-    r = torch.full((7,), 0.7, dtype=torch.float32)                              # mean of 0.7f x 7 need not be 0.7f
+    r = torch.full((7,), 0.7, dtype=torch.float32)               # mean of 0.7f x 7 need not be 0.7f
     ids = torch.zeros(7, dtype=torch.long)
     assert (grpo.grpo_advantages(r, ids) == 0).all() and (grpo.drgrpo_advantages(r, ids) == 0).all()
 
 
 def test_zero_std_fraction_and_dynamic_sampling():
-    assert grpo.zero_std_fraction(REWARDS, GROUPS) == 0.25                      # group 2 of {5, 2, 9, 4}
+    assert grpo.zero_std_fraction(REWARDS, GROUPS) == 0.25                 # group 2 of {5, 2, 9, 4}
     keep = grpo.dynamic_sampling_keep(REWARDS, GROUPS)
     assert keep.tolist() == [True] * 4 + [False] * 4 + [True] * 4
 
@@ -58,7 +62,8 @@ def test_zero_std_fraction_and_dynamic_sampling():
 @pytest.mark.parametrize("slab", [None, 2 * 5 * 11, 1])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_token_logprobs_and_entropy(temperature, slab, monkeypatch):
-    """Also in slabs: of 2 sequences (3 rows -> slabs of 2 and 1) and of less than one sequence (one row each)."""
+    """Also in slabs: of 2 sequences (3 rows -> slabs of 2 and 1) and of less than one sequence (one
+    row each)."""
     if slab is not None:
         monkeypatch.setattr(grpo, "SLAB_LOGITS", slab)
         assert len(grpo._slabs(torch.zeros(3, 5, 11))) == (2 if slab > 1 else 3)
@@ -68,7 +73,8 @@ def test_token_logprobs_and_entropy(temperature, slab, monkeypatch):
     logp_all = (logits / temperature).log_softmax(-1)
     expected = logp_all.gather(-1, ids[..., None])[..., 0]
     torch.testing.assert_close(grpo.token_logprobs(logits, ids, temperature), expected)
-    torch.testing.assert_close(grpo.entropy_from_logits(logits, temperature), -(logp_all.exp() * logp_all).sum(-1))
+    torch.testing.assert_close(grpo.entropy_from_logits(logits, temperature),
+                               -(logp_all.exp() * logp_all).sum(-1))
     half = grpo.token_logprobs(logits.bfloat16(), ids, temperature)            # computed in float32
     assert half.dtype == torch.float32
 
@@ -89,15 +95,18 @@ def test_gspo_value_and_tokenwise_gradient():
         log_s = sum(float(logp[i, t] - old[i, t]) for t in range(n)) / max(n, 1)
         assert torch.allclose(log_w[i, :n], torch.full((n,), log_s, dtype=logp.dtype))
         assert (log_w[i, n:] == 0).all()
-    jac = torch.autograd.functional.jacobian(lambda x: grpo.gspo_log_ratio(x, old, mask), logp)   # [B, T, B, T]
+    # [B, T, B, T]
+    jac = torch.autograd.functional.jacobian(lambda x: grpo.gspo_log_ratio(x, old, mask), logp)
     B, T = logp.shape
-    token_wise = torch.einsum("ij,ts->itjs", torch.eye(B), torch.eye(T)).to(logp.dtype)  # d log w_it / d logp_js
+    # d log w_it / d logp_js
+    token_wise = torch.einsum("ij,ts->itjs", torch.eye(B), torch.eye(T)).to(logp.dtype)
     torch.testing.assert_close(jac, token_wise * mask[:, :, None, None])
 
 
 def test_pnpo_properties():
     logp, old, mask, _ = rand_batch(seed=3)
-    mask[0, 3] = False                                                          # a hole: t counts valid tokens only
+    # a hole: t counts valid tokens only
+    mask[0, 3] = False
     log_w = grpo.pnpo_log_ratio(logp, old, mask)
     token, gspo = grpo.token_log_ratio(logp, old, mask), grpo.gspo_log_ratio(logp, old, mask)
     for i in range(logp.shape[0]):
@@ -105,16 +114,17 @@ def test_pnpo_properties():
         if not valid:
             assert (log_w[i] == 0).all()
             continue
-        assert torch.allclose(log_w[i, valid[0]], token[i, valid[0]])          # t = 1: the token ratio
-        assert torch.allclose(log_w[i, valid[-1]], gspo[i, valid[-1]])          # last valid: GSPO's s_i
-        for k, t in enumerate(valid):                                           # the definition, by loop
+        assert torch.allclose(log_w[i, valid[0]], token[i, valid[0]])   # t = 1: the token ratio
+        assert torch.allclose(log_w[i, valid[-1]], gspo[i, valid[-1]])  # last valid: GSPO's s_i
+        for k, t in enumerate(valid):                                   # the definition, by loop
             mean = sum(float(logp[i, s] - old[i, s]) for s in valid[: k + 1]) / (k + 1)
             assert math.isclose(float(log_w[i, t]), mean, rel_tol=1e-12, abs_tol=1e-12)
 
 
 def test_pnpo_full_gradient_is_analytic():
-    """--pnpo-grad full: d w_it / d logp_is = w_it * (1/n_it) * [s <= t, s valid]: the chain rule through a model then gives
-    grad w_it = w_it (1/t) sum_{s<=t} grad log pi_s, checked with a tiny model's parameters too."""
+    """--pnpo-grad full: d w_it / d logp_is = w_it * (1/n_it) * [s <= t, s valid]: the chain rule
+    through a model then gives grad w_it = w_it (1/t) sum_{s<=t} grad log pi_s, checked with a tiny
+    model's parameters too."""
     logp, old, mask, _ = rand_batch(seed=4)
     mask[2, 1] = False
     w = lambda x: grpo.pnpo_log_ratio(x, old, mask, grad="full").exp()           # noqa: E731
@@ -130,10 +140,12 @@ def test_pnpo_full_gradient_is_analytic():
                     if mask[i, s]:
                         analytic[i, t, i, s] = wv[i, t] / n[i, t]
     torch.testing.assert_close(jac, analytic)
-    # through a model's parameters: grad_theta w_t = w_t (1/n_t) sum_{s <= t, valid} grad_theta log pi_s
+    # through a model's parameters:
+    # grad_theta w_t = w_t (1/n_t) sum_{s <= t, valid} grad_theta log pi_s
     model, ids, m0 = tiny_policy(seed=7), torch.randint(0, 13, (1, T)), mask[2:3]
     params = list(model.parameters())
-    flat_grad = lambda y: torch.cat([g.flatten() for g in torch.autograd.grad(y, params, retain_graph=True)])  # noqa
+    flat_grad = lambda y: torch.cat([g.flatten()  # noqa
+                                     for g in torch.autograd.grad(y, params, retain_graph=True)])
     lp = grpo.token_logprobs(model(ids), ids)                                   # [1, T]
     old0 = lp.detach() + 0.3 * torch.randn(1, T, dtype=lp.dtype)
     w0 = grpo.pnpo_log_ratio(lp, old0, m0, grad="full").exp()[0]               # [T]
@@ -146,8 +158,8 @@ def test_pnpo_full_gradient_is_analytic():
 
 
 def test_pnpo_detached_gradient_is_token_wise():
-    """--pnpo-grad detached (the default): w_it = sg[w_it] pi_it / sg[pi_it], so d w_it / d logp_js = w_it [i=j, s=t];
-    the value is still the prefix geometric mean."""
+    """--pnpo-grad detached (the default): w_it = sg[w_it] pi_it / sg[pi_it], so
+    d w_it / d logp_js = w_it [i=j, s=t]; the value is still the prefix geometric mean."""
     logp, old, mask, _ = rand_batch(seed=5)
     mask[3, 2] = False
     full, det = (grpo.pnpo_log_ratio(logp, old, mask, grad=g) for g in ("full", "detached"))
@@ -159,30 +171,37 @@ def test_pnpo_detached_gradient_is_token_wise():
     torch.testing.assert_close(jac, eye * (w(logp) * mask)[:, :, None, None])
 
 
-@pytest.mark.parametrize("grad, first_token_weight", [("detached", 1.0), ("full", sum(1 / t for t in range(1, 9)))])
+@pytest.mark.parametrize("grad, first_token_weight",
+                         [("detached", 1.0), ("full", sum(1 / t for t in range(1, 9)))])
 def test_pnpo_on_policy(grad, first_token_weight):
-    """On-policy (old = logp, every ratio 1), T = 8, token-sum loss -A sum_t w_t with A = 1: token s gets gradient
-    -sum_{t >= s} 1/t under "full" (2.72 for s = 1, by hand: 1 + 1/2 + ... + 1/8 = 2.7179) and exactly GRPO's -1
-    under "detached"."""
+    """On-policy (old = logp, every ratio 1), T = 8, token-sum loss -A sum_t w_t with A = 1: token s
+    gets gradient -sum_{t >= s} 1/t under "full" (2.72 for s = 1, by hand:
+    1 + 1/2 + ... + 1/8 = 2.7179) and exactly GRPO's -1 under "detached"."""
     logp = torch.randn(1, 8, dtype=torch.float64, requires_grad=True)
     mask = torch.ones(1, 8, dtype=torch.bool)
     loss = -grpo.pnpo_log_ratio(logp, logp.detach(), mask, grad=grad).exp().sum()
     loss.backward()
-    expected = [-sum(1 / t for t in range(s, 9)) for s in range(1, 9)] if grad == "full" else [-1.0] * 8
+    expected = ([-sum(1 / t for t in range(s, 9)) for s in range(1, 9)] if grad == "full"
+                else [-1.0] * 8)
     torch.testing.assert_close(logp.grad[0], torch.tensor(expected, dtype=torch.float64))
-    assert -logp.grad[0, 0].item() == pytest.approx(first_token_weight) and round(first_token_weight, 2) in (1, 2.72)
-    # the same through policy_loss as the trainer calls it: detached equals the token ratio exactly on-policy
+    assert (-logp.grad[0, 0].item() == pytest.approx(first_token_weight)
+            and round(first_token_weight, 2) in (1, 2.72))
+    # the same through policy_loss as the trainer calls it: detached equals the token ratio exactly
+    # on-policy
     if grad == "detached":
         lp = logp.detach().clone().requires_grad_()
         tok = lp.detach().clone().requires_grad_()
         kw = dict(eps_low=0.2, eps_high=0.28, normaliser=8.0)
-        grpo.policy_loss(grpo.log_ratio("pnpo", lp, lp.detach(), mask), torch.ones(1), mask, **kw)[0].backward()
-        grpo.policy_loss(grpo.log_ratio("token", tok, tok.detach(), mask), torch.ones(1), mask, **kw)[0].backward()
+        grpo.policy_loss(grpo.log_ratio("pnpo", lp, lp.detach(), mask), torch.ones(1), mask,
+                         **kw)[0].backward()
+        grpo.policy_loss(grpo.log_ratio("token", tok, tok.detach(), mask), torch.ones(1), mask,
+                         **kw)[0].backward()
         torch.testing.assert_close(lp.grad, tok.grad)
 
 
 def test_log_ratio_caps():
-    """exp() never sees |log w| > 20 (10 above for GSPO, as verl); a capped token has no gradient."""
+    """exp() never sees |log w| > 20 (10 above for GSPO, as verl); a capped token has no
+    gradient."""
     logp = torch.tensor([[25.0, -30.0, 0.5]], requires_grad=True)
     old, mask = torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool)
     lw = grpo.token_log_ratio(logp, old, mask)
@@ -190,29 +209,32 @@ def test_log_ratio_caps():
     lw.sum().backward()
     assert logp.grad.tolist() == [[0.0, 0.0, 1.0]]
     assert grpo.gspo_log_ratio(torch.full((1, 3), 40.0), old, mask).tolist() == [[10.0] * 3]
-    pnpo = grpo.pnpo_log_ratio(torch.tensor([[50.0, -50.0, -50.0]]), old, mask)          # prefix means 50, 0, -16.7
+    # prefix means 50, 0, -16.7
+    pnpo = grpo.pnpo_log_ratio(torch.tensor([[50.0, -50.0, -50.0]]), old, mask)
     torch.testing.assert_close(pnpo, torch.tensor([[20.0, 0.0, -50 / 3]]))
 
 
 # ---------------------------------------------------------------- the veto
 
 def test_veto_by_hand():
-    rho = torch.tensor([[1.0, 0.9, 1e-5, 1.2, 1e-6, 1.0],                      # A < 0, trigger at kappa = 2
-                        [1.0, 0.9, 1e-5, 1.2, 1e-6, 1.0],                      # A > 0: never vetoed
-                        [1.0, 0.5, 2e-4, 1.0, 1.0, 1.0],                       # A < 0, no ratio below 1e-4
-                        [1.0, 1.0, 1.0, 1.0, 1e-9, 1.0]], dtype=torch.float64)  # A < 0, trigger only in padding
+    rho = torch.tensor([[1.0, 0.9, 1e-5, 1.2, 1e-6, 1.0],       # A < 0, trigger at kappa = 2
+                        [1.0, 0.9, 1e-5, 1.2, 1e-6, 1.0],       # A > 0: never vetoed
+                        [1.0, 0.5, 2e-4, 1.0, 1.0, 1.0],        # A < 0, no ratio below 1e-4
+                        [1.0, 1.0, 1.0, 1.0, 1e-9, 1.0]],       # A < 0, trigger only in padding
+                       dtype=torch.float64)
     old = torch.full_like(rho, -2.0)
     logp = old + rho.log()
     adv = torch.tensor([-1.0, 1.0, -0.5, -2.0], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]],
-                        dtype=torch.float32)
-    keep = {"suffix": [1, 1, 1, 0, 0, 0], "trigger": [1, 1, 0, 1, 0, 1], "response": [0, 0, 0, 0, 0, 0]}
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0],
+                         [1, 1, 1, 1, 0, 0]], dtype=torch.float32)
+    keep = {"suffix": [1, 1, 1, 0, 0, 0], "trigger": [1, 1, 0, 1, 0, 1],
+            "response": [0, 0, 0, 0, 0, 0]}
     for scope, row0 in keep.items():
         out = grpo.veto_mask(logp, old, adv, mask, threshold=1e-4, scope=scope)
         assert out.dtype == mask.dtype
         assert out[0].tolist() == row0, scope
-        assert torch.equal(out[1:], mask[1:]), scope                            # A > 0, no trigger, padded trigger
-    token_adv = adv[:, None] * mask                                             # [B, T] advantages: same answer
+        assert torch.equal(out[1:], mask[1:]), scope             # A > 0, no trigger, padded trigger
+    token_adv = adv[:, None] * mask                              # [B, T] advantages: same answer
     assert grpo.veto_mask(logp, old, token_adv, mask)[0].tolist() == keep["suffix"]
     with pytest.raises(ValueError):
         grpo.veto_mask(logp, old, adv, mask, scope="prefix")
@@ -221,7 +243,8 @@ def test_veto_by_hand():
 # ---------------------------------------------------------------- the loss against a naive loop
 
 def naive_loss(logp, old, adv, mask, eps_low, eps_high, dual_clip, agg, max_len, weight=None):
-    """The equations, one token at a time, in plain Python over 0-dim tensors (so autograd gives the gradient)."""
+    """The equations, one token at a time, in plain Python over 0-dim tensors (so autograd gives the
+    gradient)."""
     B, T = logp.shape
     rows, total, n_tok = [], 0.0, 0
     clip = low = high = dual = 0
@@ -252,16 +275,18 @@ def naive_loss(logp, old, adv, mask, eps_low, eps_high, dual_clip, agg, max_len,
 
 
 @pytest.mark.parametrize("agg", grpo.AGG_MODES)
-@pytest.mark.parametrize("clip", [(0.2, 0.2, None), (0.2, 0.28, 3.0), (1.0, 4.0, None), (1.0, 4.0, 3.0)])
+@pytest.mark.parametrize("clip",
+                         [(0.2, 0.2, None), (0.2, 0.28, 3.0), (1.0, 4.0, None), (1.0, 4.0, 3.0)])
 def test_policy_loss_matches_naive_loop(agg, clip):
     eps_low, eps_high, dual = clip
     logp, old, mask, adv = rand_batch(B=7, T=9, seed=11)
-    logp = (old + 2.0 * (logp - old)).detach()                                  # wide ratios: every branch is hit
-    weight = torch.rand(logp.shape, dtype=logp.dtype, generator=torch.Generator().manual_seed(2)) + 0.5
+    logp = (old + 2.0 * (logp - old)).detach()                    # wide ratios: every branch is hit
+    weight = (torch.rand(logp.shape, dtype=logp.dtype, generator=torch.Generator().manual_seed(2))
+              + 0.5)
     a = logp.clone().requires_grad_()
-    ours, m = grpo.policy_loss(grpo.token_log_ratio(a, old, mask), adv, mask, eps_low=eps_low, eps_high=eps_high,
-                               dual_clip=dual, agg=agg, normaliser=grpo.loss_normaliser(mask, agg, 12),
-                               token_weight=weight)
+    ours, m = grpo.policy_loss(grpo.token_log_ratio(a, old, mask), adv, mask, eps_low=eps_low,
+                               eps_high=eps_high, dual_clip=dual, agg=agg,
+                               normaliser=grpo.loss_normaliser(mask, agg, 12), token_weight=weight)
     ours.backward()
     b = logp.clone().requires_grad_()
     ref, ref_m = naive_loss(b, old, adv, mask, eps_low, eps_high, dual, agg, 12, weight)
@@ -272,7 +297,8 @@ def test_policy_loss_matches_naive_loop(agg, clip):
         assert math.isclose(float(m[key]), v, abs_tol=1e-12), key
     valid = mask.bool()
     r = (logp - old).exp()[valid]
-    assert math.isclose(float(m["ratio/min"]), float(r.min())) and math.isclose(float(m["ratio/max"]), float(r.max()))
+    assert (math.isclose(float(m["ratio/min"]), float(r.min()))
+            and math.isclose(float(m["ratio/max"]), float(r.max())))
     assert math.isclose(float(m["loss/ppo_kl"]), float((old - logp)[valid].mean()), rel_tol=1e-12)
     assert float(m["loss/clip_frac"]) > 0 and (dual is None or float(m["loss/dual_clip_frac"]) > 0)
 
@@ -285,21 +311,24 @@ def test_aggregate_and_normaliser_by_hand():
     for agg, (n, value) in cases.items():
         assert grpo.loss_normaliser(mask, agg, max_len=5) == n
         assert math.isclose(float(grpo.aggregate(loss, mask, agg, n)), value, rel_tol=1e-6)
-    assert grpo.loss_normaliser(mask, "seq-mean-token-sum-norm") == 2.0 * 3     # L_max defaults to T
-    assert grpo.loss_normaliser(torch.zeros(2, 3), "token-mean") == 1.0         # empty step: loss 0, not NaN
+    # L_max defaults to T
+    assert grpo.loss_normaliser(mask, "seq-mean-token-sum-norm") == 2.0 * 3
+    # empty step: loss 0, not NaN
+    assert grpo.loss_normaliser(torch.zeros(2, 3), "token-mean") == 1.0
     with pytest.raises(ValueError):
         grpo.aggregate(loss, mask, "token-sum", 1.0)
 
 
 def tiny_policy(seed=0, V=13, D=8):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Embedding(V, D), torch.nn.Tanh(), torch.nn.Linear(D, V)).double()
+    return torch.nn.Sequential(torch.nn.Embedding(V, D), torch.nn.Tanh(),
+                               torch.nn.Linear(D, V)).double()
 
 
 @pytest.mark.parametrize("agg", grpo.AGG_MODES)
 def test_gradient_invariant_to_micro_batching(agg):
-    """One step's gradient with 1, 2 and 4 micro-batches (normaliser from the whole step), the full recipe:
-    every ratio, dual-clip, veto, TIS and a KL term."""
+    """One step's gradient with 1, 2 and 4 micro-batches (normaliser from the whole step), the full
+    recipe: every ratio, dual-clip, veto, TIS and a KL term."""
     B, T, V = 8, 7, 13
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, V, (B, T), generator=g)
@@ -309,12 +338,14 @@ def test_gradient_invariant_to_micro_batching(agg):
     with torch.no_grad():
         base = grpo.token_logprobs(model(ids), ids)
         old = base + 0.4 * torch.randn(B, T, generator=g, dtype=base.dtype)
-        old[1, 1] = base[1, 1] + 12.0                                          # a veto trigger (rho ~ 6e-6, A < 0)
+        old[1, 1] = base[1, 1] + 12.0                           # a veto trigger (rho ~ 6e-6, A < 0)
         engine = old + 0.05 * torch.randn(B, T, generator=g, dtype=base.dtype)
         ref = base + 0.3 * torch.randn(B, T, generator=g, dtype=base.dtype)
-    adv = grpo.grpo_advantages(torch.tensor([1.0, 0, 0, 1, 1, 0, 1, 1], dtype=base.dtype), torch.arange(B) // 4)
+    adv = grpo.grpo_advantages(torch.tensor([1.0, 0, 0, 1, 1, 0, 1, 1], dtype=base.dtype),
+                               torch.arange(B) // 4)
     N = grpo.loss_normaliser(mask, agg, max_len=T)
-    assert grpo.veto_mask(base, old, adv, mask)[1].tolist() == [True, True] + [False] * 5   # the veto fires
+    # the veto fires
+    assert grpo.veto_mask(base, old, adv, mask)[1].tolist() == [True, True] + [False] * 5
     for ratio_fn in grpo.RATIOS.values():
         grads, metrics = [], []
         for n_mb in (1, 2, 4):
@@ -323,10 +354,12 @@ def test_gradient_invariant_to_micro_batching(agg):
             for sl in torch.arange(B).chunk(n_mb):
                 logp = grpo.token_logprobs(model(ids[sl]), ids[sl], temperature=0.9)
                 lmask = grpo.veto_mask(logp, old[sl], adv[sl], mask[sl])
-                loss, m = grpo.policy_loss(ratio_fn(logp, old[sl], mask[sl]), adv[sl], lmask, eps_low=0.2,
-                                           eps_high=0.28, dual_clip=3.0, agg=agg, normaliser=N,
+                loss, m = grpo.policy_loss(ratio_fn(logp, old[sl], mask[sl]), adv[sl], lmask,
+                                           eps_low=0.2, eps_high=0.28, dual_clip=3.0, agg=agg,
+                                           normaliser=N,
                                            token_weight=grpo.tis_weight(old[sl], engine[sl], 2.0))
-                loss = loss + 0.1 * grpo.aggregate(grpo.kl_penalty(logp, ref[sl], "k3"), lmask, agg, N)
+                loss = loss + 0.1 * grpo.aggregate(grpo.kl_penalty(logp, ref[sl], "k3"),
+                                                   lmask, agg, N)
                 loss.backward()
                 n = float(m.pop("loss/tokens"))
                 parts.token_means(m, n, grpo.COMBINE)
@@ -346,9 +379,11 @@ def test_kl_estimators_by_hand():
     logp = torch.tensor([0.0, -1.0, -2.0, 30.0], dtype=torch.float64)
     ref = torch.tensor([0.0, -2.0, -1.0, -20.0], dtype=torch.float64)           # d = [0, 1, -1, 50]
     expected = {"k1": [0, 1, -1, 50], "abs": [0, 1, 1, 50], "k2": [0, 0.5, 0.5, 1250],
-                "k3": [0, math.exp(-1), math.e - 2, 10.0]}                      # k3 at 50: exp(-20)+19 -> cap 10
+                # k3 at 50: exp(-20)+19 -> cap 10
+                "k3": [0, math.exp(-1), math.e - 2, 10.0]}
     for name, values in expected.items():
-        torch.testing.assert_close(grpo.kl_penalty(logp, ref, name), torch.tensor(values, dtype=torch.float64))
+        torch.testing.assert_close(grpo.kl_penalty(logp, ref, name),
+                                   torch.tensor(values, dtype=torch.float64))
     with pytest.raises(ValueError):
         grpo.kl_penalty(logp, ref, "k4")
 
@@ -357,7 +392,8 @@ def test_tis_weight():
     old = torch.tensor([-1.0, -1.0, -3.0], requires_grad=True)
     engine = torch.tensor([-2.0, -1.0, -1.0])
     w = grpo.tis_weight(old, engine, cap=2.0)
-    torch.testing.assert_close(w, torch.tensor([2.0, 1.0, math.exp(-2.0)]))    # e^1 = 2.72 truncated at C = 2
+    # e^1 = 2.72 truncated at C = 2
+    torch.testing.assert_close(w, torch.tensor([2.0, 1.0, math.exp(-2.0)]))
     assert not w.requires_grad
 
 
@@ -367,7 +403,8 @@ def test_overlong_penalty_and_filter():
     torch.testing.assert_close(got, torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0]))
     mask = torch.ones(3, 4)
     out = grpo.overlong_filter(mask, torch.tensor([False, True, False]))
-    assert out.tolist() == [[1] * 4, [0] * 4, [1] * 4] and mask.sum() == 12     # caller's mask untouched
+    # caller's mask untouched
+    assert out.tolist() == [[1] * 4, [0] * 4, [1] * 4] and mask.sum() == 12
     with pytest.raises(ValueError):
         grpo.overlong_penalty(lengths, max_len=20, cache_len=0)
 
@@ -377,9 +414,9 @@ def test_caller_tensors_are_not_mutated_and_bad_args_fail():
     snapshot = [x.clone() for x in (logp, old, mask, adv)]
     for fn in grpo.RATIOS.values():
         lw = fn(logp, old, mask)
-        grpo.policy_loss(lw, adv, grpo.veto_mask(logp, old, adv, mask), eps_low=0.2, eps_high=0.2, dual_clip=3.0,
-                         normaliser=1.0)
+        grpo.policy_loss(lw, adv, grpo.veto_mask(logp, old, adv, mask), eps_low=0.2, eps_high=0.2,
+                         dual_clip=3.0, normaliser=1.0)
     assert all(torch.equal(a, b) for a, b in zip(snapshot, (logp, old, mask, adv)))
     with pytest.raises(ValueError):
-        grpo.policy_loss(grpo.token_log_ratio(logp, old, mask), adv, mask, eps_low=0.2, eps_high=0.2,
-                         dual_clip=1.0, normaliser=1.0)
+        grpo.policy_loss(grpo.token_log_ratio(logp, old, mask), adv, mask, eps_low=0.2,
+                         eps_high=0.2, dual_clip=1.0, normaliser=1.0)

@@ -1,9 +1,11 @@
-"""The shipped model and every checkpoint behave in plain `transformers` as they do in the trainer: AutoTokenizer
-gives back the tokenizer class the trainer uses, which keeps spaces and newlines (a string round-trips, one token
-per character), and `model.generate` with nothing but the directory's own configs stops at EOS.
+"""The shipped model and every checkpoint behave in plain `transformers` as they do in the trainer:
+AutoTokenizer gives back the tokenizer class the trainer uses, which keeps spaces and newlines (a
+string round-trips, one token per character), and `model.generate` with nothing but the directory's
+own configs stops at EOS.
 
-Checked on assets/tiny-arith and on a checkpoint written by checkpoint.save (world size 1) from the shipped model
-whose configs had their ids taken out first, as in a model made before they were written: save puts them back."""
+Checked on assets/tiny-arith and on a checkpoint written by checkpoint.save (world size 1) from the
+shipped model whose configs had their ids taken out first, as in a model made before they were
+written: save puts them back."""
 import json
 import os
 
@@ -54,11 +56,12 @@ def test_autotokenizer_gives_the_trainers_class_and_keeps_spaces(model_dir):
     assert (tok.eos_token_id, tok.pad_token_id) == (EOS, PAD)
     for text in TEXTS:
         ids = tok.encode(text)
-        assert len(ids) == len(text), text                     # one token per character, none dropped
+        assert len(ids) == len(text), text                   # one token per character, none dropped
         assert tok.decode(ids) == text
         assert trainers.encode(text) == ids
     assert tok.encode("1 + 2 = 3") == [17, 0, 11, 0, 18, 0, 29, 0, 19]   # ' ' is id 0: chr(32 + id)
-    assert tok.encode("7*6*9=") == [23, 10, 22, 10, 25, 29]              # the built-in prompts' ids as trained
+    # the built-in prompts' ids as trained
+    assert tok.encode("7*6*9=") == [23, 10, 22, 10, 25, 29]
 
 
 def test_configs_name_eos_and_pad(model_dir):
@@ -68,8 +71,9 @@ def test_configs_name_eos_and_pad(model_dir):
 
 
 def test_generate_stops_at_eos(model_dir):
-    """Greedy `generate` on built-in test prompts, with no EOS or PAD passed: each completion ends with its first
-    EOS, well before MAX_NEW tokens; a batch (left padded with PAD) gives the same completions."""
+    """Greedy `generate` on built-in test prompts, with no EOS or PAD passed: each completion ends
+    with its first EOS, well before MAX_NEW tokens; a batch (left padded with PAD) gives the same
+    completions."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
@@ -78,10 +82,12 @@ def test_generate_stops_at_eos(model_dir):
     for p in prompts:
         ids = torch.tensor([tok.encode(p)])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=MAX_NEW)
         new = out[0, ids.shape[1]:].tolist()
         assert len(new) < MAX_NEW, (p, tok.decode(new))
-        assert EOS in new and new.index(EOS) == len(new) - 1, (p, new)   # stopped at the first EOS, nothing after
+        # stopped at the first EOS, nothing after
+        assert EOS in new and new.index(EOS) == len(new) - 1, (p, new)
         assert tok.decode(new[:-1]).lstrip("-").isdigit(), (p, tok.decode(new))
         singles.append(new)
     tok.padding_side = "left"

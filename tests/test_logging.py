@@ -1,6 +1,7 @@
-"""train.py's --tensorboard: the same numbers as metrics.jsonl, as TensorBoard scalars, and one clear error line where
-the optional tensorboard package (requirements-bench.txt) is missing. The scalar test skips without tensorboard,
-except under REQUIRE_BENCH=1 (.ci/run's stage with requirements-bench.txt), where it fails."""
+"""train.py's --tensorboard: the same numbers as metrics.jsonl, as TensorBoard scalars, and one
+clear error line where the optional tensorboard package (requirements-bench.txt) is missing. The
+scalar test skips without tensorboard, except under REQUIRE_BENCH=1 (.ci/run's stage with
+requirements-bench.txt), where it fails."""
 import io
 import json
 import sys
@@ -15,8 +16,8 @@ from test_bench import needs
 # run another precision and --engine auto would pick vLLM, not the runs these tests pin.
 pytestmark = pytest.mark.usefixtures("cpu_only")
 
-RUN = ["--tensorboard", "--steps", "2", "--eval-every", "1", "--eval-size", "50", "--prompts-per-step", "8",
-       "--threads", "1"]
+RUN = ["--tensorboard", "--steps", "2", "--eval-every", "1", "--eval-size", "50",
+       "--prompts-per-step", "8", "--threads", "1"]
 
 
 def main(argv) -> tuple[int, str]:
@@ -27,9 +28,10 @@ def main(argv) -> tuple[int, str]:
 
 
 def test_tensorboard_missing_is_one_error_line(tmp_path, monkeypatch):
-    """Without the package: exit status 2 at start-up, one `error:` line naming the flag and the fix, no traceback,
-    nothing written."""
-    monkeypatch.setitem(sys.modules, "tensorboard", None)        # find_spec -> None, import -> ImportError
+    """Without the package: exit status 2 at start-up, one `error:` line naming the flag and the
+    fix, no traceback, nothing written."""
+    # find_spec -> None, import -> ImportError
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
     rc, err = main([*RUN, "--out-dir", str(tmp_path / "run")])
     lines = [ln for ln in err.splitlines() if "error:" in ln]
     assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
@@ -39,12 +41,13 @@ def test_tensorboard_missing_is_one_error_line(tmp_path, monkeypatch):
 
 @needs("tensorboard")
 def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path):
-    """A 2-step run of the built-in default: every step's row of metrics.jsonl (step 0's eval too) is in the event
-    file, key by key, at x = step (float32 values: TensorBoard's precision)."""
+    """A 2-step run of the built-in default: every step's row of metrics.jsonl (step 0's eval too)
+    is in the event file, key by key, at x = step (float32 values: TensorBoard's precision)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     rc, err = main([*RUN, "--out-dir", str(tmp_path / "run")])
     assert rc == 0, err
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line)
+            for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     acc.Reload()
     logged = {}

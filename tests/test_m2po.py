@@ -32,12 +32,13 @@ def keep(log_r, tau=0.04, mask=None):
 # ---- the rule, by hand ---------------------------------------------------------------------------
 
 def test_threshold_by_hand():
-    """log r = [0.5, -0.3, 0.1, 0]: (log r)^2 = [0.25, 0.09, 0.01, 0], M2 = 0.35 / 4 = 0.0875 >= 0.04;
-    without 0.25 the rest has M2 = 0.10 / 3 = 0.033 < 0.04: only the first token is masked."""
+    """log r = [0.5, -0.3, 0.1, 0]: (log r)^2 = [0.25, 0.09, 0.01, 0],
+    M2 = 0.35 / 4 = 0.0875 >= 0.04; without 0.25 the rest has M2 = 0.10 / 3 = 0.033 < 0.04: only the
+    first token is masked."""
     sq = torch.tensor([0.25, 0.09, 0.01, 0.0], dtype=torch.float64)
     assert grpo.m2po_threshold(sq, 0.04) == 0.25
     assert keep([0.5, -0.3, 0.1, 0.0]) == [False, True, True, True]
-    assert grpo.m2po_threshold(sq, 0.1) == math.inf                       # 0.0875 < 0.1: none masked
+    assert grpo.m2po_threshold(sq, 0.1) == math.inf                      # 0.0875 < 0.1: none masked
 
 
 def test_n_is_the_kept_count_and_the_test_is_strict():
@@ -64,7 +65,7 @@ def test_padding_is_ignored_and_zero_masks_nothing():
     assert grpo.m2po_sq(log_r, mask).tolist() == pytest.approx([0.25, 0.09, 0.01, 0.0])
     zero = torch.zeros(3, 5)
     valid = torch.arange(5)[None, :] < torch.tensor([[5], [2], [0]])
-    assert torch.equal(grpo.m2po_keep(zero, valid, 0.04), valid)        # the first update: log r = 0
+    assert torch.equal(grpo.m2po_keep(zero, valid, 0.04), valid)       # the first update: log r = 0
     assert grpo.m2po_threshold(torch.zeros(0, dtype=torch.float64), 0.04) == math.inf
 
 

@@ -1,8 +1,9 @@
-"""R²PO (arXiv 2601.11960): the residual rollout head samples the training rollouts, the base policy answers at eval.
-A zero head samples exactly the base model's tokens; the engine's head log-probs are the trainer's; the head phase
-moves only the head and the policy phase only the base; eval ignores the head; the rarity advantage equals its
-formula by hand; checkpoints load in plain transformers with the head beside them, and a resumed run equals a
-straight one."""
+"""R²PO (arXiv 2601.11960): the residual rollout head samples the training rollouts, the base
+policy answers at eval. A zero head samples exactly the base model's tokens; the engine's head
+log-probs are the trainer's; the head phase moves only the head and the policy phase only the base;
+eval ignores the head; the rarity advantage equals its formula by hand; checkpoints load in plain
+transformers with the head beside them, and a resumed run equals a straight one."""
+import copy
 import io
 import json
 import os
@@ -16,6 +17,7 @@ from safetensors.torch import load_file
 
 import eval as eval_lib
 import flags
+import grpo
 import metrics as metrics_lib
 import r2po
 import rollout
@@ -27,8 +29,8 @@ from rollout import Prompt, Rollout, Sampling, TorchEngine, load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
-SHORT = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "16",
-         "--threads", "1", "--preset", "r2po"]
+SHORT = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6",
+         "--eval-size", "16", "--threads", "1", "--preset", "r2po"]
 # The CPU whatever the machine has (conftest): train.main in process under cpu_only, the torchrun
 # subprocess under cpu_env(); resumed runs are compared with straight ones bit for bit.
 pytestmark = pytest.mark.usefixtures("cpu_only")
@@ -46,6 +48,22 @@ def head_of(model, rank=8, std=1e-6):
     return ResidualHead(model.config.hidden_size, model.config.vocab_size, rank, std=std)
 
 
+def mixed_head_rollouts(model, tok, prompts, args):
+    """(a head of std 0.05, 32 rollouts sampled through it, scored by `args`), regrouped into 7
+    groups of mixed verdicts (odd completion length = right), not 4 all-equal ones."""
+    torch.manual_seed(0)
+    head = head_of(model, std=0.05)
+    engine = TorchEngine(model, tok)
+    engine.logits_head = head
+    sampling = Sampling(temperature=1.0, max_new_tokens=6, seed=0, use_head=True)
+    rollouts = engine.generate(prompts * 4, 8, sampling)
+    for i, r in enumerate(rollouts):
+        r.prompt_id = i % 7
+        r.correct = float(len(r.completion_ids) % 2)
+    train.score(rollouts, args)
+    return head, rollouts
+
+
 def run(argv) -> int:
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         return train.main(argv)
@@ -55,12 +73,13 @@ def metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-# ---- the head and the engine ----------------------------------------------------------------------------------
+# ---- the head and the engine ---------------------------------------------------------------------
 
 def test_rarity_advantages_by_hand():
-    """u = 1 / (how many in the group share the reward), then GRPO's standardisation of u. Group 0: 1 right of 8,
-    u = [1, 1/7 x 7], mean 1/4, Bessel var = (0.75² + 7 (1/7 - 1/4)²) / 7 = 0.0918367, so A = 0.75 / 0.303046 =
-    2.474874 and -0.107143 / 0.303046 = -0.353553. Groups 1 (2 of 4) and 2 (4 of 4) have equal u: exactly 0."""
+    """u = 1 / (how many in the group share the reward), then GRPO's standardisation of u. Group 0:
+    1 right of 8, u = [1, 1/7 x 7], mean 1/4, Bessel var = (0.75² + 7 (1/7 - 1/4)²) / 7
+    = 0.0918367, so A = 0.75 / 0.303046 = 2.474874 and -0.107143 / 0.303046 = -0.353553. Groups 1
+    (2 of 4) and 2 (4 of 4) have equal u: exactly 0."""
     r = torch.tensor([1.0] + [0.0] * 7 + [1.0, 1.0, 0.0, 0.0] + [1.0] * 4)
     g = torch.tensor([0] * 8 + [5] * 4 + [9] * 4)
     a = r2po.rarity_advantages(r, g)
@@ -72,6 +91,19 @@ def test_rarity_advantages_by_hand():
                                torch.zeros(6, dtype=torch.long))
     u = torch.tensor([1, 1 / 2, 1 / 2, 1 / 3, 1 / 3, 1 / 3], dtype=torch.float64)
     assert a.tolist() == pytest.approx(((u - u.mean()) / (u.std() + 1e-6)).tolist(), abs=1e-6)
+
+
+def test_rarity_advantages_of_four_outcome_classes_by_hand():
+    """The official reward (correct ±1 plus format +1.25 / -1) has four outcome classes: 2.25
+    (right, in form), 0.25 (wrong, in form), 0 (right, not in form), -2 (wrong, not in form).
+    A group of 8 with counts 2, 1, 3, 2: u = [1/2, 1/2, 1, 1/3, 1/3, 1/3, 1/2, 1/2], sum 4, mean
+    1/2; deviations 0 (x4), +1/2, -1/6 (x3), so the Bessel var = (1/4 + 3/36) / 7 = 1/21, std =
+    0.2182179; A = 0.5 / (0.2182179 + 1e-6) = 2.291277 for the lone 0.25, -(1/6) / (0.2182179 +
+    1e-6) = -0.763759 for the three 0s, and 0 (u equal to the mean) for the four others."""
+    r = torch.tensor([2.25, 2.25, 0.25, 0.0, 0.0, 0.0, -2.0, -2.0])
+    a = r2po.rarity_advantages(r, torch.zeros(8, dtype=torch.long))
+    expected = [0.0, 0.0, 2.291277, -0.763759, -0.763759, -0.763759, 0.0, 0.0]
+    assert a.tolist() == pytest.approx(expected, abs=1e-5)
 
 
 def test_zero_head_samples_exactly_the_base_models_tokens(tiny):
@@ -86,7 +118,7 @@ def test_zero_head_samples_exactly_the_base_models_tokens(tiny):
     assert [r.logprobs for r in headed] == [r.logprobs for r in base]
     assert [r.head_logprobs for r in headed] == [r.logprobs for r in base]
     assert all(r.head_logprobs is None for r in base)
-    assert len({tuple(r.completion_ids) for r in base}) > 4              # sampled, not one greedy answer
+    assert len({tuple(r.completion_ids) for r in base}) > 4         # sampled, not one greedy answer
     engine.logits_head = None                       # use_head without a head: refused, not ignored
     with pytest.raises(ValueError, match="logits_head"):
         engine.generate(prompts, 1, Sampling(**s, use_head=True))
@@ -131,10 +163,10 @@ def test_head_parameters_stay_under_a_tenth_of_the_model(tiny):
     n_head = sum(p.numel() for p in head.parameters())
     assert n_head == 64 * (model.config.hidden_size + model.config.vocab_size)
     assert n_head < 0.1 * n_model
-    assert 64 * (896 + 151_936) < 0.1 * 494_032_768                     # Qwen2.5-0.5B's d, V and size
+    assert 64 * (896 + 151_936) < 0.1 * 494_032_768                   # Qwen2.5-0.5B's d, V and size
 
 
-# ---- the two phases ---------------------------------------------------------------------------------------------
+# ---- the two phases ------------------------------------------------------------------------------
 
 def test_phases_follow_the_schedule():
     def phases(args):
@@ -150,17 +182,8 @@ def test_head_phase_moves_only_the_head_and_policy_phase_only_the_base(tiny):
     model, tok, prompts = tiny
     model.train()
     args = flags.Args(r2po_head="residual", lr=1e-2, r2po_head_lr=1e-2)
-    torch.manual_seed(0)
-    head = head_of(model, std=0.05)
-    engine = TorchEngine(model, tok)
-    engine.logits_head = head
-    rollouts = engine.generate(prompts * 4, 8, Sampling(temperature=1.0, max_new_tokens=6, seed=0,
-                                                      use_head=True))
-    for i, r in enumerate(rollouts):
-        r.prompt_id = i % 7                                             # 7 mixed groups, not 4 all-equal ones
-        r.correct = float(len(r.completion_ids) % 2)
-    train.score(rollouts, args)
-    method = R2PO(head, args)
+    head, rollouts = mixed_head_rollouts(model, tok, prompts, args)
+    method = R2PO(head, args, initial=copy.deepcopy(model).eval().requires_grad_(False))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     base0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     head0 = {n: p.detach().clone() for n, p in head.named_parameters()}
@@ -176,6 +199,67 @@ def test_head_phase_moves_only_the_head_and_policy_phase_only_the_base(tiny):
     assert not all(torch.equal(p, base0[n]) for n, p in model.named_parameters())
 
 
+def test_head_kl_anchor_initial_stays_on_the_loaded_model_current_follows_the_base(tiny):
+    """--r2po-kl-anchor initial: the head step's KL is to the model as loaded, even after the
+    base's weights change; current: to the base as it is now. The head is copied for each head
+    step, so every step sees the same head."""
+    model, tok, prompts = tiny
+    head, rollouts = mixed_head_rollouts(model, tok, prompts, flags.Args())
+    initial = copy.deepcopy(model).eval().requires_grad_(False)   # what make loads from --model
+
+    def head_kls(anchor):
+        args = flags.Args(r2po_head="residual", r2po_kl_anchor=anchor)
+        method = R2PO(copy.deepcopy(head), args, initial if anchor == "initial" else None)
+        m = method.head_step(model, rollouts, tok.pad_token_id, 1).reduce(1)
+        return m["r2po/head_kl"], m["r2po/head_kl_current"]
+
+    # The base unchanged: the same weights under two forwards (the base's with hidden states, the
+    # copy's without), which other kernels may round differently: float32 log-probs of |log p| <
+    # 10 off by |delta| < 1e-6 each. k3'(d) = 1 - exp(-d) ~ d and mean d² ~ 2 KL, so the KL moves
+    # by at most 1e-6 sqrt(2 KL) (Cauchy-Schwarz): ~3e-8 at this KL (~4e-4), ~7e-5 relative. (On
+    # this CPU the two are bit for bit equal; the perturbation below moves the KL 1000-fold.)
+    kl, kl_current = head_kls("initial")
+    assert kl > 0 and kl == pytest.approx(kl_current, rel=0, abs=1e-6 * (2 * kl) ** 0.5)
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():                                         # the base moves, the copy not
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    kl_initial, kl_now = head_kls("initial")
+    kl_cur, kl_cur_now = head_kls("current")
+    assert kl_cur == kl_cur_now                       # current: the KL to the base as it is now
+    assert kl_now == pytest.approx(kl_cur, rel=1e-5)  # both anchors' runs score the moved base
+    assert abs(kl_initial - kl_now) > 0.1 * kl_now    # initial: not the moved base
+    assert abs(kl_now - kl_current) > 0.1 * kl_current          # which did move
+
+    # initial, by hand: k3 KL(pi_rollout || pi_initial) over the tokens of the groups used, in
+    # one batch (head_step's micro-batches are by length: float32 summation order, rel 1e-5)
+    adv = r2po.rarity_advantages(torch.tensor([r.reward for r in rollouts]),
+                                 r2po.group_ids(rollouts)).tolist()
+    live = {r.prompt_id for r, a in zip(rollouts, adv) if a != 0}
+    batch = rollout.collate([r for r in rollouts if r.prompt_id in live], tok.pad_token_id)
+    with torch.no_grad():
+        _, logp = r2po.head_forward(model, head, batch, 1.0)
+        initial_logp = rollout.forward_logprobs(initial, batch, 1.0)[1]
+    mask = batch["completion_mask"]
+    by_hand = ((grpo.kl_penalty(logp, initial_logp, "k3") * mask).sum() / mask.sum()).item()
+    assert kl_initial == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_kl_anchor_flag_is_in_help_and_a_bad_value_is_one_line():
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit) as done:
+        train.main(["--help"])
+    assert done.value.code == 0 and "--r2po-kl-anchor {initial,current}" in out.getvalue()
+    assert flags.Args().r2po_kl_anchor == "initial"                      # the official code's
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as done:
+        train.main(["--r2po-kl-anchor", "bogus"])
+    lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
+    assert done.value.code == 2 and len(lines) == 1 and "invalid choice" in lines[0]
+    assert "Traceback" not in err.getvalue()
+
+
 def test_eval_does_not_depend_on_the_head(tiny):
     model, tok, _ = tiny
     sets = eval_lib.train_eval_sets(32, "", 1, 0.0, "auto", flags.Args().data_dir, "builtin")
@@ -189,13 +273,15 @@ def test_eval_does_not_depend_on_the_head(tiny):
     assert results[0] == results[1] and "eval/accuracy" in results[0]
 
 
-# ---- end to end: the loop, the checkpoint, resume ---------------------------------------------------------------
+# ---- end to end: the loop, the checkpoint, resume ------------------------------------------------
 
 def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
-    """`--preset r2po` with the schedule '1,1' on the built-in task: the phases alternate in metrics.jsonl; the
-    checkpoint is a plain transformers model with the head file beside it; 4 steps straight equal 2 + resume 2."""
+    """`--preset r2po` with the schedule '1,1' on the built-in task: the phases alternate in
+    metrics.jsonl; the checkpoint is a plain transformers model with the head file beside it; 4
+    steps straight equal 2 + resume 2."""
     a, b = tmp_path / "a", tmp_path / "b"
-    argv = SHORT + ["--r2po-schedule", "1,1", "--steps", "4", "--save-every", "2", "--eval-every", "2"]
+    argv = SHORT + ["--r2po-schedule", "1,1", "--steps", "4", "--save-every", "2",
+                    "--eval-every", "2"]
     assert run(argv + ["--out-dir", str(a)]) == 0
     ma = metrics(a)
     assert [m["r2po/phase"] for m in ma[1:]] == [0.0, 1.0, 0.0, 1.0]
@@ -206,14 +292,15 @@ def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
 
     ckpt = a / "checkpoints" / "step_000004"
     from transformers import AutoModelForCausalLM
-    hf = AutoModelForCausalLM.from_pretrained(str(ckpt))               # no custom code, the head file ignored
-    assert {n for n, _ in hf.named_parameters()} == {n for n, _ in load_model(MODEL)[0].named_parameters()}
+    hf = AutoModelForCausalLM.from_pretrained(str(ckpt))     # no custom code, the head file ignored
+    assert ({n for n, _ in hf.named_parameters()}
+            == {n for n, _ in load_model(MODEL)[0].named_parameters()})
     saved = load_file(str(ckpt / r2po.HEAD_FILE))
     assert set(saved) == {"w1.weight", "w2.weight"} and saved["w2.weight"].shape == (98, 64)
     head = ResidualHead(128, 98, 64)
-    head.load_state_dict(saved)                                         # round-trips into the module
+    head.load_state_dict(saved)                                    # round-trips into the module
     assert all(torch.equal(p, saved[n]) for n, p in head.state_dict().items())
-    assert saved["w1.weight"].abs().max() > 1e-4                        # trained: it started at std 1e-6
+    assert saved["w1.weight"].abs().max() > 1e-4                   # trained: it started at std 1e-6
 
     (b / "checkpoints").mkdir(parents=True)
     shutil.copytree(a / "checkpoints" / "step_000002", b / "checkpoints" / "step_000002")
@@ -226,12 +313,13 @@ def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
 
 def test_resume_of_a_run_without_head_is_refused(tmp_path):
     a = tmp_path / "a"
-    assert run(["--steps", "1", "--prompts-per-step", "4", "--group-size", "2", "--eval-size", "8", "--threads",
-                "1", "--out-dir", str(a)]) == 0
+    assert run(["--steps", "1", "--prompts-per-step", "4", "--group-size", "2", "--eval-size", "8",
+                "--threads", "1", "--out-dir", str(a)]) == 0
     err = io.StringIO()
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
         rc = train.main(SHORT + ["--steps", "2", "--out-dir", str(a), "--resume", "auto"])
-    assert rc == 2 and "r2po_head.safetensors" in err.getvalue() and "Traceback" not in err.getvalue()
+    assert (rc == 2 and "r2po_head.safetensors" in err.getvalue()
+            and "Traceback" not in err.getvalue())
 
 
 def test_distinct_answers_by_hand():
@@ -242,17 +330,19 @@ def test_distinct_answers_by_hand():
 
 
 def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):
-    """A subprocess under torchrun (2 ranks, gloo): the head is replicated, its gradients summed over ranks, the base
-    forward passes in lockstep; both phases run and the checkpoint holds one head."""
+    """A subprocess under torchrun (2 ranks, gloo): the head is replicated, its gradients summed
+    over ranks, the base forward passes in lockstep; both phases run and the checkpoint holds one
+    head."""
     import subprocess
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.join(ROOT, "train.py"), *SHORT, "--r2po-schedule", "1,1", "--steps", "2", "--eval-every", "0",
-           "--seed", "3", "--out-dir", str(out)]
+           os.path.join(ROOT, "train.py"), *SHORT, "--r2po-schedule", "1,1", "--steps", "2",
+           "--eval-every", "0", "--seed", "3", "--out-dir", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=cpu_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = metrics(out)
     assert [m["r2po/phase"] for m in rows[1:]] == [0.0, 1.0]
-    assert rows[1]["r2po/head_groups_used"] > 0 and rows[1]["r2po/head_loss"] != 0   # seed 3: groups to learn from
+    # seed 3: groups to learn from
+    assert rows[1]["r2po/head_groups_used"] > 0 and rows[1]["r2po/head_loss"] != 0
     assert rows[1]["rollout/generated"] == 32                       # 8 prompts x 4 over both ranks
     assert (out / "checkpoints" / "step_000002" / r2po.HEAD_FILE).is_file()

@@ -26,49 +26,55 @@ def test_collate_aligns_completion_with_next_token_positions():
     b = collate([r1, r2], pad_id=99)
     assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 4, 3, 2, 99]]
     assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
-    # position t predicts input_ids[t + 1]: r1's completion tokens sit at 3, 4 -> predicted from positions 2, 3
+    # position t predicts input_ids[t + 1]: r1's completion tokens sit at 3, 4 -> predicted from
+    # positions 2, 3
     assert b["completion_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
     assert b["old_logprobs"].tolist() == [[0, 0, -0.5, -0.25], [-1.0, -2.0, -3.0, 0]]
     assert b["advantages"].tolist() == [1.5, -1.0]
 
 
 def _mixed_lengths():
-    """Rollouts of total lengths 3, 20, 4, 19, 5, 18 (long and short alternate), each with its own tokens."""
+    """Rollouts of total lengths 3, 20, 4, 19, 5, 18 (long and short alternate), each with its own
+    tokens."""
     return [Rollout(k, [1 + k] * 2, [10 + k] * n, [-0.1 * (k + 1)] * n, advantage=k - 2.5)
             for k, n in enumerate((1, 18, 2, 17, 3, 16))]
 
 
 def test_micro_batches_group_rollouts_by_length():
-    """Consecutive chunks of 2 pad every short rollout to a long one's length; length buckets pair short with short.
-    Every rollout sits in exactly one micro-batch, whole, with its own behaviour log-probs and advantage."""
+    """Consecutive chunks of 2 pad every short rollout to a long one's length; length buckets pair
+    short with short. Every rollout sits in exactly one micro-batch, whole, with its own behaviour
+    log-probs and advantage."""
     from rollout import length_buckets, micro_batches
     rs = _mixed_lengths()
     mbs = micro_batches(rs, 2, 0, "cpu")
     consecutive = [collate(rs[i:i + 2], 0) for i in range(0, len(rs), 2)]
     pads = [sum(mb["attention_mask"].numel() - int(mb["attention_mask"].sum()) for mb in m)
             for m in (mbs, consecutive)]
-    assert pads == [1 + 13 + 1, 17 + 15 + 13]           # lengths (3, 4) (5, 18) (19, 20) vs (3, 20) (4, 19) (5, 18)
+    # lengths (3, 4) (5, 18) (19, 20) vs (3, 20) (4, 19) (5, 18)
+    assert pads == [1 + 13 + 1, 17 + 15 + 13]
     assert length_buckets(rs, 2) == [[0, 2], [4, 5], [3, 1]] and len(mbs) == 3
     rows = {}
     for mb in mbs:
-        for ids, att, lp, adv in zip(mb["input_ids"], mb["attention_mask"], mb["behaviour_logprobs"], mb["advantages"]):
+        for ids, att, lp, adv in zip(mb["input_ids"], mb["attention_mask"],
+                                     mb["behaviour_logprobs"], mb["advantages"]):
             k = int(ids[0]) - 1
             assert k not in rows                                            # at most once ...
             rows[k] = (ids[att.bool()].tolist(), lp[lp != 0].tolist(), float(adv))
-    assert rows == {k: (r.prompt_ids + r.completion_ids, pytest.approx(r.logprobs), r.advantage)   # ... and all
-                    for k, r in enumerate(rs)}
+    assert rows == {k: (r.prompt_ids + r.completion_ids, pytest.approx(r.logprobs), r.advantage)
+                    for k, r in enumerate(rs)}                                      # ... and all
 
 
 def test_lockstep_logprobs_come_back_in_input_order(tiny):
-    """parallel.lockstep_logprobs runs length-bucketed micro-batches but returns each rollout's completion
-    log-probs at its own index: the same as a forward of that rollout alone."""
+    """parallel.lockstep_logprobs runs length-bucketed micro-batches but returns each rollout's
+    completion log-probs at its own index: the same as a forward of that rollout alone."""
     import parallel
     from rollout import forward_logprobs
     model, tok = tiny
     rs = _mixed_lengths()
     got = parallel.lockstep_logprobs(model, rs, 2, 0.7, tok.pad_token_id, 1)
     with torch.no_grad():
-        alone = [forward_logprobs(model, collate([r], tok.pad_token_id), 0.7)[1][0, 1:].tolist() for r in rs]
+        alone = [forward_logprobs(model, collate([r], tok.pad_token_id), 0.7)[1][0, 1:].tolist()
+                 for r in rs]
     assert [len(g) for g in got] == [len(r.completion_ids) for r in rs]
     for g, a in zip(got, alone):
         assert g == pytest.approx(a, abs=1e-5)
@@ -76,11 +82,13 @@ def test_lockstep_logprobs_come_back_in_input_order(tiny):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_engine_logprobs_equal_trainer_logprobs(tiny, temperature):
-    """Behaviour log-probs recorded during KV-cache sampling (left-padded prompts) equal the trainer's full forward
-    (right-padded) under the same weights and temperature: otherwise every ratio is biased from the first step."""
+    """Behaviour log-probs recorded during KV-cache sampling (left-padded prompts) equal the
+    trainer's full forward (right-padded) under the same weights and temperature: otherwise every
+    ratio is biased from the first step."""
     model, tok = tiny
     engine = TorchEngine(model, tok)
-    prompts = _prompts(tok, ["1+2=", "13*17-4=", "7=", "19-3*2="])     # different lengths: padding matters
+    # different lengths: padding matters
+    prompts = _prompts(tok, ["1+2=", "13*17-4=", "7=", "19-3*2="])
     rs = engine.generate(prompts, 3, Sampling(temperature=temperature, max_new_tokens=10, seed=3))
     assert len(rs) == 12 and [r.prompt_id for r in rs] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     b = collate(rs, tok.pad_token_id)
@@ -109,7 +117,8 @@ def test_greedy_is_argmax_and_deterministic_sampling(tiny):
 
 
 class _EosAtPosition(torch.nn.Module):
-    """A fake causal LM that emits token 5 until absolute position `stop`, then EOS: known completion lengths."""
+    """A fake causal LM that emits token 5 until absolute position `stop`, then EOS: known
+    completion lengths."""
     def __init__(self, vocab, eos, stop):
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1))
@@ -126,9 +135,11 @@ def test_stop_at_eos_and_truncation(tiny):
     _, tok = tiny
     eos = tok.eos_token_id
     engine = TorchEngine(_EosAtPosition(len(tok), eos, stop=5), tok)
-    prompts = [Prompt(0, [1, 2], "x"), Prompt(1, [1, 2, 3, 4], "y"), Prompt(2, [1, 2, 3, 4, 5, 6], "z")]
+    prompts = [Prompt(0, [1, 2], "x"), Prompt(1, [1, 2, 3, 4], "y"),
+               Prompt(2, [1, 2, 3, 4, 5, 6], "z")]
     rs = engine.generate(prompts, 1, Sampling(temperature=1.0, max_new_tokens=4))
-    # a token at absolute position p is 5 if p < 5 else EOS; prompts of 2, 4, 6 tokens start at positions 2, 4, 6
+    # a token at absolute position p is 5 if p < 5 else EOS; prompts of 2, 4, 6 tokens start at
+    # positions 2, 4, 6
     assert [r.completion_ids for r in rs] == [[5, 5, 5, eos], [5, eos], [eos]]
     assert [r.truncated for r in rs] == [False, False, False]
     assert all(len(r.logprobs) == len(r.completion_ids) for r in rs)
@@ -143,7 +154,7 @@ def test_top_p_keeps_only_the_nucleus(tiny):
     gen = torch.Generator().manual_seed(0)
     s = Sampling(temperature=1.0, top_p=0.7)
     toks = {sample_token(logits, s, gen)[0].item() for _ in range(300)}
-    assert toks == {0, 1}                     # 0.5 + 0.3 reaches 0.7; 2 and 3 are outside the nucleus
+    assert toks == {0, 1}                   # 0.5 + 0.3 reaches 0.7; 2 and 3 are outside the nucleus
 
 
 def test_load_weights_syncs_and_rejects_partial(tiny):
@@ -153,8 +164,9 @@ def test_load_weights_syncs_and_rejects_partial(tiny):
     engine.load_weights(new.items())
     for n, p in engine.model.named_parameters():
         assert torch.equal(p, new[n])
-    assert not torch.equal(dict(model.named_parameters())["lm_head.weight"] if "lm_head.weight" in new
-                           else next(model.parameters()), next(engine.model.parameters()))
+    assert not torch.equal(dict(model.named_parameters())["lm_head.weight"]
+                           if "lm_head.weight" in new else next(model.parameters()),
+                           next(engine.model.parameters()))
     with pytest.raises(ValueError, match="not updated"):
         engine.load_weights(list(new.items())[:2])
 

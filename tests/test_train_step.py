@@ -1,5 +1,6 @@
-"""The pieces of one train.py step, in process: what goes into each mini-batch, the veto under TIS, what DAPO's
-dynamic sampling filters on, what the replay buffer stores, and every numeric flag's validation."""
+"""The pieces of one train.py step, in process: what goes into each mini-batch, the veto under TIS,
+what DAPO's dynamic sampling filters on, what the replay buffer stores, and every numeric flag's
+validation."""
 import dataclasses
 import json
 import io
@@ -24,12 +25,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("cpu_only")
 
 
-# ---- 3. fresh-anchored mini-batches ---------------------------------------------------------------------------------
+# ---- 3. fresh-anchored mini-batches --------------------------------------------------------------
 
 def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
-    """512 fresh + 256 replayed in 3 mini-batches: (170 or 171 fresh, 85 or 86 replayed) each, never pure replay;
-    every index exactly once per epoch; epoch 0 keeps the batch order; later epochs are seeded shuffles."""
-    def mini_batches(n_fresh, n_replayed, a, step, epoch):                  # as train.update calls it
+    """512 fresh + 256 replayed in 3 mini-batches: (170 or 171 fresh, 85 or 86 replayed) each, never
+    pure replay; every index exactly once per epoch; epoch 0 keeps the batch order; later epochs are
+    seeded shuffles."""
+    def mini_batches(n_fresh, n_replayed, a, step, epoch):                # as train.update calls it
         return rollout.mini_batches(n_fresh, n_replayed, a.mini_batches,
                                     train.shuffle_seed(a.seed, step, epoch) if epoch else None)
     a = train.Args(mini_batches=3, seed=5)
@@ -45,11 +47,12 @@ def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
     assert mini_batches(512, 256, a, 7, 1) != mini_batches(512, 256, a, 7, 2)
     other_seed = dataclasses.replace(a, seed=6)
     assert mini_batches(512, 256, a, 7, 1) != mini_batches(512, 256, other_seed, 7, 1)
-    # one mini-batch, first epoch: exactly the batch as built (fresh, then replayed), as before the fix
+    # one mini-batch, first epoch: exactly the batch as built (fresh, then replayed), as before the
+    # fix
     assert mini_batches(5, 3, train.Args(), 0, 0) == [list(range(8))]
 
 
-# ---- 5. the veto is defined against the behaviour policy, also under TIS -------------------------------------------
+# ---- 5. the veto is defined against the behaviour policy, also under TIS -------------------------
 
 def _tiny_policy():
     tok = make_tokenizer()
@@ -57,44 +60,52 @@ def _tiny_policy():
 
 
 def test_veto_uses_behaviour_logprobs_under_tis():
-    """A stale A < 0 rollout whose behaviour policy gave its tokens e^20 times the current probability: the veto
-    triggers at its first token and masks the rest. Under --tis-cap the ratio's old log-probs are recomputed (equal
-    to the current ones here, ratio 1), but the veto still compares against the behaviour log-probs."""
+    """A stale A < 0 rollout whose behaviour policy gave its tokens e^20 times the current
+    probability: the veto triggers at its first token and masks the rest. Under --tis-cap the
+    ratio's old log-probs are recomputed (equal to the current ones here, ratio 1), but the veto
+    still compares against the behaviour log-probs."""
     model, tok = _tiny_policy()
-    r = Rollout(prompt_id=0, prompt_ids=tok.encode("7*6="), completion_ids=tok.encode("42"), logprobs=[0.0, 0.0],
-                advantage=-1.0)
+    r = Rollout(prompt_id=0, prompt_ids=tok.encode("7*6="), completion_ids=tok.encode("42"),
+                logprobs=[0.0, 0.0], advantage=-1.0)
     a = train.Args(veto_scope="suffix", veto_threshold=1e-4, tis_cap=2.0)
     mb = rollout.micro_batches([r], 256, tok.pad_token_id, "cpu")[0]
     with torch.no_grad():
-        logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, :-1]
-        current = train.grpo.token_logprobs(logits, mb["input_ids"][:, 1:])                         # [1, T]
+        logits = model(input_ids=mb["input_ids"],
+                       attention_mask=mb["attention_mask"]).logits[:, :-1]
+        current = train.grpo.token_logprobs(logits, mb["input_ids"][:, 1:])                 # [1, T]
     mask = mb["completion_mask"].bool()
-    mb["old_logprobs"] = torch.where(mask, current, 0.0)                   # TIS: proximal = the current weights
-    mb["behaviour_logprobs"] = torch.where(mask, current + 20.0, 0.0)      # behaviour: far more likely back then
+    # TIS: proximal = the current weights
+    mb["old_logprobs"] = torch.where(mask, current, 0.0)
+    # behaviour: far more likely back then
+    mb["behaviour_logprobs"] = torch.where(mask, current + 20.0, 0.0)
     m, m_off = Metrics(), Metrics()
     train.micro_batch_loss(model, None, mb, a, 2.0, m)
-    assert m.reduce(1)["loss/veto_frac"] == pytest.approx(0.5)              # 2 tokens: the second is vetoed
+    assert m.reduce(1)["loss/veto_frac"] == pytest.approx(0.5)      # 2 tokens: the second is vetoed
     train.micro_batch_loss(model, None, mb, dataclasses.replace(a, veto_scope="none"), 2.0, m_off)
     assert m_off.reduce(1)["loss/veto_frac"] == 0.0
 
 
-# ---- 5. length-bucketed micro-batches: the gradient of the whole batch, float rounding aside -------------------------
+# ---- 5. length-bucketed micro-batches: the gradient of the whole batch, float rounding aside -----
 
-@pytest.mark.parametrize("kw", [{}, {"agg": "seq-mean-token-mean", "ratio": "gspo", "tis_cap": 2.0}])
+@pytest.mark.parametrize("kw",
+                         [{}, {"agg": "seq-mean-token-mean", "ratio": "gspo", "tis_cap": 2.0}])
 def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
-    """train.update's micro-batches (rollout.micro_batches: rows grouped by length) against the whole batch collated
-    by hand in its own order, one micro-batch: the same N, the same summed loss and the same parameter gradients, to
-    float rounding (N is fixed before the first micro-batch; the grouping only reorders a sum). Under --tis-cap the
-    recomputed old log-probs, given in batch order, must follow their rollouts into the buckets."""
+    """train.update's micro-batches (rollout.micro_batches: rows grouped by length) against the
+    whole batch collated by hand in its own order, one micro-batch: the same N, the same summed loss
+    and the same parameter gradients, to float rounding (N is fixed before the first micro-batch;
+    the grouping only reorders a sum). Under --tis-cap the recomputed old log-probs, given in batch
+    order, must follow their rollouts into the buckets."""
     model, tok = _tiny_policy()
     a = train.Args(**kw)
     gen = torch.Generator().manual_seed(1)
     rs = [Rollout(k, tok.encode(f"{k}*{13 * k}="), tok.encode("1234567"[:n]), [0.0] * n,
                   advantage=(-1.0) ** k * (k + 1) / 4)
-          for k, n in enumerate((7, 1, 6, 2, 5, 3, 4, 1))]        # lengths alternate: buckets differ from chunks
-    with torch.no_grad():                                         # behaviour, old: near the current policy
+          # lengths alternate: buckets differ from chunks
+          for k, n in enumerate((7, 1, 6, 2, 5, 3, 4, 1))]
+    with torch.no_grad():                                  # behaviour, old: near the current policy
         for r in rs:
-            lp = rollout.forward_logprobs(model, rollout.collate([r], tok.pad_token_id), 1.0)[1][0]   # [T]
+            # [T]
+            lp = rollout.forward_logprobs(model, rollout.collate([r], tok.pad_token_id), 1.0)[1][0]
             lp = lp[len(r.prompt_ids) - 1:]
             r.logprobs = (lp + 0.3 * torch.randn(lp.shape, generator=gen)).tolist()
     old = [[x + 0.1 for x in r.logprobs] for r in rs] if a.tis_cap else None
@@ -109,19 +120,20 @@ def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
             mb_loss.backward()
             loss += mb_loss.item()
         return n, loss, [p.grad.clone() for p in model.parameters()]
-    n0, loss0, g0 = loss_and_grads([rollout.collate(rs, tok.pad_token_id, old)])            # by hand: no bucketing
+    # by hand: no bucketing
+    n0, loss0, g0 = loss_and_grads([rollout.collate(rs, tok.pad_token_id, old)])
     n1, loss1, g1 = loss_and_grads(rollout.micro_batches(rs, 3, tok.pad_token_id, "cpu",
                                                          old_logprobs=old))
     assert n1 == n0 and loss1 == pytest.approx(loss0, abs=1e-6) and loss0 != 0
     assert max(float((x - y).abs().max()) for x, y in zip(g0, g1)) <= 1e-6
-    assert max(float(x.abs().max()) for x in g0) > 1e-3                                     # not vacuous
+    assert max(float(x.abs().max()) for x in g0) > 1e-3                                # not vacuous
 
 
-# ---- 6. DAPO dynamic sampling filters on the verdict, not the shaped reward ------------------------------------------
+# ---- 6. DAPO dynamic sampling filters on the verdict, not the shaped reward ----------------------
 
 def _rollout(pid, text, answer, n_tokens):
-    return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[5] * n_tokens, logprobs=[-1.0] * n_tokens,
-                   text=text, answer=answer)
+    return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[5] * n_tokens,
+                   logprobs=[-1.0] * n_tokens, text=text, answer=answer)
 
 
 class FixedEngine:
@@ -135,20 +147,23 @@ class FixedEngine:
 
 
 def test_dynamic_sampling_drops_all_correct_groups_whatever_their_lengths():
-    """Through generate_and_score: with the overlong penalty an all-correct group of different lengths has
-    different shaped rewards and non-zero advantages, yet DAPO drops it: it filters on the verifier's verdicts."""
-    a = train.Args(max_new_tokens=8, overlong_buffer=4, dynamic_sampling=True, prompts_per_step=2, group_size=4)
-    group0 = [_rollout(0, "5", "5", n) for n in (2, 6, 7, 8)]             # all correct, lengths differ
+    """Through generate_and_score: with the overlong penalty an all-correct group of different
+    lengths has different shaped rewards and non-zero advantages, yet DAPO drops it: it filters on
+    the verifier's verdicts."""
+    a = train.Args(max_new_tokens=8, overlong_buffer=4, dynamic_sampling=True, prompts_per_step=2,
+                   group_size=4)
+    group0 = [_rollout(0, "5", "5", n) for n in (2, 6, 7, 8)]          # all correct, lengths differ
     group1 = [_rollout(1, t, "5", 2) for t in ("5", "4", "4", "4")]          # one correct
     fresh, generated, _ = train.generate_and_score(FixedEngine(group0 + group1), prompts=[None] * 2,
                                                    mine=[0, 1], pos=0, args=a, step=0, rank=0,
                                                    world=1, metrics=Metrics())
     shaped = [r for r in generated if r.prompt_id == 0]
-    assert len({r.reward for r in shaped}) > 1 and any(r.advantage != 0 for r in shaped)   # shaped rewards differ
-    assert [r.prompt_id for r in fresh] == [1] * 4                          # ...but group 0 is all correct: dropped
+    # shaped rewards differ
+    assert len({r.reward for r in shaped}) > 1 and any(r.advantage != 0 for r in shaped)
+    assert [r.prompt_id for r in fresh] == [1] * 4          # ...but group 0 is all correct: dropped
 
 
-# ---- 8. every numeric flag: nan, -1 and an absurdly large value --------------------------------------------------
+# ---- 8. every numeric flag: nan, -1 and an absurdly large value ----------------------------------
 
 NUMERIC = [f.name for f in dataclasses.fields(train.Args)
            if isinstance(f.default, (int, float)) and not isinstance(f.default, bool)]
@@ -157,7 +172,8 @@ BASE = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6",
 
 
 class Started(Exception):
-    """Raised where the first step would generate: set-up, flags, data, buffers and the step-0 eval all passed."""
+    """Raised where the first step would generate: set-up, flags, data, buffers and the step-0 eval
+    all passed."""
 
 
 def run_main(argv, monkeypatch, tmp_path):
@@ -170,21 +186,22 @@ def run_main(argv, monkeypatch, tmp_path):
             rc = train.main([*BASE, "--out-dir", str(tmp_path / "run"), *argv])
     except Started:
         rc = "started"
-    except SystemExit as e:                                                 # argparse: an unparseable value
+    except SystemExit as e:                                         # argparse: an unparseable value
         rc = e.code
     return rc, err.getvalue()
 
 
 def test_numeric_flags_are_all_covered():
-    """The lists of bounds in train.py name real flags, and the parametrised test below sees every numeric one."""
+    """The lists of bounds in train.py name real flags, and the parametrised test below sees every
+    numeric one."""
     assert set(flags.AT_LEAST_0 + flags.AT_LEAST_1) <= set(NUMERIC)
     assert {"veto_threshold", "temperature", "top_p", "eps_low", "eps_high", "seed"} <= set(NUMERIC)
 
 
 @pytest.mark.parametrize("name", NUMERIC)
 def test_numeric_flag_bad_values_are_one_error_line(name, monkeypatch, tmp_path):
-    """Each value either starts training normally or ends with exit status 2 and exactly one `error:` line; never
-    a traceback (an exception here fails the test)."""
+    """Each value either starts training normally or ends with exit status 2 and exactly one
+    `error:` line; never a traceback (an exception here fails the test)."""
     flag = "--" + name.replace("_", "-")
     is_int = type(getattr(train.Args(), name)) is int
     for value in ("nan", "-1", "1000000000000" if is_int else "1e300"):
@@ -192,7 +209,8 @@ def test_numeric_flag_bad_values_are_one_error_line(name, monkeypatch, tmp_path)
         assert rc in (2, "started"), (flag, value, rc, err)
         if rc == 2:
             lines = [ln for ln in err.splitlines() if "error:" in ln]
-            assert len(lines) == 1 and (flag in lines[0] or "invalid" in lines[0]), (flag, value, err)
+            assert (len(lines) == 1
+                    and (flag in lines[0] or "invalid" in lines[0])), (flag, value, err)
         if value == "nan":
             assert rc == 2, (flag, "nan must never be accepted")
 
@@ -201,7 +219,8 @@ def test_numeric_flag_bad_values_are_one_error_line(name, monkeypatch, tmp_path)
     (["--veto-threshold", "0"], "--veto-threshold"),         # crashed in math.log before
     (["--eps-high", "nan"], "--eps-high"),                   # nan passed every comparison before
     (["--max-grad-norm", "inf"], "--max-grad-norm"),
-    (["--mini-batches", "33"], "--mini-batches"),            # 8 x 4 = 32 fresh rollouts: one step would be empty
+    # 8 x 4 = 32 fresh rollouts: one step would be empty
+    (["--mini-batches", "33"], "--mini-batches"),
     (["--prompts-per-step", "9000"], "--prompts-per-step"),  # more than the 7,450 training prompts
     (["--eval-size", "939"], "--eval-size"),                 # the built-in test split holds 938
     (["--dev-size", "913"], "--dev-size"),                   # ... and its dev split 912
@@ -213,19 +232,21 @@ def test_specific_bounds(argv, message, monkeypatch, tmp_path):
     assert rc == 2 and message in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("argv", [["--tau-max", "1000000000000"], ["--replay-capacity", "1000000000000"],
-                                  ["--priority-alpha", "1e300"], ["--replay-ratio", "1e300"],
-                                  ["--micro-batch-size", "1000000000000"], ["--lr", "0"], ["--steps", "1"]])
+@pytest.mark.parametrize("argv",
+                         [["--tau-max", "1000000000000"], ["--replay-capacity", "1000000000000"],
+                          ["--priority-alpha", "1e300"], ["--replay-ratio", "1e300"],
+                          ["--micro-batch-size", "1000000000000"], ["--lr", "0"], ["--steps", "1"]])
 def test_large_legal_values_train_a_step(argv, tmp_path):
     """Legal extremes run two real steps (the second one replays) to the end."""
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(io.StringIO()):
-        rc = train.main([*BASE, "--steps", "2", "--eval-every", "0", "--out-dir", str(tmp_path / "run"), *argv])
+        rc = train.main([*BASE, "--steps", "2", "--eval-every", "0",
+                         "--out-dir", str(tmp_path / "run"), *argv])
     assert rc == 0
     assert math.isfinite(float(out.getvalue().split("| loss ")[1].split()[0]))
 
 
-# ---- through the loop: 2. capacity, 7. overlong filter, 9. verifier errors ------------------------------------------
+# ---- through the loop: 2. capacity, 7. overlong filter, 9. verifier errors -----------------------
 
 def run_steps(argv, tmp_path):
     out = io.StringIO()
@@ -236,10 +257,12 @@ def run_steps(argv, tmp_path):
 
 
 def test_capacity_at_the_fresh_count_still_replays(tmp_path):
-    """Capacity 8 with 8 fresh rollouts per step and 4 requested: the loop samples before it stores, so the
-    previous step's 8 are drawn from before this step's 8 replace them (storing first replayed 0 at every step)."""
+    """Capacity 8 with 8 fresh rollouts per step and 4 requested: the loop samples before it stores,
+    so the previous step's 8 are drawn from before this step's 8 replace them (storing first
+    replayed 0 at every step)."""
     rc, steps, _ = run_steps(["--steps", "3", "--prompts-per-step", "2", "--replay", "uniform",
-                              "--replay-capacity", "8", "--replay-ratio", "0.5", "--mini-batches", "1"], tmp_path)
+                              "--replay-capacity", "8", "--replay-ratio", "0.5",
+                              "--mini-batches", "1"], tmp_path)
     assert rc == 0
     assert [m["batch/fresh"] for m in steps] == [8, 8, 8]
     assert [m["replay/sampled"] for m in steps] == [0, 4, 4]
@@ -248,7 +271,8 @@ def test_capacity_at_the_fresh_count_still_replays(tmp_path):
 
 
 def test_overlong_filter_stores_only_untruncated(tmp_path):
-    rc, steps, _ = run_steps(["--steps", "1", "--overlong-filter", "--max-new-tokens", "2"], tmp_path)
+    rc, steps, _ = run_steps(["--steps", "1", "--overlong-filter", "--max-new-tokens", "2"],
+                             tmp_path)
     assert rc == 0
     m = steps[0]
     untruncated = round(m["batch/fresh"] * (1 - m["response/truncated_frac"]))
@@ -265,34 +289,40 @@ def test_verifier_errors_are_logged_and_warned(tmp_path, monkeypatch):
     rc, steps, stdout = run_steps(["--steps", "1"], tmp_path)
     assert rc == 0
     m = steps[0]
-    assert m["verify/error"] == m["verify/graded"] == 32 + 8                # 8 x 4 rollouts scored, 8 eval prompts
+    # 8 x 4 rollouts scored, 8 eval prompts
+    assert m["verify/error"] == m["verify/graded"] == 32 + 8
     assert m["verify/timeout"] == 0 and m["verify/worker_restarts"] == 0
     line = next(ln for ln in stdout.splitlines() if ln.startswith("step    1"))
     assert "WARNING verifier: 40 internal errors" in line
-    assert m["reward/mean"] == 0.0                                          # what the warning is there to explain
+    assert m["reward/mean"] == 0.0                            # what the warning is there to explain
 
 
-# ---- the canary (issue 11): every engine's log-probs against the trainer's ----------------------------------------
+# ---- the canary (issue 11): every engine's log-probs against the trainer's -----------------------
 
 def test_canary_is_logged_every_check_every_steps(tmp_path):
     rc, steps, _ = run_steps(["--steps", "3", "--check-every", "2"], tmp_path)
     assert rc == 0
-    assert ["rollout/logprob_diff" in m for m in steps] == [True, False, True]       # steps 1 and 3 (step 0, 2 of 0..)
-    assert all(m["rollout/logprob_diff"] < 1e-5 for m in steps if "rollout/logprob_diff" in m)   # fp32: ~1e-7
+    # steps 1 and 3 (step 0, 2 of 0..)
+    assert ["rollout/logprob_diff" in m for m in steps] == [True, False, True]
+    # fp32: ~1e-7
+    assert all(m["rollout/logprob_diff"] < 1e-5 for m in steps if "rollout/logprob_diff" in m)
     rc, steps, _ = run_steps(["--steps", "2", "--check-every", "0"], tmp_path / "off")
     assert rc == 0 and not any("rollout/logprob_diff" in m for m in steps)
 
 
 def test_a_stale_engine_stops_the_run(tmp_path, monkeypatch):
-    """An engine whose weight sync silently does nothing samples from the base model; the canary ends the run."""
+    """An engine whose weight sync silently does nothing samples from the base model; the canary
+    ends the run."""
     monkeypatch.setattr(rollout.TorchEngine, "load_weights", lambda self, named: None)
     err = io.StringIO()
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
-        rc = train.main([*BASE, "--steps", "3", "--check-every", "1", "--lr", "1e-2", "--max-logprob-diff", "1e-3",
-                         "--eval-every", "0", "--out-dir", str(tmp_path / "run")])
+        rc = train.main([*BASE, "--steps", "3", "--check-every", "1", "--lr", "1e-2",
+                         "--max-logprob-diff", "1e-3", "--eval-every", "0",
+                         "--out-dir", str(tmp_path / "run")])
     assert rc == 1
     lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
-    assert len(lines) == 1 and "rollout/logprob_diff" in lines[0] and "step 2" in lines[0], err.getvalue()
+    assert (len(lines) == 1 and "rollout/logprob_diff" in lines[0]
+            and "step 2" in lines[0]), err.getvalue()
 
 
 def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
@@ -378,8 +408,8 @@ def test_dev_split_is_evaluated_as_dev_accuracy_and_eval_size_0_skips_the_test_e
 
 
 def test_help_lists_every_flag_and_preset(capsys):
-    """`python train.py --help` exits 0 (argparse %-formats help strings: a literal % in a field's docstring, as in
-    --r2po-head-rank's '2% of a 0.5B model', once made it a traceback)."""
+    """`python train.py --help` exits 0 (argparse %-formats help strings: a literal % in a field's
+    docstring, as in --r2po-head-rank's '2% of a 0.5B model', once made it a traceback)."""
     with pytest.raises(SystemExit) as exit_:
         train.main(["--help"])
     assert exit_.value.code == 0

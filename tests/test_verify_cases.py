@@ -1,9 +1,11 @@
-"""verify.py against the public checkers' own test tables and two benchmarks' golds (issue 4, "Done means").
+"""verify.py against the public checkers' own test tables and two benchmarks' golds (issue 4, "Done
+means").
 
-- verifier_cases.jsonl: agreement with `expected` >= 95% over the cases without a REVIEW note and >= 90% within every
-  category holding >= 10 such cases; tests/verify_known_failures.py holds exactly the disagreements (both ways);
-  the REVIEW cases get the verdicts REVIEW_VERDICTS states.
-- math500.jsonl: grade(solution, answer) for >= 99% of rows.  gsm8k_test.jsonl: grade(answer, number after ####), all.
+- verifier_cases.jsonl: agreement with `expected` >= 95% over the cases without a REVIEW note and
+  >= 90% within every category holding >= 10 such cases; tests/verify_known_failures.py holds
+  exactly the disagreements (both ways); the REVIEW cases get the verdicts REVIEW_VERDICTS states.
+- math500.jsonl: grade(solution, answer) for >= 99% of rows. gsm8k_test.jsonl: grade(answer, number
+  after ####), all.
 """
 import collections
 import json
@@ -36,7 +38,7 @@ def _is_review(row: dict) -> bool:
 def test_verifier_cases_agreement_overall_and_per_category(cases):
     rows, verdicts = cases
     scored = [i for i, r in enumerate(rows) if not _is_review(r)]
-    assert len(rows) == 414 and len(scored) == 408               # the README's table: 6 REVIEW cases
+    assert len(rows) == 414 and len(scored) == 408              # the README's table: 6 REVIEW cases
     agree = {i: verdicts[i] == rows[i]["expected"] for i in scored}
     overall = sum(agree.values()) / len(scored)
     per_category = collections.defaultdict(list)
@@ -48,21 +50,25 @@ def test_verifier_cases_agreement_overall_and_per_category(cases):
         if len(hits) >= 10:
             print(f"  {category:32} {sum(hits):3}/{len(hits):3} = {sum(hits) / len(hits):.3f}")
     assert overall >= 0.95
-    low = {c: sum(h) / len(h) for c, h in per_category.items() if len(h) >= 10 and sum(h) / len(h) < 0.90}
+    low = {c: sum(h) / len(h) for c, h in per_category.items()
+           if len(h) >= 10 and sum(h) / len(h) < 0.90}
     assert not low, f"categories under 90%: {low}"
 
 
 def test_known_failures_list_is_exact(cases):
     rows, verdicts = cases
     for i, (pred_start, reason) in known.KNOWN_FAILURES.items():
-        assert rows[i]["pred"].startswith(pred_start), f"line {i} is no longer the case the list describes"
+        assert rows[i]["pred"].startswith(pred_start), (
+            f"line {i} is no longer the case the list describes")
         assert reason and not _is_review(rows[i])
     disagree = {i for i, r in enumerate(rows) if not _is_review(r) and verdicts[i] != r["expected"]}
     unlisted = sorted(disagree - set(known.KNOWN_FAILURES))
     fixed = sorted(set(known.KNOWN_FAILURES) - disagree)
     assert not unlisted, "new disagreements: " + "; ".join(
-        f"{i}: {rows[i]['pred'][-80:]!r} vs {rows[i]['gold'][:80]!r} expected {rows[i]['expected']}" for i in unlisted)
-    assert not fixed, f"listed cases that now agree (remove them from tests/verify_known_failures.py): {fixed}"
+        f"{i}: {rows[i]['pred'][-80:]!r} vs {rows[i]['gold'][:80]!r} expected {rows[i]['expected']}"
+        for i in unlisted)
+    assert not fixed, (
+        f"listed cases that now agree (remove them from tests/verify_known_failures.py): {fixed}")
 
 
 def test_review_cases_get_the_stated_verdicts(cases):
@@ -81,7 +87,7 @@ def test_conflicting_pairs_are_decided_one_way(cases):
         if r.get("conflict"):
             pairs[(r["pred"], r["gold"])].append(i)
     assert len(pairs) == 2
-    for members in pairs.values():                              # same inputs, same verdict, opposite expectations
+    for members in pairs.values():                # same inputs, same verdict, opposite expectations
         assert len({verdicts[i] for i in members}) == 1
         assert len({rows[i]["expected"] for i in members}) == 2
 
@@ -96,7 +102,8 @@ def test_math500_solutions_grade_against_their_answers():
 
 def test_gsm8k_test_solutions_grade_against_their_final_number():
     rows = _rows("gsm8k_test.jsonl")
-    misses = [r["answer"][-60:] for r in rows if not verify.grade(r["answer"], r["answer"].split("####")[-1].strip())]
+    misses = [r["answer"][-60:] for r in rows
+              if not verify.grade(r["answer"], r["answer"].split("####")[-1].strip())]
     print(f"\ngsm8k_test: {len(rows) - len(misses)}/{len(rows)}")
     assert len(rows) == 1319 and not misses
 

@@ -1,15 +1,18 @@
-"""VIGOR's variance-guided allocation (vigor.vigor_generate): the budget, who gets the extra completions, and
-variable-size groups through the advantages, the loss's normaliser and the replay buffer."""
+"""VIGOR's variance-guided allocation (vigor.vigor_generate): the budget, who gets the extra
+completions, and variable-size groups through the advantages, the loss's normaliser and the replay
+buffer; the readings (a Beta prior, marginal-gain ranking, prompt weighting) on hand-built
+groups."""
 import pytest
 import torch
 
 import buffer
 import grpo
+import vigor
 from rollout import Prompt, Rollout, Sampling
 from vigor import vigor_generate
 
-# prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2 right 1 in 4,
-# 3 always wrong. Variances after 2 completions: 0, 0.25, 0 or 0.25 (...) , 0.
+# prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2
+# right 1 in 4, 3 always wrong. Variances after 2 completions: 0, 0.25, 0 or 0.25 (...) , 0.
 PATTERNS = {0: [1], 1: [1, 0], 2: [0, 1, 0, 0], 3: [0]}
 
 
@@ -23,8 +26,9 @@ class PatternEngine:
         for p in prompts:
             for _ in range(n):
                 pattern = PATTERNS[p.prompt_id]
-                out.append(Rollout(prompt_id=p.prompt_id, prompt_ids=[1], completion_ids=[2, 3], logprobs=[-1.0, -1.0],
-                                   text=str(pattern[self.made[p.prompt_id] % len(pattern)]), version=version))
+                text = str(pattern[self.made[p.prompt_id] % len(pattern)])
+                out.append(Rollout(prompt_id=p.prompt_id, prompt_ids=[1], completion_ids=[2, 3],
+                                   logprobs=[-1.0, -1.0], text=text, version=version))
                 self.made[p.prompt_id] += 1
         return out
 
@@ -46,20 +50,23 @@ def run(budget, n_init=2, n_step=2, top=2):
 @pytest.mark.parametrize("budget", [8, 13, 16, 17, 21])
 def test_budget_spent_exactly_and_only_on_prompts_with_variance(budget):
     out, stats, sizes, engine = run(budget)
-    assert len(out) == budget                                  # also when budget - 8 is not a multiple of n_step
-    assert sizes[0] == sizes[3] == 2                           # zero variance after n_init: nothing more
+    assert len(out) == budget          # also when budget - 8 is not a multiple of n_step
+    assert sizes[0] == sizes[3] == 2   # zero variance after n_init: nothing more
     assert sizes[1] + sizes[2] == budget - 4
-    assert stats["vigor/group_size_min"] == 2 and stats["vigor/group_size_max"] == max(sizes.values())
+    assert stats["vigor/group_size_min"] == 2
+    assert stats["vigor/group_size_max"] == max(sizes.values())
     assert stats["vigor/group_size_mean"] == pytest.approx(budget / 4)
-    assert [n for _, n, _ in engine.calls] == [2] + [1] * stats["vigor/rounds"]  # each round: one engine call
-    assert len({seed for _, _, seed in engine.calls}) == len(engine.calls)       # its own seed per round
-    assert [r.prompt_id for r in out] == sorted(r.prompt_id for r in out)         # grouped by prompt
+    # each round: one engine call, with its own seed
+    assert [n for _, n, _ in engine.calls] == [2] + [1] * stats["vigor/rounds"]
+    assert len({seed for _, _, seed in engine.calls}) == len(engine.calls)
+    assert [r.prompt_id for r in out] == sorted(r.prompt_id for r in out)   # grouped by prompt
 
 
 def test_highest_variance_first():
-    """n_init = 4: prompt 1 has (1, 0, 1, 0), variance 0.25; prompt 2 has (0, 1, 0, 0), variance 0.1875; prompts 0
-    and 3 have 0. With top = 1 every round goes to prompt 1 (its variance stays 0.25); with top = 2 and a budget
-    of 16 + 3 the one round is cut to fit: 2 to prompt 1 (the higher), the last 1 to prompt 2."""
+    """n_init = 4: prompt 1 has (1, 0, 1, 0), variance 0.25; prompt 2 has (0, 1, 0, 0), variance
+    0.1875; prompts 0 and 3 have 0. With top = 1 every round goes to prompt 1 (its variance stays
+    0.25); with top = 2 and a budget of 16 + 3 the one round is cut to fit: 2 to prompt 1 (the
+    higher), the last 1 to prompt 2."""
     _, stats, sizes, _ = run(budget=20, n_init=4, top=1)
     assert sizes == {0: 4, 1: 8, 2: 4, 3: 4} and stats["vigor/rounds"] == 2
     _, stats, sizes, _ = run(budget=19, n_init=4, top=2)
@@ -71,33 +78,41 @@ def test_all_zero_variance_stops_early():
     engine, prompts = PatternEngine(), [Prompt(0, [1]), Prompt(3, [1])]
     out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, grade, n_init=2,
                                 n_step=2, top=2, budget=12)
-    assert len(out) == 4 and stats["vigor/rounds"] == 0 and stats["vigor/zero_std_frac_before"] == 1.0
+    assert len(out) == 4 and stats["vigor/rounds"] == 0
+    assert stats["vigor/zero_std_frac_before"] == 1.0
 
 
 def test_variable_size_groups_advantages_normaliser_and_replay():
-    """Groups of 2 and 6: GRPO's advantage per group by hand; the token-mean normaliser counts every token; the
-    rollout-level buffer stores and replays them with their advantages."""
+    """Groups of 2 and 6: GRPO's advantage per group by hand; the token-mean normaliser counts every
+    token; the rollout-level buffer stores and replays them with their advantages."""
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0])
     group = torch.tensor([7, 7, 9, 9, 9, 9, 9, 9])
     adv = grpo.grpo_advantages(rewards, group)
-    # group 7: mean 0.5, Bessel std sqrt(0.5); group 9: mean 4/6, std sqrt((4 (1/3)^2 + 2 (2/3)^2) / 5) = sqrt(4/15)
+    # group 7: mean 0.5, Bessel std sqrt(0.5); group 9: mean 4/6,
+    # std sqrt((4 (1/3)^2 + 2 (2/3)^2) / 5) = sqrt(4/15)
     s7, s9 = 0.5 ** 0.5, (4 / 15) ** 0.5
-    expected = [0.5 / (s7 + 1e-6), -0.5 / (s7 + 1e-6)] + [(r - 2 / 3) / (s9 + 1e-6) for r in (1, 0, 1, 1, 1, 0)]
+    expected = ([0.5 / (s7 + 1e-6), -0.5 / (s7 + 1e-6)]
+                + [(r - 2 / 3) / (s9 + 1e-6) for r in (1, 0, 1, 1, 1, 0)])
     torch.testing.assert_close(adv, torch.tensor(expected), rtol=1e-6, atol=1e-6)
     mask = torch.ones(8, 3)
-    assert grpo.loss_normaliser(mask, "token-mean") == 24.0 and grpo.loss_normaliser(mask, "seq-mean-token-mean") == 8
+    assert grpo.loss_normaliser(mask, "token-mean") == 24.0
+    assert grpo.loss_normaliser(mask, "seq-mean-token-mean") == 8
     replay = buffer.make_replay("prioritized", tau_max=2, alpha=1.0, capacity=None, seed=0)
-    rs = [Rollout(prompt_id=int(g), prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], advantage=float(a), version=0)
-          for g, a in zip(group, adv)]
+    rs = [Rollout(prompt_id=int(g), prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
+                  advantage=float(a), version=0) for g, a in zip(group, adv)]
     replay.add(rs, step=0)
     drawn = replay.draw(8, step=1)
-    assert sorted(r.advantage for r in drawn) == sorted(float(a) for a in adv)      # all 8 have |A| > 0
+    # all 8 have |A| > 0
+    assert sorted(r.advantage for r in drawn) == sorted(float(a) for a in adv)
     assert {r.prompt_id for r in drawn} == {7, 9}
 
 
-def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only):
-    """`--preset vigor` on the built-in task: 8 prompts x 4 = a budget of 32 completions per step, 2 each first,
-    the rest to the prompts with reward variance; the metrics say so."""
+@pytest.mark.parametrize("reading", [(), ("--vigor-rank", "variance", "--vigor-prior", "0")])
+def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only, reading):
+    """`--preset vigor` on the built-in task: 8 prompts x 4 = a budget of 32 completions per step,
+    2 each first, the rest by the preset's reading (the dev's: marginal gain with a Beta(1, 1)
+    prior, which may spread them evenly) or the first reading (the highest variance: some group
+    gets more than 4); the metrics say so."""
     import io
     import json
     from contextlib import redirect_stderr, redirect_stdout
@@ -105,13 +120,99 @@ def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only):
     import train
     out = tmp_path / "run"
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-        rc = train.main(["--preset", "vigor", "--steps", "2", "--prompts-per-step", "8", "--group-size", "4",
-                         "--vigor-top", "2", "--max-new-tokens", "6", "--eval-size", "8", "--eval-every", "0",
-                         "--threads", "1", "--out-dir", str(out)])
+        rc = train.main(["--preset", "vigor", "--steps", "2", "--prompts-per-step", "8",
+                         "--group-size", "4", "--vigor-top", "2", "--max-new-tokens", "6",
+                         "--eval-size", "8", "--eval-every", "0", "--threads", "1",
+                         "--out-dir", str(out), *reading])
     assert rc == 0
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
     for m in steps:
         assert m["rollout/generated"] == 32 and m["batch/fresh"] == 32 and m["vigor/rounds"] >= 1
-        assert m["vigor/group_size_min"] >= 2 and m["vigor/group_size_max"] > 4
+        assert m["vigor/group_size_min"] >= 2 and m["vigor/group_size_max"] >= 4
+        assert m["vigor/group_size_max"] > 4 or not reading
         assert m["vigor/group_size_mean"] == pytest.approx(4.0)
-        assert m["replay/sampled"] == 0                         # the preset: VIGOR on plain GRPO, no replay
+        assert m["replay/sampled"] == 0          # the preset: VIGOR on plain GRPO, no replay
+
+
+# ---- the readings: --vigor-prior, --vigor-rank marginal, --vigor-weight prompt ------------------
+
+def run_reading(budget, rank="marginal", prior=1.0, n_init=2, n_step=2, top=2):
+    engine, prompts = PatternEngine(), [Prompt(i, [1]) for i in PATTERNS]
+    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=100 + k), 0, grade,
+                                n_init=n_init, n_step=n_step, top=top, budget=budget, rank=rank,
+                                prior=prior)
+    return out, stats, {p: sum(r.prompt_id == p for r in out) for p in PATTERNS}
+
+
+def test_beta_prior_by_hand():
+    """Beta(1, 1): 0 right of 2 -> p = 1/4, sigma^2 = 3/16; 1 of 2 -> 1/2, 1/4; 2 of 2 -> 3/4,
+    3/16. Without a prior the first and last are 0."""
+    rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], correct=c)
+          for q, c in [(0, 0), (0, 0), (1, 1), (1, 0), (2, 1), (2, 1)]]
+    n, var = vigor.smoothed_variance(rs, 1.0)
+    assert n == {0: 2, 1: 2, 2: 2} and var == {0: 3 / 16, 1: 1 / 4, 2: 3 / 16}
+    assert vigor.smoothed_variance(rs, 0.0)[1] == {0: 0.0, 1: 0.25, 2: 0.0}
+
+
+def test_marginal_gain_by_hand_a_zero_variance_prompt_still_gets_rollouts():
+    """After 2 each (prompt 0: 1, 1; 1: 1, 0; 2: 0, 1; 3: 0, 0) with prior 1: sigma^2 = 3/16, 1/4,
+    1/4, 3/16, gain sigma^2 / (2 x 3) = 1/32, 1/24, 1/24, 1/32. The round's 4 go to 1 and 2 (1/24),
+    then at n = 3 theirs is 1/4 / 12 = 1/48 < 1/32: to 0 and 3. So the two prompts whose 2
+    completions agreed get one more each; without the prior they get none."""
+    out, stats, sizes = run_reading(budget=12)
+    assert sizes == {0: 3, 1: 3, 2: 3, 3: 3} and stats["vigor/rounds"] == 1 and len(out) == 12
+    _, _, sizes = run_reading(budget=12, prior=0.0)
+    assert sizes[0] == sizes[3] == 2 and sizes[1] + sizes[2] == 8
+
+
+def test_marginal_gain_goes_where_the_variance_is():
+    """sigma^2 = 1/4 and 1/100 after 2 each: gains 1/24 and 1/600; the first prompt's next gains
+    1/48, 1/80, 1/120 all exceed 1/600, so a round of 4 gives it all 4."""
+    prompts = [Prompt(0, [1]), Prompt(1, [1])]
+    extra = vigor.by_marginal_gain(prompts, {0: 2, 1: 2}, {0: 0.25, 1: 0.01}, 2, 2, 99)
+    assert [p.prompt_id for p in extra] == [0, 0, 0, 0]
+    cut = vigor.by_marginal_gain(prompts, {0: 2, 1: 2}, {0: 0.25, 1: 0.01}, 2, 2, 3)
+    assert cut == [prompts[0]] * 3
+
+
+def test_marginal_gain_is_neyman_allocation():
+    """sigma = 1/2 and 1/4 (sigma^2 1/4, 1/16) from 1 each, 28 more: greedy stops where
+    n0 (n0 + 1) / (n1 (n1 + 1)) is about 4, i.e. n_q ∝ sigma_q: 20 and 10 (420 / 110 against the
+    next 462 / 132)."""
+    prompts = [Prompt(0, [1]), Prompt(1, [1])]
+    extra = vigor.by_marginal_gain(prompts, {0: 1, 1: 1}, {0: 0.25, 1: 0.0625}, 28, 1, 28)
+    assert sum(p.prompt_id == 0 for p in extra) + 1 == 20
+    assert sum(p.prompt_id == 1 for p in extra) + 1 == 10
+
+
+@pytest.mark.parametrize("rank", ["variance", "marginal"])
+@pytest.mark.parametrize("budget", [8, 13, 16, 17, 21, 40])
+def test_budget_spent_exactly_with_the_prior(rank, budget):
+    out, stats, sizes = run_reading(budget, rank=rank)
+    assert len(out) == budget and min(sizes.values()) >= 2
+    assert [r.prompt_id for r in out] == sorted(r.prompt_id for r in out)
+
+
+def test_prompt_weights_make_each_prompts_total_weight_equal():
+    """Groups of 2, 6 and 4 (mean 4): weights 2, 2/3 and 1; every prompt's weights sum to 4, and all
+    of them to the 12 rollouts."""
+    sizes = {7: 2, 9: 6, 3: 4}
+    rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0])
+          for q, n in sizes.items() for _ in range(n)]
+    w = vigor.prompt_weights(rs)
+    assert w == [2.0] * 2 + [4 / 6] * 6 + [1.0] * 4
+    for q in sizes:
+        assert sum(x for x, r in zip(w, rs) if r.prompt_id == q) == pytest.approx(4.0)
+    assert sum(w) == pytest.approx(12.0)
+
+
+def test_score_scales_advantages_by_prompt_weight():
+    import flags
+    import train
+    rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], correct=c)
+          for q, c in [(7, 1), (7, 0)] + [(9, c) for c in (1, 0, 1, 1, 1, 0)]]
+    train.score(rs, flags.Args(allocation="vigor"))
+    plain = [r.advantage for r in rs]
+    train.score(rs, flags.Args(allocation="vigor", vigor_weight="prompt"))
+    assert [r.advantage for r in rs] == pytest.approx([a * 2.0 for a in plain[:2]]
+                                                      + [a * 4 / 6 for a in plain[2:]])

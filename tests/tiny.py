@@ -1,10 +1,12 @@
-"""A tiny task for the trainer's distributed and checkpoint tests, independent of the shipped assets/tiny-arith.
+"""A tiny task for the trainer's distributed and checkpoint tests, independent of the shipped
+assets/tiny-arith.
 
-`make_digit_task(dir)` writes a random-initialised tiny model (assets/make_tiny_model.py's architecture), briefly
-trained to answer "d=" with one digit and EOS, and a JSONL prompt set of such copy questions. A purely random model
-almost never earns a reward, so every group would have zero variance, every advantage would be 0 and a training step
-would not move the weights: tests of resume and of sharded updates would then pass vacuously. After 60 supervised
-steps the model answers with *some* digit, right about a third of the time, so groups of 4 have reward variance.
+`make_digit_task(dir)` writes a random-initialised tiny model (assets/make_tiny_model.py's
+architecture), briefly trained to answer "d=" with one digit and EOS, and a JSONL prompt set of such
+copy questions. A purely random model almost never earns a reward, so every group would have zero
+variance, every advantage would be 0 and a training step would not move the weights: tests of resume
+and of sharded updates would then pass vacuously. After 60 supervised steps the model answers with
+*some* digit, right about a third of the time, so groups of 4 have reward variance.
 """
 import json
 import os
@@ -19,7 +21,7 @@ DIGITS = [str(d) for d in range(10)]
 def make_digit_task(out: str, steps: int = 60, seed: int = 0) -> tuple[str, str]:
     """(model directory, data path) under `out`."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)              # small matmuls: more threads only contend for the shared cores
+    torch.set_num_threads(1)         # small matmuls: more threads only contend for the shared cores
     torch.manual_seed(seed)
     tok = make_tokenizer()
     model = make_model(len(tok), seed)
@@ -28,10 +30,12 @@ def make_digit_task(out: str, steps: int = 60, seed: int = 0) -> tuple[str, str]
     for _ in range(steps):
         q = torch.randint(0, 10, (64,), generator=g).tolist()
         # "d=" -> "e<eos>" with e = d half the time: learns the format fast, the copy only partly
-        a = [d if torch.rand(1, generator=g) < 0.5 else int(torch.randint(0, 10, (1,), generator=g)) for d in q]
-        ids = torch.tensor([tok.encode(f"{d}={e}") + [tok.eos_token_id] for d, e in zip(q, a)])   # [64, 4]
+        a = [d if torch.rand(1, generator=g) < 0.5 else int(torch.randint(0, 10, (1,), generator=g))
+             for d in q]
+        # [64, 4]
+        ids = torch.tensor([tok.encode(f"{d}={e}") + [tok.eos_token_id] for d, e in zip(q, a)])
         labels = ids.clone()
-        labels[:, :2] = -100                                              # loss on the answer and EOS only
+        labels[:, :2] = -100                                       # loss on the answer and EOS only
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -47,6 +51,6 @@ def make_digit_task(out: str, steps: int = 60, seed: int = 0) -> tuple[str, str]
 
 
 # The smallest run of train.py on that task (2 ranks split 4 prompts into 2 + 2).
-SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "4", "--eval-size", "8",
-         "--eval-every", "0", "--threads", "1", "--prompt-template", "builtin", "--lr", "3e-3", "--replay-ratio", "1",
-         "--tau-max", "2"]
+SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "4",
+         "--eval-size", "8", "--eval-every", "0", "--threads", "1", "--prompt-template", "builtin",
+         "--lr", "3e-3", "--replay-ratio", "1", "--tau-max", "2"]

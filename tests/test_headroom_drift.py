@@ -1,0 +1,183 @@
+"""Headroom-Drift (buffer.GroupReplay): the `current` headroom, re-scored in the drift pass's
+forward by self-normalised importance sampling, and the drift gate stated relative to the clip
+range (buffer.drift_limit, train.setup's drift_max from --hd-drift-frac).
+
+    python -m pytest -q tests/test_headroom_drift.py
+"""
+import copy
+import io
+import math
+import pickle
+
+import pytest
+import torch
+
+import buffer
+import flags
+import train
+from make_tiny_model import make_model, make_tokenizer
+from rollout import Rollout
+
+LOG3 = math.log(3.0)
+
+
+def group(pid: int, version: int, correct: list[float], length: int = 3) -> list[Rollout]:
+    """A stored group: reward = verdict, behaviour log-prob -1 per token."""
+    mean = sum(correct) / len(correct)
+    return [Rollout(prompt_id=pid, prompt_ids=[1, 2], completion_ids=[5] * length,
+                    logprobs=[-1.0] * length, correct=c, reward=c, advantage=c - mean,
+                    version=version) for c in correct]
+
+
+class Policy:
+    """A fake no-grad forward: each rollout's behaviour log-probs plus `shift[prompt_id]` spread
+    evenly over its tokens when it is correct (so sum_t log rho = shift for a correct completion,
+    0 for a wrong one)."""
+
+    def __init__(self):
+        self.shift: dict[int, float] = {}
+        self.calls: list[int] = []
+
+    def __call__(self, rollouts):
+        self.calls.append(len(rollouts))
+        return [[lp + self.shift.get(r.prompt_id, 0.0) * r.correct / len(r.logprobs)
+                 for lp in r.logprobs] for r in rollouts]
+
+
+# ---- (a) the current headroom follows the policy -------------------------------------------------
+
+def test_current_headroom_is_the_importance_weighted_success_rate_of_the_policy_now():
+    """2 correct, 2 wrong. At the behaviour policy w_i = 1: p_theta = 1/2, h = 1/4 exactly (the
+    stored p(1-p)). The policy raises each correct completion's log-prob by log 3: w = (3, 3, 1,
+    1), p_theta = 6/8 = 3/4, h = 3/4 x 1/4 = 3/16; D(g) = (2 x log 3 / 3) / 4, from the same one
+    forward."""
+    g = group(0, 0, [1.0, 0.0, 1.0, 0.0])
+    policy = Policy()
+    replay = buffer.GroupReplay(tau_max=4, headroom="current", logprobs=policy)
+    assert replay.drift_and_headroom([g]) == ([0.0], [0.25])
+    assert replay.headroom_of(g) == 0.25                             # its value at generation
+    policy.shift[0] = LOG3
+    drift, headroom = replay.drift_and_headroom([g])
+    assert headroom == [pytest.approx(3 / 16, abs=1e-12)]
+    assert drift == [pytest.approx(2 * LOG3 / 3 / 4, abs=1e-12)]
+    assert policy.calls == [4, 4]                                    # one forward per call
+    assert replay.headroom_of(g) == 0.25                             # stored: unchanged
+    policy.shift[0] = 1e4                                # w = e^10000: the softmax cannot overflow
+    assert replay.drift_and_headroom([g])[1] == [0.0]                # p_theta = 1
+    for fixed in ("variance", "failure", "abs-adv"):                 # fixed readings: as stored
+        other = buffer.GroupReplay(tau_max=4, headroom=fixed, logprobs=policy)
+        assert other.drift_and_headroom([g])[1] == [other.headroom_of(g)]
+
+
+def test_current_ranking_flips_when_the_policy_changes_and_reports_both_headrooms():
+    """A = (1, 1, 0, 0), B = (1, 0, 0, 0), same version, A stored first. At the behaviour policy
+    h(A) = 1/4 > h(B) = 3/16: A is replayed. Raising every correct completion by log 3: A's p_theta
+    = 3/4, h = 3/16; B's w = (3, 1, 1, 1), p_theta = 1/2, h = 1/4: B is replayed."""
+    a, b = group(0, 0, [1.0, 1.0, 0.0, 0.0]), group(1, 0, [1.0, 0.0, 0.0, 0.0])
+    policy = Policy()
+    replay = buffer.GroupReplay(tau_max=4, headroom="current", groups=1, candidates=8,
+                                drift_max=10.0, logprobs=policy)
+    replay.add(a + b, step=0)
+    assert replay.sample(1, 0) == a
+    s = replay.stats()
+    assert s["replay/headroom_mean"] == 0.25 and s["replay/headroom_stored_mean"] == 0.25
+    policy.shift.update({0: LOG3, 1: LOG3})
+    assert replay.sample(1, 0) == b
+    s = replay.stats()
+    assert s["replay/headroom_mean"] == pytest.approx(0.25, abs=1e-12)      # re-scored
+    assert s["replay/headroom_stored_mean"] == 3 / 16                       # at generation
+    variance = buffer.GroupReplay(tau_max=4, headroom="variance", groups=1, candidates=8,
+                                  drift_max=10.0, logprobs=policy)
+    variance.add(a + b, step=0)
+    assert variance.sample(1, 0) == a                                # the fixed reading: no flip
+
+
+def test_current_candidates_are_the_newest_then_ranked_by_the_rescored_headroom():
+    """With current the headroom is known after the forward: the `candidates` newest eligible
+    groups go into it (ties: earlier stored first), whatever their stored headroom, then ties of
+    the re-scored h go newer first, then in stored order."""
+    old, mid1, mid2, new = (group(0, 0, [1.0, 1.0, 0.0, 0.0]), group(1, 1, [1.0, 0.0, 0.0, 0.0]),
+                            group(2, 1, [1.0, 0.0, 0.0, 0.0]), group(3, 2, [1.0, 0.0, 0.0, 0.0]))
+    policy = Policy()
+    replay = buffer.GroupReplay(tau_max=9, headroom="current", groups=3, candidates=3,
+                                drift_max=10.0, logprobs=policy)
+    replay.add(old, 0)
+    replay.add(mid1 + mid2, 1)
+    replay.add(new, 2)
+    assert [g[0].prompt_id for g in replay.candidates(3)] == [3, 1, 2]     # h(old) = 1/4: not in
+    out = replay.sample(3, 0)                                        # all h = 3/16: newer first
+    assert [r.prompt_id for r in out[::4]] == [3, 1, 2] and policy.calls == [12]
+    policy.shift[2] = LOG3                                           # h(mid2) = 1/4 now
+    assert [r.prompt_id for r in replay.sample(3, 0)[::4]] == [2, 3, 1]
+
+
+# ---- (b) the drift limit, (c) the gate uses it ---------------------------------------------------
+
+def test_drift_limit_is_a_fraction_of_the_nearer_clip_boundary_in_log_space():
+    # eps 0.2/0.2: min(-log 0.8, log 1.2) = log 1.2 = 0.18232; eps 0.2/0.28: -log 0.8 = 0.22314
+    assert buffer.drift_limit(0.5, 0.2, 0.2) == pytest.approx(0.5 * 0.1823215568, abs=1e-10)
+    assert buffer.drift_limit(0.5, 0.2, 0.28) == pytest.approx(0.5 * 0.2231435513, abs=1e-10)
+    assert buffer.drift_limit(1.0, 0.2, 0.28) == pytest.approx(0.2231435513, abs=1e-10)
+    assert buffer.drift_limit(0.5, 1.0, 4.0) == pytest.approx(0.5 * math.log(5.0))  # no lower bound
+    assert buffer.drift_limit(0.0, 0.2, 0.2) == 0.0
+    for bad in ((-0.1, 0.2, 0.2), (0.5, 1.5, 0.2), (0.5, 0.2, -0.1), (math.inf, 0.2, 0.2)):
+        with pytest.raises(ValueError, match="drift_limit"):
+            buffer.drift_limit(*bad)
+
+
+def test_the_gate_uses_the_limit_just_above_is_skipped_just_below_replayed():
+    """D(g) = |shift| / T for a group whose every rollout is shifted by `shift` per sequence."""
+    limit = buffer.drift_limit(0.5, 0.2, 0.2)
+
+    def shifted(rollouts):                               # every token of group pid by d[pid]
+        d = {0: limit * (1 + 1e-6), 1: limit * (1 - 1e-6)}
+        return [[lp + d[r.prompt_id] for lp in r.logprobs] for r in rollouts]
+    replay = buffer.GroupReplay(tau_max=4, groups=2, candidates=2, drift_max=limit,
+                                logprobs=shifted)
+    above, below = group(0, 0, [1.0, 0.0, 0.0, 0.0]), group(1, 0, [1.0, 1.0, 0.0, 0.0])
+    replay.add(above + below, step=0)
+    assert replay.sample(1, 0) == below
+    s = replay.stats()
+    assert s["replay/drift_gated_frac"] == 0.5 and s["replay/groups"] == 1
+    assert len(replay) == 8                                          # skipped, not deleted
+
+
+def test_train_setup_gives_the_buffer_the_limit_of_the_flags(cpu_only):
+    tok = make_tokenizer()
+    for eps_low, eps_high, frac in ((0.2, 0.2, 0.5), (0.2, 0.28, 0.75)):
+        args = flags.Args(engine="torch", replay="headroom-drift", eps_low=eps_low,
+                          eps_high=eps_high, hd_drift_frac=frac)
+        run = train.setup(args, make_model(len(tok), seed=0), tok, rank=0, world=1, device="cpu",
+                          max_len=32)
+        assert run.replay.drift_max == buffer.drift_limit(frac, eps_low, eps_high)
+    assert not hasattr(flags.Args(), "hd_drift_max")                 # the absolute flag is gone
+    assert flags.PRESETS["headroom-drift"][1]["hd_drift_frac"] == 0.5
+
+
+# ---- (d) resume --------------------------------------------------------------------------------
+
+def test_state_round_trip_with_current_stores_nothing_new():
+    policy = Policy()
+    policy.shift.update({1: LOG3, 11: -LOG3})
+    replay = buffer.GroupReplay(tau_max=3, headroom="current", groups=1, candidates=2,
+                                drift_max=10.0, logprobs=policy)
+    for step in range(3):
+        replay.add(group(step, step, [1.0, 0.0, 0.0]) + group(10 + step, step, [1.0, 1.0, 0.0]),
+                   step)
+    replay.sample(2, 0)
+    sd = replay.state_dict()
+    plain = buffer.GroupReplay(tau_max=3, logprobs=policy)
+    assert set(sd) == set(plain.state_dict()) and sd["headroom"] == "current"
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    for loaded in (torch.load(buf, weights_only=True), pickle.loads(pickle.dumps(sd))):
+        other = buffer.GroupReplay(tau_max=3, headroom="current", groups=1, candidates=2,
+                                   drift_max=10.0, logprobs=policy)
+        other.load_state_dict(loaded)
+        assert other.stats() == replay.stats()
+        ref = copy.deepcopy(replay)
+        assert other.sample(3, 0) == ref.sample(3, 0) != []
+        assert other.stats() == ref.stats()
+    with pytest.raises(ValueError, match="headroom"):
+        plain.load_state_dict(sd)
