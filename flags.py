@@ -67,10 +67,11 @@ PRESETS = {
               "budget, no replay",
               dict(replay="none", allocation="vigor", vigor_n_init=2, vigor_n_step=2,
                    vigor_top=16, vigor_rank="marginal", vigor_prior=1.0, vigor_weight="rollout")),
-    "r2po": ("R²PO (arXiv 2601.11960): rank-64 residual rollout head, 1 head step per 4 policy "
-             "steps, no replay",
-             dict(replay="none", r2po_head="residual", r2po_head_rank=64, r2po_schedule="1,4",
-                  r2po_head_lr=1e-2, r2po_kl_coef=0.05)),
+    "r2po": ("R²PO (arXiv 2601.11960, official code): rank-64 residual rollout head, 8 head "
+             "then 10 policy steps, KL to the initial model, reward ±1 + format, T 0.9",
+             dict(replay="none", r2po_head="residual", r2po_head_rank=64, r2po_schedule="8,10",
+                  r2po_head_lr=1e-3, r2po_kl_coef=0.04, r2po_kl_anchor="initial",
+                  reward="correct+format", reward_wrong=-1.0, temperature=0.9)),
 }
 
 
@@ -201,7 +202,8 @@ class Args:
     hd_headroom: Literal[buffer.HEADROOMS] = "variance"
     """Headroom-Drift: rank stored groups by variance p(1 - p) | failure 1 - p | abs-adv mean |A| (p
     = success rate, at generation) | current p_theta(1 - p_theta) (p_theta: the current policy's
-    success rate, importance-weighted over the stored completions, re-scored each step)"""
+    success rate, importance-weighted over the stored completions, re-scored each step); variance
+    and --hd-drift-frac 0.5: the dev split's choice"""
     hd_groups: int = 32
     """Headroom-Drift: stored groups replayed per step (the top ones that pass the drift gate)"""
     hd_candidates: int = 64
@@ -241,13 +243,13 @@ class Args:
     uses the base)"""
     r2po_head_rank: int = 64
     """R²PO: rank r of the head W2 ReLU(W1 h): r (d + V) parameters (64: 2% of a 0.5B model)"""
-    r2po_schedule: str = "1,4"
+    r2po_schedule: str = "8,10"
     """R²PO: 'H,P' = H loop steps of the head phase (base frozen), then P of the policy phase (head
     frozen), again"""
-    r2po_head_lr: float = 1e-2
+    r2po_head_lr: float = 1e-3
     """R²PO: the head's AdamW learning rate (the official code: 1e-6 at 3B-8B; the preset's is
     chosen on the dev split)"""
-    r2po_kl_coef: float = 0.05
+    r2po_kl_coef: float = 0.04
     """R²PO: head phase, coefficient of the k3 KL of the rollout head's policy to the anchor
     (--r2po-kl-anchor; the official code: 0.04)"""
     r2po_kl_anchor: Literal[r2po.KL_ANCHORS] = "initial"

@@ -251,7 +251,9 @@ def headroom_drift(quick: bool) -> Experiment:
     steps, prompts, every = ("3", "4", "1") if quick else ("60", "32", "15")
     common = ARITH + ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every,
                       "--tau-max", "4")
-    hd = ("--preset", "headroom-drift")
+    # replayed groups per step: half the fresh groups, as the preset's 32 of 64 and naive replay's
+    # ratio 0.5 (so both replay up to 0.5 x the fresh rollouts)
+    hd = ("--preset", "headroom-drift", "--hd-groups", str(int(prompts) // 2))
     # the first reading's absolute gate 0.25 = 1.12 x the nearer clip bound -log(0.8) = 0.223
     readings = ("hd stored p(1-p), gate 1.12 (first reading)", "hd stored p(1-p), gate 0.5",
                 "hd current p(1-p), gate 0.5")
@@ -273,7 +275,8 @@ def headroom_drift(quick: bool) -> Experiment:
         "compatibility with the current policy. The fresh on-policy stream remains unchanged\"; "
         "it reports Avg Mean@32 against GRPO and naive replay",
         "the fresh stream (prompts per step x 8, steps) and the recipe (token-mean, clip "
-        "0.2/0.28); replayed groups come on top. The readings (headroom fixed at generation or "
+        "0.2/0.28); replayed rollouts come on top, at most 0.5 x the fresh ones in every replay "
+        "arm (naive: ratio 0.5; Headroom-Drift: half as many groups as fresh). The readings (headroom fixed at generation or "
         "re-scored by the current policy; the gate as a fraction of the clip range) are chosen "
         f"among on dev; greedy test accuracy beside mean@{k} at temperature 1",
         (Setting("arith", common, arms, "grpo (replay recipe)", "fresh", diagnostics=diag,
@@ -293,7 +296,8 @@ def r2po_exp(quick: bool) -> Experiment:
         return ("--steps", str(n), "--eval-every", str(max(1, n // 4)))
 
     head_lrs = ("1e-3", "1e-4") if quick else ("1e-2", "1e-3", "1e-4")
-    r2 = ("--preset", "r2po", "--r2po-schedule", f"{h},{p}", "--r2po-kl-anchor", "initial")
+    r2 = ("--preset", "r2po", "--r2po-schedule", f"{h},{p}", "--r2po-kl-anchor", "initial",
+          "--r2po-kl-coef", "0.04")                     # the official code's values
     readings = tuple(f"r2po head lr {x}" for x in head_lrs)
     arms = (Arm(f"grpo {policy} steps (equal policy updates)", size(policy)),
             Arm(f"grpo {loop} steps (equal rollouts)", size(loop)),
@@ -316,7 +320,7 @@ def r2po_exp(quick: bool) -> Experiment:
         f"base (r2po/head_kl_current) at most {band:g} at every step",
         (Setting("arith", common, arms, f"grpo {loop} steps (equal rollouts)", "fresh",
                  diagnostics=diag, readings=(readings,), band=("r2po/head_kl_current", band)),),
-        notes="KL anchor: the initial model (official).")
+        notes="The head's k3 KL: to the initial model, coefficient 0.04 (official); rank 64.")
 
 
 EXPERIMENTS = {"replay": replay, "mu-grpo": mu_grpo, "pnpo": pnpo, "dapo": dapo, "vigor": vigor,

@@ -187,5 +187,12 @@ def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_see
     (s,) = experiments.headroom_drift(False).settings
     for key in ("--steps", "--prompts-per-step"):
         assert len({flag([*s.flags, *a.flags], key) for a in s.arms}) == 1
+    prompts = int(flag(list(s.flags), "--prompts-per-step"))
+    for a in s.arms:                  # replayed: at most 0.5 x fresh, as naive replay's ratio
+        argv = [*s.flags, *a.flags]
+        if "headroom-drift" in argv:
+            assert int(flag(argv, "--hd-groups")) == prompts // 2
+        elif "naive-replay" in argv:
+            assert a.name == "naive-replay"
     assert flag(list(s.report_flags), "--eval-temperature") == "1.0"
     assert int(flag(list(s.report_flags), "--eval-k")) >= 8 and s.min_seeds >= 5

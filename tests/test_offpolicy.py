@@ -254,7 +254,8 @@ def run(argv, tmp_path):
     return rc, read("metrics.jsonl")[1:], read("updates.jsonl")
 
 
-SHRINK = {"mu-grpo": ["--mini-batches", "4"]}                 # 64 updates > the 32 rollouts of BASE
+SHRINK = {"mu-grpo": ["--mini-batches", "4"],                 # 64 updates > the 32 rollouts of BASE
+          "r2po": ["--r2po-schedule", "1,1"]}                   # a head step, then a policy step
 
 
 @pytest.mark.parametrize("name", list(flags.PRESETS))
@@ -268,7 +269,7 @@ def test_every_preset_runs_end_to_end(name, tmp_path):
         saved = json.load(f)
     assert saved["preset"] == name and all(saved[k] == v for k, v in flags.PRESETS[name][1].items()
                                            if k not in ("steps", "prompts_per_step", "eval_every",
-                                                        "mini_batches"))
+                                                        "mini_batches", "r2po_schedule"))
     if name == "headroom-drift":
         assert rows[1]["replay/drift_candidates"] > 0 and "replay/headroom_mean" in rows[1]
         assert "replay/headroom_stored_mean" in rows[1]
