@@ -276,9 +276,10 @@ def headroom_drift(quick: bool) -> Experiment:
         "it reports Avg Mean@32 against GRPO and naive replay",
         "the fresh stream (prompts per step x 8, steps) and the recipe (token-mean, clip "
         "0.2/0.28); replayed rollouts come on top, at most 0.5 x the fresh ones in every replay "
-        "arm (naive: ratio 0.5; Headroom-Drift: half as many groups as fresh). The readings (headroom fixed at generation or "
-        "re-scored by the current policy; the gate as a fraction of the clip range) are chosen "
-        f"among on dev; greedy test accuracy beside mean@{k} at temperature 1",
+        "arm (naive: ratio 0.5; Headroom-Drift: half as many groups as fresh). The readings "
+        "(headroom fixed at generation or re-scored by the current policy; the gate as a "
+        "fraction of the clip range) are chosen among on dev; greedy test accuracy beside "
+        f"mean@{k} at temperature 1",
         (Setting("arith", common, arms, "grpo (replay recipe)", "fresh", diagnostics=diag,
                  readings=(readings,), report_flags=mean_at_k,
                  finals=((f"mean@{k} T=1", f"eval/builtin/mean@{k}"),), min_seeds=5),),
