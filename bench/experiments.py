@@ -31,11 +31,11 @@ x to a target and its ratio to the baseline, completion length at the start and 
 diagnostics), sweep.md (every arm x lr: final dev accuracy per seed, the chosen one marked),
 accuracy.png (test accuracy against the setting's x-axis and wall time: mean over seeds, band
 min..max), sweep.png and summary.json; OUT/README.md collects the experiment's claim, what it
-holds equal and every setting's table. The runs go to RUNS/<setting>/{sweep,report}/ARM/ (RUNS =
-runs/experiments/NAME by default, OUT/runs with --out); a run keeps its run.log, metrics.jsonl,
-updates.jsonl and samples.jsonl (its checkpoints are deleted once it is done). Runs are `python
-train.py ...` in subprocesses (in-process `train.main` under --quick); a finished run (its `done`
-file) is reused.
+holds equal and every setting's table. The runs go to RUNS/<setting>/{sweep,report}/ARM/lr-LR/
+seed-S/ (RUNS = runs/experiments/NAME by default, OUT/runs with --out); a run keeps its run.log,
+argv.json, metrics.jsonl, updates.jsonl and samples.jsonl (its checkpoints are deleted once it is
+done). Runs are `python train.py ...` in subprocesses (in-process `train.main` under --quick); a
+finished run (its `done` file) is reused when its recorded flags are the same.
 """
 import contextlib
 import json
@@ -335,13 +335,24 @@ def slug(text: str) -> str:
     return "_".join(filter(None, keep.split("_")))
 
 
+def run_dir(base: Path, split: str, arm: str, lr: float, seed: int) -> Path:
+    """Where one run of an arm goes: BASE/{sweep,report}/ARM/lr-LR/seed-SEED. The lr is in the
+    path for the reported runs too, so a choice that moves (a sweep past an edge) gets new runs."""
+    return base / split / slug(arm) / f"lr-{lr:g}" / f"seed-{seed}"
+
+
 def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool) -> Path:
-    """One train.py run into run_dir (stdout in run.log); skipped when run_dir/done exists."""
+    """One train.py run into run_dir (stdout in run.log, its flags in argv.json); skipped when
+    run_dir/done exists and was made with the same flags (a changed arm runs again)."""
+    recorded = run_dir / "argv.json"
     if (run_dir / "done").exists():
-        return run_dir
+        if not recorded.exists() or json.loads(recorded.read_text()) == argv:
+            return run_dir
+        shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = [*argv, "--out-dir", str(run_dir), "--save-every", "0"]
+    recorded.write_text(json.dumps(argv))
     t0 = time.perf_counter()
+    argv = [*argv, "--out-dir", str(run_dir), "--save-every", "0"]
     with open(run_dir / "run.log", "w") as log:
         if in_process:
             import train
@@ -461,7 +472,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         return [*s.flags, *arm.flags, *extra, "--lr", f"{lr:g}", "--seed", str(seed), *sizes]
 
     def sweep_dir(arm, lr, seed):
-        return base / "sweep" / slug(arm.name) / f"lr-{lr:g}" / f"seed-{seed}"
+        return run_dir(base, "sweep", arm.name, lr, seed)
 
     keys = tuple(k for _, k in s.diagnostics + s.finals) + ((s.band[0],) if s.band else ())
     sweep = {a.name: {} for a in s.arms}
@@ -484,7 +495,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     arms = [a for a in s.arms if a.name not in dropped]
 
     def report_dir(arm, seed):
-        return base / "report" / slug(arm.name) / f"seed-{seed}"
+        return run_dir(base, "report", arm.name, chosen[arm.name], seed)
 
     first = list(report_seeds) + (list(EXTRA_SEEDS) if s.min_seeds > 3 and not plan.quick else [])
     seeds = {a.name: list(first) for a in arms}

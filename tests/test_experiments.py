@@ -99,7 +99,8 @@ def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
         assert [row.count("**") for row in rows] == [2] * len(s.arms)   # one chosen lr per arm
         arm = experiments.slug(s.arms[0].name)
         dev = tmp_path / "runs" / s.label / "sweep" / arm / "lr-3e-05" / "seed-0" / "metrics.jsonl"
-        test = tmp_path / "runs" / s.label / "report" / arm / f"seed-{experiments.REPORT_SEEDS[0]}"
+        (test,) = (tmp_path / "runs" / s.label / "report" / arm).glob(
+            f"lr-*/seed-{experiments.REPORT_SEEDS[0]}")                  # at its chosen lr
         dev_rows = [json.loads(line) for line in open(dev)]
         test_rows = [json.loads(line) for line in open(test / "metrics.jsonl")]
         assert any("eval/dev_accuracy" in r for r in dev_rows)           # the sweep sees dev
@@ -196,3 +197,24 @@ def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_see
             assert a.name == "naive-replay"
     assert flag(list(s.report_flags), "--eval-temperature") == "1.0"
     assert int(flag(list(s.report_flags), "--eval-k")) >= 8 and s.min_seeds >= 5
+
+
+def test_a_run_is_reused_only_at_the_same_lr_and_flags(tmp_path, monkeypatch):
+    """The lr is part of every run's folder (a reported run at 3e-5 is not reused when the choice
+    moves to 1e-5), and a finished run whose recorded flags differ runs again."""
+    a = experiments.run_dir(tmp_path, "report", "grpo mu=4", 3e-5, 100)
+    b = experiments.run_dir(tmp_path, "report", "grpo mu=4", 1e-5, 100)
+    assert a != b and a.parent.name == "lr-3e-05" and b.name == "seed-100"
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv)
+        return 0
+
+    import train
+    monkeypatch.setattr(train, "main", fake_main)
+    experiments.run_train(["--lr", "3e-05"], a, threads=1, in_process=True)
+    experiments.run_train(["--lr", "3e-05"], a, threads=1, in_process=True)    # reused
+    assert len(calls) == 1 and (a / "done").exists()
+    experiments.run_train(["--lr", "3e-05", "--hd-groups", "16"], a, threads=1, in_process=True)
+    assert len(calls) == 2 and "--hd-groups" in calls[-1]                     # flags changed
