@@ -244,8 +244,8 @@ def shaped_reward(rollouts, args: Args) -> torch.Tensor:
 
 def score(rollouts, args: Args) -> torch.Tensor:
     """2. The shaped reward r.reward (shaped_reward), then r.advantage within each group (VIGOR's
-    --vigor-weight prompt: times vigor.prompt_weights). Returns
-    the verdicts [B]: DAPO's dynamic sampling filters on them, not on the shaped reward."""
+    --vigor-weight prompt: times vigor.prompt_weights). Returns the verdicts [B]: DAPO's dynamic
+    sampling filters on them, not on the shaped reward."""
     rewards = shaped_reward(rollouts, args)
     adv = grpo.ADVANTAGES[args.adv](rewards, groups(rollouts))                       # [B]
     if args.allocation == "vigor" and args.vigor_weight == "prompt":   # each prompt weighs as one

@@ -535,15 +535,24 @@ def reward(response: str, gold: str) -> float:
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
+def _final_text(response: str) -> str:
+    """What follows the response's last "=" (the whole response when it has none), stripped."""
+    return response.rsplit("=", 1)[-1].strip() if isinstance(response, str) else ""
+
+
+def _plain_integer(s: str) -> bool:
+    """An integer literal -?[0-9]+ of at most MAX_DIGITS characters."""
+    return len(s) <= MAX_DIGITS and _INTEGER.fullmatch(s) is not None
+
+
 def grade_integer(response: str, gold: str) -> bool:
     """The stricter rule of a task whose answer is a plain integer (data.py's step-by-step task,
     grader): the text after the response's last "=" (the whole response when it has none),
     stripped, must be an integer literal -?[0-9]+ equal to the gold integer. "7+54-6=61-6=55" and
     " 55 " grade True for gold 55; an unreduced "61-6", "55.0" or "+55" grade False (unparseable).
     Counted in stats() as grade is."""
-    tail = response.rsplit("=", 1)[-1].strip() if isinstance(response, str) else ""
-    gold = str(gold).strip()
-    readable = all(len(s) <= MAX_DIGITS and _INTEGER.fullmatch(s) for s in (tail, gold))
+    tail, gold = _final_text(response), str(gold).strip()
+    readable = _plain_integer(tail) and _plain_integer(gold)
     _count("graded")
     if not readable:
         _count("unparseable")
@@ -563,8 +572,7 @@ def integer_form(response: str) -> bool:
     """The built-in tasks' answer form: the text after the last "=" (the whole response when it has
     none), stripped, is a plain integer -?[0-9]+ ("12", "7+54-6=61-6=55"; not "61-6", "55.0",
     "the answer is 55"). Whether the integer is right is the grader's business, not the form's."""
-    tail = response.rsplit("=", 1)[-1].strip() if isinstance(response, str) else ""
-    return len(tail) <= MAX_DIGITS and _INTEGER.fullmatch(tail) is not None
+    return _plain_integer(_final_text(response))
 
 
 def boxed_form(response: str) -> bool:

@@ -26,15 +26,6 @@ RANKS = ("variance", "marginal")
 WEIGHTS = ("rollout", "prompt")
 
 
-def group_variance(rollouts: list[Rollout]) -> dict[int, float]:
-    """{prompt_id: population variance of its rollouts' verdicts} (for 0/1 verdicts p(1 - p))."""
-    by_prompt: dict[int, list[float]] = {}
-    for r in rollouts:
-        by_prompt.setdefault(r.prompt_id, []).append(r.correct)
-    return {pid: sum((x - sum(rs) / len(rs)) ** 2 for x in rs) / len(rs)
-            for pid, rs in by_prompt.items()}
-
-
 def smoothed_variance(rollouts: list[Rollout], prior: float) -> tuple[dict, dict]:
     """({prompt_id: n_q}, {prompt_id: sigma_q^2}) with a Beta(prior, prior) prior on each prompt's
     success rate: after s_q right of n_q,
@@ -42,7 +33,7 @@ def smoothed_variance(rollouts: list[Rollout], prior: float) -> tuple[dict, dict
         p_q = (s_q + prior) / (n_q + 2 prior)   (the posterior mean),   sigma_q^2 = p_q (1 - p_q)
 
     so 0 right of 2 with prior 1 is p = 1/4, sigma^2 = 3/16, not a verdict of 0; prior 0 is the
-    empirical p(1 - p), which is group_variance for 0/1 verdicts."""
+    empirical p(1 - p), the population variance of 0/1 verdicts."""
     n, s = collections.Counter(), collections.Counter()
     for r in rollouts:
         n[r.prompt_id] += 1
@@ -128,7 +119,7 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
         raise ValueError(f"VIGOR: budget {budget} < n_init {n_init} x {len(prompts)} prompts")
     out = engine.generate(prompts, n_init, sampling_for(0), version=version)
     grade(out)
-    zero_before = sum(v == 0 for v in group_variance(out).values()) / len(prompts)
+    zero_before = sum(v == 0 for v in smoothed_variance(out, 0.0)[1].values()) / len(prompts)
     allocate = by_variance if rank == "variance" else by_marginal_gain
     rounds = 0
     while len(out) < budget:

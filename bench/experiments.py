@@ -476,20 +476,22 @@ def run_setting(s: Setting, plan: Plan) -> dict:
 
     keys = tuple(k for _, k in s.diagnostics + s.finals) + ((s.band[0],) if s.band else ())
     sweep = {a.name: {} for a in s.arms}
+    swept = {}                                             # (arm, lr) -> its sweep runs, loaded
     todo = [(a, lr) for a in s.arms for lr in grid]
     for _ in range(1 + (0 if plan.quick else EXTEND)):     # the grid, then past its edge
         plan.run_all([(argv(a, lr, sd, "dev"), sweep_dir(a, lr, sd))
                       for a, lr in todo for sd in sweep_seeds])
         for a, lr in todo:
-            sweep[a.name][lr] = [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys)["final"]
+            swept[a.name, lr] = [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys)
                                  for sd in sweep_seeds]
+            sweep[a.name][lr] = [r["final"] for r in swept[a.name, lr]]
         todo = [(a, lr) for a in s.arms if (lr := past_edge(sweep[a.name])) is not None]
     chosen = {a.name: choose(sweep[a.name]) for a in s.arms}
     band = {}                                # the band metric's max at each arm's chosen lr
     if s.band:
-        band = {a.name: max((m for sd in sweep_seeds if (m := load(
-            sweep_dir(a, chosen[a.name], sd), "eval/dev_accuracy", keys)["maxima"][s.band[0]])
-            is not None), default=None) for a in s.arms}
+        band = {a.name: max((m for r in swept[a.name, chosen[a.name]]
+                             if (m := r["maxima"][s.band[0]]) is not None), default=None)
+                for a in s.arms}
     picked = {g: choose_reading(g, sweep, chosen, band, s.band and s.band[1]) for g in s.readings}
     dropped = {n for g in s.readings for n in g if n != picked[g]}
     arms = [a for a in s.arms if a.name not in dropped]
