@@ -211,7 +211,9 @@ left = kind()                                  # the root keeps its gathered par
 parallel.reshard(model)
 after = kind()                                 # ...until resharded
 parallel.lockstep_logprobs(model, rs, 1, 1.0, tok.pad_token_id, world)
-print(rank, left, after, kind(), flush=True)
+# one write of the whole line: the two ranks share the pipe, and print's pieces could interleave
+sys.stdout.write(f"{{rank}} {{left}} {{after}} {{kind()}}\\n")
+sys.stdout.flush()
 dist.barrier()
 dist.destroy_process_group()
 """
