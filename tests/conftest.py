@@ -26,6 +26,13 @@ for path in (os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench"), os.path.j
         sys.path.insert(0, path)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "paths: compares two computation paths (batchings, ranks, engines, resume, "
+        "threads): bitwise where the inputs are equal, else with a margin whose reason is written "
+        "beside it; `pytest -m paths` runs the group")
+
+
 @pytest.fixture
 def tiny_model():
     """(model, tokenizer) of the shipped tiny model, loaded anew for each test (0.8M parameters:

@@ -79,6 +79,7 @@ def test_plot_run_writes_png_next_to_the_run(tmp_path):
             and png.stat().st_size > 10_000)
 
 
+@pytest.mark.paths
 def test_step_time_splits_a_real_step_and_checks_bucketing(cpu_only):
     """In process on the CPU (cpu_only): --engine auto would be vLLM where CUDA and vllm are."""
     import step_time
@@ -88,7 +89,7 @@ def test_step_time_splits_a_real_step_and_checks_bucketing(cpu_only):
             and m["step"] == pytest.approx(sum(m[p] for p in step_time.PARTS)))
     assert m["micro_batches"] == 3 and m["real_tokens"] > 0 and m["padded_tokens"] >= 0
     assert m["padded_tokens"] <= m["consec_padded_tokens"]      # sorting by length never pads more
-    # same gradient up to rounding
+    # same gradient up to rounding: float32 micro-batches of other shapes, ~1e-7 relative
     assert m["consec_grad_max_abs_diff"] <= 1e-6 + 1e-4 * m["grad_max_abs"]
     text = step_time.report(m)
     for needle in ("generate", "score", "sample+store", "update", "sync", "completion tokens/s",

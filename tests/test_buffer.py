@@ -134,10 +134,13 @@ def naive_sample(stored: list[Rollout], rng: np.random.Generator, k: int, step: 
     return [r for _, _, r in keyed[:k]]
 
 
+@pytest.mark.paths
 @pytest.mark.parametrize("alpha", [0.0, 1.5])
 def test_vectorised_sample_equals_naive_loop(alpha):
     """Same seed, same draws, same order, across steps with eviction: the numpy path is the naive
-    loop."""
+    loop. Two paths (log keys, vectorised; E / |A|^alpha, one by one) that round differently in the
+    last bits: the keys are continuous, so two of 3,000 within 1e-15 of each other (an order that
+    rounding could flip) has probability ~1e-8."""
     replay, rng, stored = (RolloutReplay(tau_max=2, alpha=alpha, seed=11),
                            np.random.default_rng(11), [])
     for step in range(6):
@@ -195,7 +198,10 @@ def _run(replay: RolloutReplay, steps: range) -> list[list[dict]]:
     return out
 
 
+@pytest.mark.paths
 def test_state_round_trip_resumes_identical_samples():
+    """Bitwise: the resumed buffer holds the same records and RNG state, so it makes the same
+    computations."""
     import torch
     original = RolloutReplay(tau_max=3, alpha=1.0, capacity=20, seed=7)
     _run(original, range(0, 6))

@@ -21,6 +21,7 @@ def torchrun(args, timeout=300):
                           timeout=timeout, env=cpu_env())
 
 
+@pytest.mark.paths
 def test_one_update_on_two_ranks_equals_one_rank(tmp_path):
     out = tmp_path / "result.json"
     proc = torchrun([os.path.join(ROOT, "tests", "dist_update.py"), str(out)])

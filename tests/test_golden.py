@@ -42,6 +42,10 @@ import torch
 import grpo
 from conftest import require_shared
 
+# numbers another implementation computed on another machine: a path comparison, at the float
+# tolerances above (rounding of the same sums in another order)
+pytestmark = pytest.mark.paths
+
 # $GOLDEN_DIR, when set, must hold the files (a path given by hand that is missing fails below); the
 # default ../shared/golden may be absent (a copy of the repository alone): the module skips, with
 # the path in the reason.

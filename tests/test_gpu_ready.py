@@ -101,6 +101,7 @@ def test_length_buckets_respect_the_token_budget():
     assert rollout.length_buckets(rs, 16, 0) == rollout.length_buckets(rs, 16, 10 ** 9)
 
 
+@pytest.mark.paths
 def test_token_budget_leaves_the_update_alone():
     """One SGD step with micro-batches of at most 12 padded tokens against one without a budget: the
     same step up to float summation order (relative to the step's size)."""
@@ -119,6 +120,8 @@ def test_token_budget_leaves_the_update_alone():
         assert m.reduce(1)["loss/tokens"] == sum(len(r.completion_ids) for r in batch)
     scale = moved[0].abs().max()
     assert scale > 1e-3
+    # float32 micro-batches of other shapes sum in another order: ~1e-7 relative, so 1e-4 of the
+    # step's size is rounding; a rollout lost or counted twice moves it by ~1e-1
     assert (moved[0] - moved[1]).abs().max() <= 1e-4 * scale
 
 

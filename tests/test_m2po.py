@@ -91,9 +91,11 @@ def _policy_and_rollouts(offsets):
 OFFSETS = [[0.5, -0.3, 0.1], [0.0, 0.02], [-0.4, 0.05, 0.0, 0.3], [0.01]]
 
 
+@pytest.mark.paths
 def test_step_threshold_is_the_merged_batch_one():
     """train.m2po_keep_masks over micro-batches of 2 rows and over one micro-batch of all 4: the
-    same kept tokens per rollout, and the same as grpo.m2po_keep on all 10 tokens at once."""
+    same kept tokens per rollout, and the same as grpo.m2po_keep on all 10 tokens at once. The two
+    shapes round log r differently (~1e-7); OFFSETS keep every partial M2 7e-4 or more from tau."""
     model, tok, rs = _policy_and_rollouts(OFFSETS)
     a = train.Args(m2po_tau=0.04)
     kept = []
@@ -155,18 +157,45 @@ def test_preset_m2po_runs_and_logs_the_masked_share(tmp_path):
     assert flags.PRESETS["m2po"][1]["m2po_tau"] == 0.04
 
 
-def test_micro_batch_size_leaves_the_masked_share_unchanged(tmp_path):
-    """The threshold is the optimizer step's, not a micro-batch's: micro-batches of 5 rollouts
-    give the masked share of one micro-batch of all (a strict tau and a large lr: some are)."""
-    shares = []
-    for size in ("256", "5"):
-        rc, steps, updates = run_steps(["--preset", "m2po", "--steps", "2", "--mini-batches", "4",
-                                        "--lr", "1e-2", "--m2po-tau", "1e-3",
-                                        "--micro-batch-size", size], tmp_path / size)
-        assert rc == 0
-        shares.append([m["loss/m2po_masked_frac"] for m in updates])
-    assert max(shares[0]) > 0.1
-    assert shares[1] == pytest.approx(shares[0], rel=1e-9, abs=1e-12)
+def _one_update(rs, tok, size):
+    """One optimizer step of train.update (M2PO, lr 0: the weights stay those the rollouts' offsets
+    were measured at) over `rs` in micro-batches of `size` rows: the step's masked share."""
+    model = make_model(len(tok), seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+    a = train.Args(m2po_tau=0.04, micro_batch_size=size)
+    m = train.update(model, None, opt, rs, [], a, step=0, pad_id=tok.pad_token_id)
+    return m.reduce(1)["loss/m2po_masked_frac"]
+
+
+@pytest.mark.paths
+def test_micro_batch_size_leaves_the_masked_share_unchanged():
+    """The threshold is the optimizer step's, not a micro-batch's: the first optimizer step over
+    the same weights and rollouts, in micro-batches of 1, 2 and 4 rows, masks the same share (1 of
+    10 tokens). Compared where the inputs are bitwise equal (the first step, before any update:
+    after one, two batchings' weights differ by rounding and a token at the cut can cross it). The
+    forwards of different micro-batch shapes may still round log r differently, by about 1e-7; the
+    offsets keep the M2 on either side of the cut at least 7e-4 from tau (0.0603 with the largest,
+    0.0392 without), 1e3 times that rounding, so it cannot move a token."""
+    _, tok, rs = _policy_and_rollouts(OFFSETS)
+    shares = [_one_update(rs, tok, size) for size in (1, 2, 4)]
+    # each micro-batch's share times its tokens, summed and divided: 1e-12 is that sum's rounding
+    assert shares == pytest.approx([0.1, 0.1, 0.1], rel=1e-12)
+
+
+@pytest.mark.paths
+def test_a_micro_batch_threshold_would_fail_that_check(monkeypatch):
+    """The check above can fail: with the threshold taken per micro-batch (what the step-wide mask
+    replaces), micro-batches of 2 rows mask 2 of 10 tokens, not 1 (rollouts 2 and 0 together:
+    M2 = 0.6025 / 7, without 0.25: 0.3525 / 6 = 0.059 >= 0.04, so 0.16 goes too)."""
+    _, tok, rs = _policy_and_rollouts(OFFSETS)
+
+    def per_micro_batch(model, mbs, args, *, pad_id, world):
+        return [real(model, [mb], args, pad_id=pad_id, world=world)[0] for mb in mbs]
+
+    real = train.m2po_keep_masks
+    monkeypatch.setattr(train, "m2po_keep_masks", per_micro_batch)
+    assert _one_update(rs, tok, 4) == pytest.approx(0.1, rel=1e-12)    # one: the step's threshold
+    assert _one_update(rs, tok, 2) == pytest.approx(0.2, rel=1e-12)    # two: each its own
 
 
 @pytest.mark.parametrize("kw", [{"ratio": "gspo"}, {"dual_clip": 3.0}, {"tis_cap": 2.0}])

@@ -124,6 +124,7 @@ def test_zero_head_samples_exactly_the_base_models_tokens(tiny):
         engine.generate(prompts, 1, Sampling(**s, use_head=True))
 
 
+@pytest.mark.paths
 def test_head_changes_sampling_and_the_trainer_scores_it_as_the_engine_did(tiny):
     """A large head samples other tokens; r2po.head_forward (the trainer's) gives the engine's
     log-probs under both heads to float precision: the head phase's ratio starts at 1, the policy
@@ -139,6 +140,8 @@ def test_head_changes_sampling_and_the_trainer_scores_it_as_the_engine_did(tiny)
     batch = rollout.collate(headed, tok.pad_token_id, [r.head_logprobs for r in headed])
     base_logp, head_logp = r2po.head_forward(model, engine.logits_head, batch, 1.0)
     mask = batch["completion_mask"].bool()
+    # the engine's cached, left-padded passes against one forward: float32 rounding (~1e-6) of
+    # log-probs of order 1 through the head's two matmuls; a wrong head or position is ~1e-1 off
     assert torch.allclose(base_logp[mask], batch["behaviour_logprobs"][mask], atol=1e-4)
     assert torch.allclose(head_logp[mask], batch["old_logprobs"][mask], atol=1e-4)
     assert (head_logp[mask] - base_logp[mask]).abs().max() > 0.1          # the two policies differ
@@ -260,10 +263,12 @@ def test_kl_anchor_flag_is_in_help_and_a_bad_value_is_one_line():
     assert "Traceback" not in err.getvalue()
 
 
+@pytest.mark.paths
 def test_eval_does_not_depend_on_the_head(tiny):
     model, tok, _ = tiny
     sets = eval_lib.train_eval_sets(32, "", 1, 0.0, "auto", flags.Args().data_dir, "builtin")
     results = []
+    # bitwise: eval samples without the head, so both make the same computations
     for head in (None, head_of(model, std=0.5)):
         engine = TorchEngine(model, tok)
         engine.logits_head = head
@@ -275,10 +280,12 @@ def test_eval_does_not_depend_on_the_head(tiny):
 
 # ---- end to end: the loop, the checkpoint, resume ------------------------------------------------
 
+@pytest.mark.paths
 def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
     """`--preset r2po` with the schedule '1,1' on the built-in task: the phases alternate in
     metrics.jsonl; the checkpoint is a plain transformers model with the head file beside it; 4
-    steps straight equal 2 + resume 2."""
+    steps straight equal 2 + resume 2, bitwise (the same computations in the same order, every
+    state restored exactly)."""
     a, b = tmp_path / "a", tmp_path / "b"
     argv = SHORT + ["--r2po-schedule", "1,1", "--steps", "4", "--save-every", "2",
                     "--eval-every", "2"]

@@ -7,6 +7,7 @@ import torch
 import grpo
 from make_tiny_model import make_model, make_tokenizer
 from rollout import Prompt, Rollout, Sampling, TorchEngine, collate, load_model
+from tiny import decided_prefix
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,7 @@ def test_micro_batches_group_rollouts_by_length():
                     for k, r in enumerate(rs)}                                      # ... and all
 
 
+@pytest.mark.paths
 def test_lockstep_logprobs_come_back_in_input_order(tiny):
     """parallel.lockstep_logprobs runs length-bucketed micro-batches but returns each rollout's
     completion log-probs at its own index: the same as a forward of that rollout alone."""
@@ -76,10 +78,13 @@ def test_lockstep_logprobs_come_back_in_input_order(tiny):
         alone = [forward_logprobs(model, collate([r], tok.pad_token_id), 0.7)[1][0, 1:].tolist()
                  for r in rs]
     assert [len(g) for g in got] == [len(r.completion_ids) for r in rs]
+    # a bucket of 2 rows against one row: another padded shape, float32 rounding (~1e-6 on
+    # log-probs of order 1); a row given another's log-probs is off by ~1e-1
     for g, a in zip(got, alone):
         assert g == pytest.approx(a, abs=1e-5)
 
 
+@pytest.mark.paths
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_engine_logprobs_equal_trainer_logprobs(tiny, temperature):
     """Behaviour log-probs recorded during KV-cache sampling (left-padded prompts) equal the
@@ -96,10 +101,13 @@ def test_engine_logprobs_equal_trainer_logprobs(tiny, temperature):
         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
     logp = grpo.token_logprobs(logits, b["input_ids"][:, 1:], temperature)
     diff = ((logp - b["old_logprobs"]) * b["completion_mask"]).abs().max().item()
+    # KV cache and left padding against one right-padded forward: float32 rounding, ~1e-6; a
+    # wrong position or temperature is off by ~1e-2 or more
     assert diff <= 1e-5
     assert b["completion_mask"].sum() > 12            # real completions, not empty ones
 
 
+@pytest.mark.paths
 def test_greedy_is_argmax_and_deterministic_sampling(tiny):
     model, tok = tiny
     engine = TorchEngine(model, tok)
@@ -108,6 +116,9 @@ def test_greedy_is_argmax_and_deterministic_sampling(tiny):
     ids = torch.tensor([prompts[0].ids])
     with torch.no_grad():
         first = model(input_ids=ids).logits[0, -1].argmax().item()
+    # the engine's left-padded batch and this one row: the first token is decided by more than
+    # rounding (tiny.decided_prefix), so both paths must pick it
+    assert decided_prefix(model, prompts[0].ids, g[0].completion_ids) >= 1
     assert g[0].completion_ids[0] == first
     s = Sampling(temperature=1.0, max_new_tokens=6, seed=11)
     a, b = engine.generate(prompts, 4, s), engine.generate(prompts, 4, s)

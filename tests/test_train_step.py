@@ -89,6 +89,7 @@ def test_veto_uses_behaviour_logprobs_under_tis():
 
 @pytest.mark.parametrize("kw",
                          [{}, {"agg": "seq-mean-token-mean", "ratio": "gspo", "tis_cap": 2.0}])
+@pytest.mark.paths
 def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
     """train.update's micro-batches (rollout.micro_batches: rows grouped by length) against the
     whole batch collated by hand in its own order, one micro-batch: the same N, the same summed loss
@@ -124,6 +125,8 @@ def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
     n0, loss0, g0 = loss_and_grads([rollout.collate(rs, tok.pad_token_id, old)])
     n1, loss1, g1 = loss_and_grads(rollout.micro_batches(rs, 3, tok.pad_token_id, "cpu",
                                                          old_logprobs=old))
+    # float32: the buckets reorder the sums and run other shapes (~1e-7 of values below 1); the
+    # ratios are random (noise 0.3), so no token sits within that of a clip boundary
     assert n1 == n0 and loss1 == pytest.approx(loss0, abs=1e-6) and loss0 != 0
     assert max(float((x - y).abs().max()) for x, y in zip(g0, g1)) <= 1e-6
     assert max(float(x.abs().max()) for x in g0) > 1e-3                                # not vacuous

@@ -117,6 +117,7 @@ def test_make_engine_kinds(tiny):
             make_engine("vllm", model, tok, MODEL, DEVICE)
 
 
+@pytest.mark.paths
 def test_logprob_diff_canary_on_torch_engine(tiny):
     """The canary reads ~1e-6 for an engine holding the trainer's weights, and ~0.1+ for a stale
     one."""
@@ -133,6 +134,7 @@ def test_logprob_diff_canary_on_torch_engine(tiny):
 
 # ---- vLLM ------------------------------------------------------------------------------------
 
+@pytest.mark.paths
 @needs_vllm
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_vllm_logprobs_equal_trainer_logprobs(tiny, engine, temperature):
@@ -168,6 +170,7 @@ def test_vllm_logprobs_equal_trainer_logprobs(tiny, engine, temperature):
     assert [r.completion_ids for r in other] != [r.completion_ids for r in rs]
 
 
+@pytest.mark.paths
 @needs_vllm
 def test_vllm_follows_pushed_weights(tiny, engine):
     """(2) After an in-place push of perturbed weights (tied embeddings included) the engine samples
@@ -202,6 +205,7 @@ def test_vllm_follows_pushed_weights(tiny, engine):
     assert _max_diff(model, rs, 1.0, tok.pad_token_id) <= TOL
 
 
+@pytest.mark.paths
 @needs_vllm
 def test_vllm_unchanged_push_and_sleep_keep_greedy_output(tiny, engine):
     """(3) Pushing the same weights again, and sleep -> push -> generate (CUDA: level-1 sleep,

@@ -54,3 +54,24 @@ def make_digit_task(out: str, steps: int = 60, seed: int = 0) -> tuple[str, str]
 SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "4",
          "--eval-size", "8", "--eval-every", "0", "--threads", "1", "--prompt-template", "builtin",
          "--lr", "3e-3", "--replay-ratio", "1", "--tau-max", "2"]
+
+
+# ---- greedy decoding on two paths: where rounding cannot decide -----------------------------------
+
+# Two greedy decoders (a batch and a single row, KV cache and a full forward, another CPU kind's
+# kernels) compute the same logits to about 1e-6; where the top two logits are closer than this,
+# rounding may pick either token and both paths are right.
+GREEDY_MARGIN = 1e-4
+
+
+@torch.no_grad()
+def decided_prefix(model, prompt_ids: list[int], completion_ids: list[int],
+                   margin: float = GREEDY_MARGIN) -> int:
+    """How many leading tokens of a greedy completion are decided by more than `margin` (top-1
+    minus top-2 logit at each position, from one forward of prompt + completion): two greedy paths
+    must agree on that many tokens; after the first near-tie they may part."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()       # [T, V]
+    top2 = logits.topk(2, dim=-1).values                                           # [T, 2]
+    close = ((top2[:, 0] - top2[:, 1]) <= margin).tolist()
+    return close.index(True) if True in close else len(completion_ids)
