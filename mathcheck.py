@@ -529,11 +529,15 @@ class _Worker:
 
     def readline(self, deadline: float) -> str | None:
         """The next line the worker writes, or None at the deadline (time.monotonic()) or when it
-        has exited."""
+        has exited. What is read after the deadline is late, whatever select saw: on a loaded
+        machine this process can be descheduled between computing the wait and entering it, and
+        a budget is a budget."""
         fd = self.proc.stdout.fileno()
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            if time.monotonic() > deadline:
                 return None
             chunk = os.read(fd, 4096)
             if not chunk:
