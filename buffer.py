@@ -53,14 +53,50 @@ neither loops over rollouts in Python. The buffer holds references to the caller
 and never writes to them; callers must treat what `sample` returns as read-only.
 """
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
+import torch
 
+import grpo
 from rollout import Rollout
 
 REPLAY_KINDS = ("none", "uniform", "prioritized", "headroom-drift")
 HEADROOMS = ("variance", "failure", "abs-adv", "current")
+
+
+@dataclass(frozen=True)
+class Flags:
+    # ---- replay ----------------------------------------------------------------------------------
+    replay: Literal[REPLAY_KINDS] = "prioritized"
+    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha) | headroom-drift
+    (group replay)"""
+    tau_max: int = 4
+    """evict rollouts older than this many loop steps (age = step - version; one loop step holds
+    epochs x mini_batches optimizer steps)"""
+    replay_ratio: float = 0.5
+    """replayed rollouts per fresh rollout in each batch"""
+    priority_alpha: float = 1.0
+    """priority exponent alpha in P(j) ∝ |A_j|^alpha"""
+    replay_capacity: int = 0
+    """maximum rollouts stored, oldest out first (0 = unbounded)"""
+    hd_headroom: Literal[HEADROOMS] = "variance"
+    """Headroom-Drift: rank stored groups by variance p(1 - p) | failure 1 - p | abs-adv mean |A| (p
+    = success rate, at generation) | current p_theta(1 - p_theta) (p_theta: the current policy's
+    success rate, importance-weighted over the stored completions, re-scored each step); variance
+    and --hd-drift-frac 0.5: the dev split's choice"""
+    hd_groups: int = 32
+    """Headroom-Drift: stored groups replayed per step (the top ones that pass the drift gate)"""
+    hd_candidates: int = 64
+    """Headroom-Drift: at most this many groups, in headroom order, get the no-grad drift forward
+    each step"""
+    hd_drift_frac: float = 0.5
+    """Headroom-Drift: skip (keep) a group whose drift mean_i |mean_t log(pi_theta / pi_behaviour)|
+    is above this fraction of the nearer clip boundary, min(-log(1 - eps_low), log(1 + eps_high))"""
+
+    AT_LEAST_1 = ("hd_groups", "hd_candidates")
+    AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "hd_drift_frac")
 
 
 class RolloutReplay:
@@ -257,7 +293,7 @@ class GroupReplay:
           log rho_it = log pi_theta - log pi_behaviour
 
       (`drift`), with log pi_theta from `logprobs(rollouts) -> [per-token log-probs]`, the trainer's
-      no-grad forward handed in when the buffer is made (parallel.lockstep_logprobs of the policy).
+      no-grad forward handed in when the buffer is made (rollout.lockstep_logprobs of the policy).
       Under torchrun it runs on every rank at every sample, also with no candidate, so the ranks
       make equal forward passes.
     - Gate: groups with D(g) > drift_max are skipped this step (kept, not deleted: they may pass
@@ -297,7 +333,7 @@ class GroupReplay:
         by_key: dict = {}
         for r in rollouts:
             by_key.setdefault((r.prompt_id, r.version), []).append(r)
-        kept = [g for g in by_key.values() if len({r.reward for r in g}) > 1]
+        kept = [g for g in by_key.values() if not _flat(g)]
         self._groups += kept
         self._last["replay/unstored_groups"] = len(by_key) - len(kept)
 
@@ -349,10 +385,6 @@ class GroupReplay:
                 headroom.append(self.headroom_of(g))
         return drift, headroom
 
-    def drift(self, groups: list[list[Rollout]]) -> list[float]:
-        """D(g) of each group (the class docstring): one no-grad forward over all their rollouts."""
-        return self.drift_and_headroom(groups)[0]
-
     def sample(self, step: int, n_fresh: int) -> list[Rollout]:
         """Headroom ranks, Drift gates: the rollouts of the top `groups` candidates with D(g) <=
         drift_max."""
@@ -400,6 +432,12 @@ class GroupReplay:
         _check_same(sd, self, ("tau_max", "headroom"))
         self._groups = [[Rollout(**d) for d in g] for g in sd["groups"]]
         self._last = dict(sd["last"])
+
+
+def _flat(group: list[Rollout]) -> bool:
+    """grpo's flat-group rule for one group of rollouts: every advantage in it is 0."""
+    rewards = torch.tensor([r.reward for r in group], dtype=torch.float64)
+    return bool(grpo.flat_groups(rewards, grpo.group_ids(group))[0])
 
 
 def _empty_group_stats() -> dict:
@@ -470,6 +508,22 @@ def drift_limit(frac: float, eps_low: float, eps_high: float) -> float:
                          f"finite eps_high >= 0, got {frac}, {eps_low}, {eps_high}")
     low = -math.log1p(-eps_low) if eps_low < 1 else math.inf
     return frac * min(low, math.log1p(eps_high))
+
+
+# the replay's field of the log line (metrics.fields): rollouts replayed / stored, their mean age
+LOG = ("replay {replay/sampled:3d}/{replay/size:<5d} age {replay/age_mean:.2f}",)
+
+
+def make(flags: Flags, *, eps_low: float, eps_high: float, seed: int,
+         logprobs=None) -> "RolloutReplay | GroupReplay | None":
+    """The buffer of the flags (make_replay), Headroom-Drift's drift limit relative to the clip
+    range [1 - eps_low, 1 + eps_high] (drift_limit) and its no-grad forward `logprobs`."""
+    f = flags
+    return make_replay(f.replay, tau_max=f.tau_max, ratio=f.replay_ratio, alpha=f.priority_alpha,
+                       capacity=f.replay_capacity or None, seed=seed, headroom=f.hd_headroom,
+                       groups=f.hd_groups, candidates=f.hd_candidates,
+                       drift_max=drift_limit(f.hd_drift_frac, eps_low, eps_high),
+                       logprobs=logprobs)
 
 
 def make_replay(kind: str, *, tau_max: int, ratio: float = 1.0, alpha: float = 1.0,

@@ -38,7 +38,6 @@ reads `--resume DIR|auto`; `open_log` continues metrics.jsonl / samples.jsonl on
 after the resumed step, dropping lines of steps that are being redone); `point_final` keeps
 `out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed.
 """
-import dataclasses
 import json
 import os
 import random
@@ -52,6 +51,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
+
+from parallel import print0
 
 MARKER = "COMPLETE"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -117,11 +118,12 @@ def save_hf(model, tokenizer, path: str, state_dict=None) -> None:
     tokenizer.save_pretrained(path)
 
 
-def save(root: str, step: int, model, opt, tokenizer, args, *, guard, replay, pos: int, rank: int,
-         world: int, extra=None) -> str:
+def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, replay, pos: int,
+         rank: int, world: int, extra=None) -> str:
     """Write checkpoint `step` under `root` atomically (what `restore` reads back); every rank calls
-    it (the gathers are collective). `extra` (R²PO's r2po.R2PO, or None) writes its own files into
-    the directory on rank 0 (`extra.save(dir)`) and its per-rank state into the rank files
+    it (the gathers are collective). `flags`: the run's flags as a dict (dataclasses.asdict of
+    train.py's Args), written as args.json. `extra` (R²PO's r2po.R2PO, or None) writes its own files
+    into the directory on rank 0 (`extra.save(dir)`) and its per-rank state into the rank files
     (`extra.state_dict()`). Returns the checkpoint's directory."""
     trainer_state = {"step": step, "skipped": guard.skipped, "in_row": guard.in_row}
     rank_state = {"pos": pos, "replay": replay.state_dict() if replay is not None else None,
@@ -142,7 +144,7 @@ def save(root: str, step: int, model, opt, tokenizer, args, *, guard, replay, po
         full = model.state_dict()
     if rank == 0:
         save_hf(model, tokenizer, tmp, state_dict=full)
-        _write_json(os.path.join(tmp, "args.json"), dataclasses.asdict(args))
+        _write_json(os.path.join(tmp, "args.json"), flags)
         if extra is not None:
             extra.save(tmp)
         state = {**trainer_state, "world_size": world}
@@ -228,12 +230,12 @@ FREE_ON_RESUME = ("resume", "out_dir", "steps", "save_every", "eval_every", "log
                   "threads")
 
 
-def changed_args(path: str, args: dict, free=FREE_ON_RESUME) -> list[str]:
+def changed_args(path: str, now: dict, free=FREE_ON_RESUME) -> list[str]:
     """'name: saved -> now' for each flag this run sets differently from the checkpoint's run (flags
     in `free` may change on resume without changing what the steps compute)."""
     with open(os.path.join(path, "args.json")) as f:
         saved = json.load(f)
-    return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in args.items()
+    return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in now.items()
             if k not in free and saved.get(k) != v]
 
 
@@ -288,11 +290,12 @@ def point_final(out_dir: str, ckpt: str) -> str:
     return link
 
 
-def restore(resume: str | None, model, opt, *, replay, guard, rank: int, args,
+def restore(resume: str | None, model, opt, *, replay, guard, rank: int, flags: dict,
             extra=None) -> tuple[int, int]:
     """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and `extra` (R²PO:
     its head and the head's optimizer, `extra.restore(dir, state)`; its phase is a function of the
-    step); returns (step, prompt position), (0, 0) when `resume` is None."""
+    step); returns (step, prompt position), (0, 0) when `resume` is None. `flags` (the run's, as a
+    dict) are compared with the checkpoint's args.json: a changed one is a warning."""
     if resume is None:
         return 0, 0
     state, mine = load(resume, model, opt, rank)
@@ -302,12 +305,7 @@ def restore(resume: str | None, model, opt, *, replay, guard, rank: int, args,
     if replay is not None:
         replay.load_state_dict(mine["replay"])
     set_rng_state(mine["rng"])
-    _print0(f"resumed from {resume} at step {state['step']}")
-    for change in changed_args(resume, dataclasses.asdict(args)):
-        _print0(f"warning: resumed with a changed flag, {change}")
+    print0(f"resumed from {resume} at step {state['step']}")
+    for change in changed_args(resume, flags):
+        print0(f"warning: resumed with a changed flag, {change}")
     return state["step"], mine["pos"]
-
-
-def _print0(*a, **kw) -> None:
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(*a, **kw)

@@ -3,6 +3,11 @@ help, a `Literal[...]` type as its allowed values, and `# ---- title` comments i
 the groups of --help. Used by train.py (flags.Args) and eval.py (eval.Args). Imports nothing heavy,
 so `--help` answers at once.
 
+A program whose flags have several owners composes them: `compose("Args", (RunFlags,
+objective.Flags, ...))` is one flat dataclass with every owner's fields in that order (one `--flag`
+each, the owners' help texts and groups), and `part(args, objective.Flags)` is the owner's own
+frozen dataclass with the values of `args`: what the owner's code is built from.
+
     @dataclass
     class Args:
         # ---- objective
@@ -22,9 +27,43 @@ GROUP_HEADER = re.compile(r"^\s*# -+ (.+?) -*$")
 FIELD = re.compile(r"^\s*(\w+)\s*:")
 
 
+def compose(name: str, owners: tuple, module: str) -> type:
+    """One flat frozen dataclass `name` (defined in `module`) with the fields of every owner
+    dataclass in `owners`, in order; `cls.owners` keeps them, for the help texts and groups. Two
+    owners may not declare the same field."""
+    fields, seen = [], set()
+    for owner in owners:
+        for f in dataclasses.fields(owner):
+            if f.name in seen:
+                raise TypeError(f"{name}: field {f.name!r} is declared by two owners")
+            seen.add(f.name)
+            fields.append((f.name, f.type, dataclasses.field(default=f.default)))
+    cls = dataclasses.make_dataclass(name, fields, frozen=True)
+    cls.__module__ = module
+    cls.owners = tuple(owners)
+    return cls
+
+
+def part(args, owner):
+    """The owner's own dataclass, with the values `args` (a composed dataclass) holds for its
+    fields."""
+    return owner(**{f.name: getattr(args, f.name) for f in dataclasses.fields(owner)})
+
+
+def _owners(cls) -> tuple:
+    return getattr(cls, "owners", (cls,))
+
+
 def field_docs(cls) -> dict[str, str]:
     """The string literal under each dataclass field, whitespace folded, which becomes its --help
-    text."""
+    text (of a composed class: each owner's)."""
+    docs = {}
+    for owner in _owners(cls):
+        docs.update(_own_docs(owner))
+    return docs
+
+
+def _own_docs(cls) -> dict[str, str]:
     body = ast.parse(inspect.getsource(cls)).body[0].body
     docs = {}
     for a, b in zip(body, body[1:]):
@@ -35,7 +74,15 @@ def field_docs(cls) -> dict[str, str]:
 
 
 def field_groups(cls) -> dict[str, str]:
-    """{field: the title of the `# ---- title` comment above it in the class body, or ''}."""
+    """{field: the title of the `# ---- title` comment above it in its owner's class body, or
+    ''}."""
+    groups = {}
+    for owner in _owners(cls):
+        groups.update(_own_groups(owner))
+    return groups
+
+
+def _own_groups(cls) -> dict[str, str]:
     names = {f.name for f in dataclasses.fields(cls)}
     groups, title = {}, ""
     for line in inspect.getsource(cls).splitlines():

@@ -154,6 +154,38 @@ def evaluate(engine, tokenizer, examples: list[data.Example], *, template: str, 
     return summarize(records, k), records
 
 
+# ---- train.py's periodic eval: its flags, its sets, its share on each rank, its log fields -------
+
+@dataclass(frozen=True)
+class TrainFlags:
+    # ---- eval and logs ---------------------------------------------------------------------------
+    eval_every: int = 20
+    """evaluate every N steps and at the end (0 = only at the end)"""
+    eval_size: int = 500
+    """held-out prompts of the built-in task trained on, greedy (eval/accuracy; builtin_steps: its
+    own test split); 0 = no test eval"""
+    dev_size: int = 0
+    """prompts of the built-in task's dev split evaluated greedy as eval/dev_accuracy (0 = none):
+    what learning rates are chosen on (bench/compare.py --experiment)"""
+    eval_benchmarks: str = ""
+    """comma-separated benchmarks (names from data.py or files) also evaluated at each eval:
+    eval/<bench>/mean@<k>"""
+    eval_k: int = 1
+    """samples per problem for --eval-benchmarks"""
+    eval_temperature: float = 0.0
+    """sampling temperature for --eval-benchmarks (0 = greedy)"""
+    data_dir: str = data.DEFAULT_DATA_DIR
+    """where named benchmarks (--train-data, --eval-benchmarks) are read from"""
+
+    AT_LEAST_1 = ("eval_k",)
+    AT_LEAST_0 = ("eval_size", "dev_size", "eval_every", "eval_temperature")
+
+
+def log_fields(row: dict) -> list[str]:
+    """The eval numbers of a log line (eval/<key> -> "<key> 0.123"), in the row's order."""
+    return [f"{k[5:]} {v:.3f}" for k, v in row.items() if k.startswith("eval/")]
+
+
 def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float, template: str,
                     data_dir: str, train_data: str = data.BUILTIN, dev_size: int = 0) -> dict:
     """train.py's periodic eval: {key: (examples, template, k, temperature, grader)} for the first
@@ -264,7 +296,7 @@ def load_inputs(args: Args):
     model_dir = _repo_relative(args.model)
     if not os.path.isdir(model_dir):   # before importing torch: a typo answers at once
         raise FileNotFoundError(f"model directory not found: {args.model}")
-    from rollout import load_model
+    from checkpoint import load_model
     model, tokenizer = load_model(model_dir, device=args.device)
     os.makedirs(args.out, exist_ok=True)
     return benches, baseline, model, tokenizer

@@ -1,24 +1,32 @@
-"""train.py's flags: the presets (one per paper), the `Args` dataclass (every flag, its default and
-what it does, grouped by owner as --help shows them) and their bounds, so that bad input ends in one
-clear sentence before anything runs. The dataclass -> argparse machinery is cli.py's.
+"""train.py's flags, composed at the door: each owner declares its own flags beside its code, in
+a small frozen dataclass (the run's two are here; the objective's in objective.py, the rewards' and
+allocation's in allocation.py, the replay's in buffer.py, VIGOR's in vigor.py, R²PO's in r2po.py,
+the engine's in vllm_engine.py, the eval's in eval.py, the logs' in metrics.py), and `Args` is
+all of them in one flat dataclass: one `--flag` each, grouped in --help by owner, the presets (one
+per paper) and args.json flat. Also their bounds, so that bad input ends in one clear sentence
+before anything runs, and the sizes they derive, computed once. The dataclass -> argparse
+machinery is cli.py's.
 
-    args = flags.parse(Args, sys.argv[1:], __doc__, presets=PRESETS)     # what train.main does
+    args = flags.parse(sys.argv[1:], __doc__)        # what train.main does
+    part = cli.part(args, objective.Flags)           # an owner's own flags: what train.setup binds
 """
 import dataclasses
 import importlib.util
 import math
 import os
-import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
+import allocation
 import buffer
+import cli
 import data
-import grpo
+import eval
+import metrics
+import objective
 import r2po
 import vigor
 import vllm_engine
-from cli import choices, field_docs, field_groups, parse  # noqa: F401  (flags.parse, as before)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -75,10 +83,10 @@ PRESETS = {
 }
 
 
-# ---- the flags: one field each, its help text under it, its --help group in the header above it --
+# ---- the flags: each owner declares its own beside its code; these two are the run's -------------
 
-@dataclass
-class Args:
+@dataclass(frozen=True)
+class RunFlags:
     # ---- run -------------------------------------------------------------------------------------
     preset: Literal["none", *PRESETS] = "none"
     """a paper's method (the list below; docs/methods.md has their flags); explicit flags win"""
@@ -112,6 +120,13 @@ class Args:
     out_dir/checkpoints"""
     threads: int = 0
     """torch CPU threads (0 = torch's default)"""
+
+    AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens")
+    AT_LEAST_0 = ("save_every", "threads", "seed")
+
+
+@dataclass(frozen=True)
+class OptimFlags:
     # ---- optimisation ----------------------------------------------------------------------------
     lr: float = 3e-4
     """AdamW learning rate"""
@@ -133,178 +148,24 @@ class Args:
     micro_batch_tokens: int = 0
     """padded tokens (rows x longest row) per forward/backward at most, beside --micro-batch-size
     (memory only); 0 = auto: 2^28 / vocabulary size, about 1 GiB of fp32 logits"""
-    # ---- objective -------------------------------------------------------------------------------
-    reward: Literal["correct", "correct+format"] = "correct"
-    """reward: correct (--reward-right / --reward-wrong by the verdict) | correct+format (plus
-    --format-ok when the response is in the task's answer form, else --format-bad)"""
-    reward_right: float = 1.0
-    """reward of a correct response"""
-    reward_wrong: float = 0.0
-    """reward of a wrong response (R²PO's official reward: -1)"""
-    format_ok: float = 1.25
-    """--reward correct+format: added when the response is in the answer form (built-in tasks: a
-    plain integer after the last '='; benchmarks: a \\boxed{}); R²PO's official 1.25"""
-    format_bad: float = -1.0
-    """--reward correct+format: added otherwise (R²PO's official -1)"""
-    adv: Literal[tuple(grpo.ADVANTAGES)] = "grpo"
-    """advantage: grpo ((r - mean) / (std + 1e-6)) | drgrpo (r - mean)"""
-    ratio: Literal[tuple(grpo.RATIOS)] = "token"
-    """importance weight: token | gspo (sequence ratio) | pnpo (prefix geometric mean)"""
-    pnpo_grad: Literal[grpo.PNPO_GRADS] = "detached"
-    """PNPO's gradient: detached (w_t = sg[w_t] pi_t / sg[pi_t], GRPO's on-policy) | full (through
-    the prefix mean)"""
-    agg: Literal[grpo.AGG_MODES] = "token-mean"
-    """loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
-    seq-mean-token-sum-norm"""
-    eps_low: float = 0.2
-    """clip range below 1 (mu-GRPO's relaxed range [0, 5]: --eps-low 1 --eps-high 4)"""
-    eps_high: float = 0.28
-    """clip range above 1 (DAPO clip-higher: 0.28; symmetric PPO: 0.2)"""
-    dual_clip: float = 0.0
-    """dual-clip constant c for A < 0 (e.g. 3; 0 = off)"""
-    veto_scope: Literal["none", *grpo.VETO_SCOPES] = "none"
-    """mu-GRPO negative-advantage veto: none | suffix (the method) | trigger | response
-    (ablations)"""
-    veto_threshold: float = 1e-4
-    """veto trigger: a token of an A < 0 response whose ratio is below this"""
-    m2po_tau: float = 0.0
-    """M2PO: in each optimizer step, mask the tokens of largest |log r| until the mean (log r)^2
-    of the rest is below tau; no eps-clip (--eps-low/--eps-high ignored); 0 = off (M2PO: 0.04)"""
-    kl_coef: float = 0.0
-    """KL-to-reference coefficient; the reference model is loaded only when > 0"""
-    kl_estimator: Literal[tuple(grpo.KL_ESTIMATORS)] = "k3"
-    """KL estimator: k1 | abs | k2 | k3"""
-    tis_cap: float = 0.0
-    """truncated importance sampling cap C (0 = off): recompute old log-probs, weight by
-    min(pi_old/pi_engine, C)"""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop zero-variance groups from the fresh batch"""
-    dynamic_sampling_rounds: int = 0
-    """with dynamic sampling: up to this many extra generation rounds to refill the batch"""
-    overlong_buffer: int = 0
-    """DAPO soft overlong penalty: the last L_cache tokens before max_new_tokens are penalised (0 =
-    off)"""
-    overlong_filter: bool = False
-    """DAPO overlong filtering: truncated responses get no loss"""
-    # ---- replay ----------------------------------------------------------------------------------
-    replay: Literal[buffer.REPLAY_KINDS] = "prioritized"
-    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha) | headroom-drift
-    (group replay)"""
-    tau_max: int = 4
-    """evict rollouts older than this many loop steps (age = step - version; one loop step holds
-    epochs x mini_batches optimizer steps)"""
-    replay_ratio: float = 0.5
-    """replayed rollouts per fresh rollout in each batch"""
-    priority_alpha: float = 1.0
-    """priority exponent alpha in P(j) ∝ |A_j|^alpha"""
-    replay_capacity: int = 0
-    """maximum rollouts stored, oldest out first (0 = unbounded)"""
-    hd_headroom: Literal[buffer.HEADROOMS] = "variance"
-    """Headroom-Drift: rank stored groups by variance p(1 - p) | failure 1 - p | abs-adv mean |A| (p
-    = success rate, at generation) | current p_theta(1 - p_theta) (p_theta: the current policy's
-    success rate, importance-weighted over the stored completions, re-scored each step); variance
-    and --hd-drift-frac 0.5: the dev split's choice"""
-    hd_groups: int = 32
-    """Headroom-Drift: stored groups replayed per step (the top ones that pass the drift gate)"""
-    hd_candidates: int = 64
-    """Headroom-Drift: at most this many groups, in headroom order, get the no-grad drift forward
-    each step"""
-    hd_drift_frac: float = 0.5
-    """Headroom-Drift: skip (keep) a group whose drift mean_i |mean_t log(pi_theta / pi_behaviour)|
-    is above this fraction of the nearer clip boundary, min(-log(1 - eps_low), log(1 + eps_high))"""
-    # ---- VIGOR -----------------------------------------------------------------------------------
-    allocation: Literal[vigor.ALLOCATIONS] = "fixed"
-    """completions per prompt: fixed (group_size each) | vigor (variance-guided at the same budget:
-    --vigor-*)"""
-    vigor_n_init: int = 2
-    """VIGOR: completions every prompt starts with"""
-    vigor_n_step: int = 2
-    """VIGOR: completions added to each chosen prompt per round"""
-    vigor_top: int = 16
-    """VIGOR: per round, --vigor-rank variance: the prompts (per rank) of highest reward variance
-    that get --vigor-n-step more each; marginal: top x n_step completions, one by one to the
-    largest gain"""
-    vigor_rank: Literal[vigor.RANKS] = "marginal"
-    """VIGOR: variance (the top prompts by reward variance) | marginal (the largest drop in sum_q
-    sigma_q^2 / n_q per completion: Neyman allocation, n_q ∝ sigma_q); the defaults of --vigor-*
-    are the dev split's choice (bench/results/vigor)"""
-    vigor_prior: float = 1.0
-    """VIGOR: a Beta(a, a) prior on each prompt's success rate, so 2 agreeing completions are not a
-    verdict of variance 0 (0 = the empirical rate, the first reading)"""
-    vigor_weight: Literal[vigor.WEIGHTS] = "rollout"
-    """VIGOR: rollout (a prompt weighs as many rollouts as it got) | prompt (advantages x n_mean /
-    n_q: every prompt's group weighs as one prompt)"""
-    vigor_budget: int = 0
-    """VIGOR: completions per step over all ranks (0 = prompts_per_step x group_size, the fixed
-    allocation's)"""
-    # ---- R²PO ------------------------------------------------------------------------------------
-    r2po_head: Literal[r2po.HEADS] = "none"
-    """R²PO: none | residual (training rollouts sampled from base + a low-rank residual head; eval
-    uses the base)"""
-    r2po_head_rank: int = 64
-    """R²PO: rank r of the head W2 ReLU(W1 h): r (d + V) parameters (64: 2% of a 0.5B model)"""
-    r2po_schedule: str = "8,10"
-    """R²PO: 'H,P' = H loop steps of the head phase (base frozen), then P of the policy phase (head
-    frozen), again"""
-    r2po_head_lr: float = 1e-3
-    """R²PO: the head's AdamW learning rate (the official code: 1e-6 at 3B-8B; the preset's is
-    chosen on the dev split)"""
-    r2po_kl_coef: float = 0.04
-    """R²PO: head phase, coefficient of the k3 KL of the rollout head's policy to the anchor
-    (--r2po-kl-anchor; the official code: 0.04)"""
-    r2po_kl_anchor: Literal[r2po.KL_ANCHORS] = "initial"
-    """R²PO: head phase, the KL's anchor: initial (the model as loaded at step 0, frozen: the
-    official code's) | current (the current base policy)"""
-    # ---- engine ----------------------------------------------------------------------------------
-    engine: Literal[vllm_engine.ENGINES] = "auto"
-    """rollout engine: torch (TorchEngine) | vllm (colocated vLLM, docs/gpus.md) | auto (vllm on
-    CUDA if installed)"""
-    gpu_memory_utilization: float = 0.3
-    """vLLM: share of GPU memory for its weights and KV cache (it sleeps while the trainer
-    updates)"""
-    check_every: int = 10
-    """log rollout/logprob_diff (mean |engine - trainer| log-prob, 16 rollouts) every N steps (0 =
-    never)"""
-    max_logprob_diff: float = 0.1
-    """stop with an error when rollout/logprob_diff exceeds this (fp32 engines agree to ~1e-6, bf16
-    to ~1e-2)"""
-    # ---- eval and logs ---------------------------------------------------------------------------
-    eval_every: int = 20
-    """evaluate every N steps and at the end (0 = only at the end)"""
-    eval_size: int = 500
-    """held-out prompts of the built-in task trained on, greedy (eval/accuracy; builtin_steps: its
-    own test split); 0 = no test eval"""
-    dev_size: int = 0
-    """prompts of the built-in task's dev split evaluated greedy as eval/dev_accuracy (0 = none):
-    what learning rates are chosen on (bench/compare.py --experiment)"""
-    eval_benchmarks: str = ""
-    """comma-separated benchmarks (names from data.py or files) also evaluated at each eval:
-    eval/<bench>/mean@<k>"""
-    eval_k: int = 1
-    """samples per problem for --eval-benchmarks"""
-    eval_temperature: float = 0.0
-    """sampling temperature for --eval-benchmarks (0 = greedy)"""
-    data_dir: str = data.DEFAULT_DATA_DIR
-    """where named benchmarks (--train-data, --eval-benchmarks) are read from"""
-    log_samples: int = 4
-    """decoded rollouts written to samples.jsonl each step (rank 0's)"""
-    tensorboard: bool = False
-    """also write metrics.jsonl's numeric keys as TensorBoard scalars to out_dir/tensorboard
-    (requirements-bench.txt)"""
+
+    AT_LEAST_1 = ("micro_batch_size", "epochs", "mini_batches", "max_bad_steps")
+    AT_LEAST_0 = ("micro_batch_tokens", "lr", "weight_decay", "max_grad_norm")
+
+
+# Every flag of train.py, one flat frozen dataclass (the command line, the presets, args.json),
+# composed from its owners in this order; --help shows each owner's groups.
+OWNERS = (RunFlags, OptimFlags, allocation.Flags, objective.Flags, buffer.Flags, vigor.Flags,
+          r2po.Flags, vllm_engine.Flags, eval.TrainFlags, metrics.LogFlags)
+Args = cli.compose("Args", OWNERS, __name__)
+
+
+def parse(argv=None, description: str = "") -> Args:
+    """train.py's command line: its flags, the chosen preset's values as the defaults."""
+    return cli.parse(Args, argv, description, presets=PRESETS)
 
 
 # ---- the bounds ----------------------------------------------------------------------------------
-
-AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size",
-              "epochs", "hd_groups", "hd_candidates", "mini_batches", "max_bad_steps", "eval_k",
-              "vigor_n_init", "vigor_n_step", "vigor_top", "r2po_head_rank")
-AT_LEAST_0 = ("micro_batch_tokens", "tau_max", "replay_ratio", "priority_alpha", "replay_capacity",
-              "kl_coef", "tis_cap", "eval_size", "dev_size",
-              "dual_clip", "overlong_buffer", "dynamic_sampling_rounds", "lr", "weight_decay",
-              "max_grad_norm", "eval_every", "save_every", "log_samples", "threads",
-              "eval_temperature", "seed", "check_every", "max_logprob_diff", "hd_drift_frac",
-              "vigor_budget", "vigor_prior", "r2po_head_lr", "r2po_kl_coef", "m2po_tau")
-
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -312,26 +173,30 @@ def flag(name: str) -> str:
 
 def check_args(args, world: int = 1) -> None:
     """Reject bad input up front with one clear sentence (a ValueError that main prints). Every
-    float flag must be finite; the bounds below are what the code can run with, not a judgement of
+    float flag must be finite; each owner's bounds (AT_LEAST_1, AT_LEAST_0) and rules come first,
+    then the rules between owners. The bounds are what the code can run with, not a judgement of
     taste."""
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{flag(f.name)} must be a finite number, got {value}")
-    for names, low in ((AT_LEAST_1, 1), (AT_LEAST_0, 0)):
-        for name in names:
-            if getattr(args, name) < low:
-                raise ValueError(f"{flag(name)} must be >= {low}, got {getattr(args, name)}")
-    for bad, message in _rules(args, world):
+    for owner in OWNERS:
+        for attr, low in (("AT_LEAST_1", 1), ("AT_LEAST_0", 0)):
+            for name in getattr(owner, attr, ()):
+                if getattr(args, name) < low:
+                    raise ValueError(f"{flag(name)} must be >= {low}, got {getattr(args, name)}")
+    rules = [rule for owner in OWNERS if hasattr(owner, "rules")
+             for rule in cli.part(args, owner).rules()]
+    for bad, message in rules + _rules(args, world):
         if bad:
             raise ValueError(message)
 
 
 def _rules(args, world: int) -> list[tuple[bool, str]]:
-    """(is it broken, the sentence that says so) for each rule between flags."""
-    per_rank = args.prompts_per_step // world
-    vigor = args.allocation == "vigor"
-    budget = args.vigor_budget or args.prompts_per_step * args.group_size
+    """(is it broken, the sentence that says so) for each rule between the run's flags and across
+    owners."""
+    vigor_on = args.allocation == "vigor"
+    budget = cli.part(args, vigor.Flags).budget(args.prompts_per_step, args.group_size)
     return [
         (args.prompts_per_step % world,
          f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world size "
@@ -344,40 +209,59 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.temperature <= 0,
          "--temperature must be > 0: greedy decoding gives a group of identical completions"),
         (not 0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
-        (not 0 <= args.eps_low <= 1 or args.eps_high < 0,
-         f"need 0 <= --eps-low <= 1 and --eps-high >= 0, got {args.eps_low}, {args.eps_high}"),
-        (0 < args.dual_clip <= 1, f"--dual-clip must be > 1 (or 0 = off), got {args.dual_clip}"),
-        (args.mini_batches > per_rank * args.group_size,
-         f"--mini-batches ({args.mini_batches}) exceeds the {per_rank * args.group_size} fresh "
-         f"rollouts per rank and step: some optimizer steps would have no rollout"),
-        (args.veto_threshold <= 0,
-         f"--veto-threshold must be > 0 (a ratio below it triggers the veto), "
-         f"got {args.veto_threshold}"),
-        (args.m2po_tau > 0 and (args.ratio != "token" or args.dual_clip or args.tis_cap),
-         "--m2po-tau (M2PO) needs --ratio token, no --dual-clip and no --tis-cap: its mask is of "
-         "the token ratio to the behaviour policy, and it has no clip"),
         (args.overlong_buffer > args.max_new_tokens,
          f"--overlong-buffer ({args.overlong_buffer}) cannot exceed --max-new-tokens "
          f"({args.max_new_tokens})"),
-        (vigor and args.dynamic_sampling,
+        (vigor_on and args.dynamic_sampling,
          "--allocation vigor and --dynamic-sampling are two ways to spend rollouts: choose one"),
-        (vigor and args.vigor_n_init < 2, "--vigor-n-init must be >= 2 (a group needs a baseline)"),
-        (vigor and budget < args.vigor_n_init * args.prompts_per_step,
+        (vigor_on and budget < args.vigor_n_init * args.prompts_per_step,
          "--vigor-budget must cover --vigor-n-init completions of every prompt"),
         (args.r2po_head != "none" and args.engine == "vllm",
          "--r2po-head residual needs --engine torch: vLLM cannot add R²PO's head to its logits"),
-        (not re.fullmatch(r"\d+,[1-9]\d*", args.r2po_schedule),
-         f"--r2po-schedule must be 'H,P' (loop steps of the head phase, >= 0, then of the policy "
-         f"phase, >= 1), got {args.r2po_schedule!r}"),
         (args.engine == "vllm" and args.top_p < 1,
          "--top-p < 1 needs --engine torch: vLLM returns log-probs renormalised over the nucleus, "
          "not the full-vocabulary ones"),
-        (not 0 < args.gpu_memory_utilization <= 1,
-         f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}"),
         (args.tensorboard and importlib.util.find_spec("tensorboard") is None,
          "--tensorboard needs the tensorboard package: pip install -r requirements-bench.txt"),
         (not os.path.isdir(args.model), f"--model: no such directory: {args.model}"),
     ]
+
+
+# ---- what the flags derive: computed once, checked, printed at start -----------------------------
+
+class Sizes(NamedTuple):
+    """The sizes the flags imply on one rank, computed once at start (`sizes`) and printed."""
+    world: int
+    prompts: int             # prompts this rank generates groups for each step
+    group_size: int          # completions per prompt (fixed groups)
+    vigor_budget: int        # VIGOR: completions this rank generates each step (0: fixed groups)
+    micro_batch_tokens: int  # --micro-batch-tokens, 0 (auto) resolved
+
+    def line(self) -> str:
+        if self.vigor_budget:
+            per_step = f"{self.prompts} prompts, {self.vigor_budget} completions (VIGOR's budget)"
+        else:
+            per_step = f"{self.prompts} prompts x {self.group_size} completions"
+        return (f"world size {self.world} | {per_step} per rank per step | micro-batches of at "
+                f"most {self.micro_batch_tokens} padded tokens")
+
+
+def sizes(args, model, world: int) -> Sizes:
+    """The per-rank sizes of `args` for `model` at `world` ranks."""
+    budget = 0
+    if args.allocation == "vigor":
+        budget = cli.part(args, vigor.Flags).budget(args.prompts_per_step, args.group_size) // world
+    return Sizes(world, args.prompts_per_step // world, args.group_size, budget,
+                 micro_batch_tokens(args, model))
+
+
+def changed(args) -> dict:
+    """The flags whose values differ from the defaults or, with --preset, from the preset's: what
+    the first screen of a run shows (args.json keeps them all)."""
+    base = dataclasses.replace(Args(), **PRESETS[args.preset][1]) if args.preset in PRESETS \
+        else Args()
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+            if getattr(args, f.name) != getattr(base, f.name)}
 
 
 AUTO_LOGITS = 2 ** 28        # --micro-batch-tokens 0: logits per micro-batch (1 GiB in fp32)
@@ -401,13 +285,17 @@ def update_memory(args, model, longest_prompt: int) -> int:
     return 16 * n_params + tokens * per_token
 
 
-def check_sizes(args, model, prompts: list, world: int, device_memory: int | None = None) -> list:
-    """Bounds that need the model and the data: a prompt must not appear twice in one step (its two
-    groups would share a prompt_id and be merged), the test and dev splits must hold --eval-size
-    and --dev-size prompts, and the longest prompt plus --max-new-tokens must fit the model's
-    positions. Returns warnings: an update that may not fit `device_memory` bytes (update_memory's
-    estimate)."""
-    if args.prompts_per_step // world > len(prompts) // world:
+def check_sizes(args, model, prompts: list, sizes: Sizes, device_memory: int | None = None) -> list:
+    """Bounds that need the sizes, the model and the data: every optimizer step must hold a fresh
+    rollout, a prompt must not appear twice in one step (its two groups would share a prompt_id and
+    be merged), the test and dev splits must hold --eval-size and --dev-size prompts, and the
+    longest prompt plus --max-new-tokens must fit the model's positions. Returns warnings: an
+    update that may not fit `device_memory` bytes (update_memory's estimate)."""
+    world, fresh = sizes.world, sizes.prompts * sizes.group_size
+    if args.mini_batches > fresh:
+        raise ValueError(f"--mini-batches ({args.mini_batches}) exceeds the {fresh} fresh "
+                         f"rollouts per rank and step: some optimizer steps would have no rollout")
+    if sizes.prompts > len(prompts) // world:
         raise ValueError(f"--prompts-per-step ({args.prompts_per_step}) exceeds the {len(prompts)} "
                          f"training prompts (at most {len(prompts) // world * world} on {world} "
                          f"rank(s))")

@@ -86,6 +86,21 @@ COMBINE = {**EXTREMES, **{f"loss/clip_frac_{p}": f"loss/tokens_{p}" for p in THI
 
 # ------------------------------------ the default path: advantages (one per rollout)
 
+def group_ids(rollouts) -> Tensor:
+    """The GRPO group key [B]: a rollout's group is its prompt_id, so the completions of one prompt
+    generated in one step are one group (a step never generates a prompt twice: flags.check_sizes;
+    replay keeps each rollout's advantage from its own group). Takes any records with a
+    .prompt_id (rollout.Rollout)."""
+    return torch.tensor([r.prompt_id for r in rollouts])
+
+
+def flat_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """The one "flat group" rule, bool [B]: True where the rollout's group is zero-variance, a group
+    of k >= 2 whose rewards are all equal (max == min), so that every advantage in it is exactly 0
+    and it carries no signal. A group of one is not flat (its advantage is r / (1 + eps))."""
+    return _group_stats(rewards, group_ids)[2]
+
+
 def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per rollout: its group's mean, Bessel std (divisor k-1) and whether the group is
     zero-variance.
@@ -555,9 +570,8 @@ def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     """Share of groups (not rollouts) with zero variance, i.e. whose advantages are all
     exactly 0."""
     _, inv = torch.unique(group_ids, return_inverse=True)
-    _, _, constant = _group_stats(rewards, group_ids)
     per_group = torch.zeros(int(inv.max()) + 1, dtype=torch.bool, device=rewards.device)
-    per_group[inv] = constant
+    per_group[inv] = flat_groups(rewards, group_ids)
     return per_group.float().mean().item()
 
 
@@ -565,7 +579,7 @@ def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """DAPO dynamic sampling (arXiv 2503.14476, 'Dynamic Sampling': keep groups with
     0 < |{correct}| < G) as a bool [B]: True for rollouts whose group has non-zero variance.
     Groups of one are kept (their advantage is not 0)."""
-    return ~_group_stats(rewards, group_ids)[2]
+    return ~flat_groups(rewards, group_ids)
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:

@@ -5,11 +5,12 @@
     m.mean("reward/mean", 0.25, weight=512)  # a mean of 512 items; also m.total, m.max, m.min
     row = m.reduce(world)                    # {key: weighted mean | sum | max | min} over all ranks
 
-Each component reports its own metrics, with the weight or kind that says how they combine:
-grpo.policy_loss's token means (through train.micro_batch_loss), the replay buffers
-(`buffer.report`), VIGOR's allocation (`vigor.vigor_generate`), R²PO (`r2po.R2PO`), the rollouts
-of the step (`rollout_metrics`, here). Nothing here knows another module's key names;
-docs/metrics.md lists them all.
+Each component reports its own metrics, with the weight or kind that says how they combine, and
+its own fields of the step's log line (a function row -> ["label value", ...]): the objective
+(objective.py: grpo.policy_loss's token means), the replay buffers (buffer.py), VIGOR's allocation
+(vigor.py), R²PO (r2po.py), the evaluation (eval.py), the verifier's error counts (verify.py), the
+rollouts of the step (`rollout_metrics` and `rollout_fields`, here). Nothing here knows another
+module's key names: `log_line` joins the fields it is handed. docs/metrics.md lists every key.
 
 Files (rank 0, under --out-dir): metrics.jsonl (one JSON object per step), samples.jsonl (a few
 decoded rollouts per step), updates.jsonl (one line per optimizer step), and with --tensorboard the
@@ -17,6 +18,7 @@ same numbers as TensorBoard scalars.
 """
 import json
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,18 @@ import checkpoint
 import grpo
 import verify
 from parallel import print0
+
+@dataclass(frozen=True)
+class LogFlags:
+    # ---- eval and logs ---------------------------------------------------------------------------
+    log_samples: int = 4
+    """decoded rollouts written to samples.jsonl each step (rank 0's)"""
+    tensorboard: bool = False
+    """also write metrics.jsonl's numeric keys as TensorBoard scalars to out_dir/tensorboard
+    (requirements-bench.txt)"""
+
+    AT_LEAST_0 = ("log_samples",)
+
 
 class Metrics:
     """One step's metrics in a form that combines exactly over micro-batches and ranks: a mean with
@@ -129,17 +143,14 @@ def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
     (`fresh`): the mean (shaped) reward, the share of zero-variance groups, lengths, truncation,
     the format-error rate, diversity."""
     rewards = torch.tensor([r.reward for r in generated])
-    groups = torch.tensor([r.prompt_id for r in generated])
+    groups = grpo.group_ids(generated)
     n = len(generated)
     n_groups = len({r.prompt_id for r in generated})
     m.mean("reward/mean", rewards.mean().item(), n)
     m.mean("reward/zero_std_frac", grpo.zero_std_fraction(rewards, groups), n_groups)
-    by_group: dict[int, list[float]] = {}
-    for r in generated:
-        by_group.setdefault(r.prompt_id, []).append(r.reward)
-    flat = [g for g in by_group.values() if len(set(g)) == 1]       # every advantage exactly 0
-    m.total("rollout/prompts_with_signal", len(by_group) - len(flat))
-    m.total("rollout/zero_var_rollouts", sum(len(g) for g in flat))
+    flat = grpo.flat_groups(rewards, groups)                         # every advantage exactly 0
+    m.total("rollout/prompts_with_signal", n_groups - len(set(groups[flat].tolist())))
+    m.total("rollout/zero_var_rollouts", int(flat.sum()))
     m.total("batch/fresh", len(fresh))
     m.total("rollout/generated", n)
     m.mean("response/len_mean", sum(len(r.completion_ids) for r in generated) / n, n)
@@ -152,24 +163,30 @@ def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
 
 # ---- the log line and rank 0's files -------------------------------------------------------------
 
-def log_line(m: dict) -> str:
-    """The step's line on stdout, from the reduced metrics; a WARNING when the verifier had internal
-    errors."""
-    # R²PO's head phase: the head's loss
-    loss = m.get("loss/policy", m.get("r2po/head_loss", 0.0))
-    s = (f"step {m['step']:4d} | reward {m['reward/mean']:.3f} "
-         f"| zero-std {m['reward/zero_std_frac']:.2f} "
-         f"| loss {loss:+.4f} | clip {m.get('loss/clip_frac', 0):.3f} "
-         f"| replay {m['replay/sampled']:3d}/{m['replay/size']:<5d} age {m['replay/age_mean']:.2f} "
-         f"| len {m['response/len_mean']:.1f} | {m['time/step']:.2f}s")
-    if "r2po/phase" in m:
-        s += f" | r2po {'policy' if m['r2po/phase'] else 'head'} phase"
-    s += "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/"))
-    if m.get("verify/error") or m.get("verify/worker_restarts"):
-        # a verifier bug would quietly zero rewards: say so on the line
-        s += (f" | WARNING verifier: {m['verify/error']} internal errors, "
-              f"{m['verify/worker_restarts']} worker restarts (see verify/* in metrics.jsonl)")
-    return s
+# rollout_metrics' fields of the log line: the mean reward, the zero-variance share, the mean length
+LOG = ("reward {reward/mean:.3f}", "zero-std {reward/zero_std_frac:.2f}",
+       "len {response/len_mean:.1f}")
+
+
+def fields(row: dict, parts) -> list[str]:
+    """The log line's fields of the reduced metrics `row`: each of `parts` is a component's field,
+    a format string over its keys ("loss {loss/policy:+.4f}", left out when the row lacks a key:
+    a step without that part), or a function row -> [field, ...] where the keys vary."""
+    out = []
+    for part in parts:
+        if callable(part):
+            out += part(row)
+            continue
+        try:
+            out.append(part.format_map(row))
+        except KeyError:
+            pass
+    return out
+
+
+def log_line(row: dict, parts=()) -> str:
+    """The step's line on stdout: "step N", then the fields of `parts` (`fields`), in order."""
+    return " | ".join([f"step {row['step']:4d}", *fields(row, parts)])
 
 
 # updates: one line per optimizer step
@@ -194,17 +211,14 @@ def open_logs(out_dir: str, rank: int, start: int, tensorboard: bool = False):
     return (*files, writer)
 
 
-def write_logs(files, row: dict, rollouts: list = (), tokenizer=None, updates: list = ()) -> None:
-    """Print the step's line (rank 0) and write it to metrics.jsonl, with a few decoded rollouts to
-    samples.jsonl and each optimizer step's reduced metrics to updates.jsonl ({"step", "update":
-    1.., loss/clip_frac, loss/veto_frac, ...}: in a mu-GRPO stage they change across its updates),
-    and with --tensorboard every numeric key of the row as a scalar at x = row["step"]. Step 0 (the
-    evaluation before training) prints its eval/* numbers only."""
-    if row["step"] == 0:
-        evals = [f"{k[5:]} {v:.3f}" for k, v in row.items() if k != "step"]
-        print0("step    0 | " + " | ".join(evals))
-    else:
-        print0(log_line(row), flush=True)
+def write_logs(files, row: dict, line: str, rollouts: list = (), tokenizer=None,
+               updates: list = ()) -> None:
+    """Print the step's `line` (rank 0) and write its metrics `row` to metrics.jsonl, with a few
+    decoded rollouts to samples.jsonl and each optimizer step's reduced metrics to updates.jsonl
+    ({"step", "update": 1.., loss/clip_frac, loss/veto_frac, ...}: in a mu-GRPO stage they change
+    across its updates), and with --tensorboard every numeric key of the row as a scalar at x =
+    row["step"]."""
+    print0(line, flush=True)
     metrics_f, samples_f, updates_f, tb = files
     if metrics_f is None:
         return
@@ -227,13 +241,13 @@ def write_logs(files, row: dict, rollouts: list = (), tokenizer=None, updates: l
     samples_f.flush()
 
 
-def close_logs(files, row: dict, final: str | None) -> None:
-    """Close rank 0's files; name the final checkpoint (out_dir/final) and the last eval numbers."""
+def close_logs(files, last_line: str | None = None) -> None:
+    """Close rank 0's files, then print `last_line` (train.py's: the final checkpoint and the last
+    eval numbers)."""
     if files[0] is None:
         return
     for f in files:
         if f is not None:                                # the TensorBoard writer is None without it
             f.close()
-    if final:
-        evals = "".join(f" | {k[5:]} {v:.3f}" for k, v in row.items() if k.startswith("eval/"))
-        print(f"final -> {final}{evals}")
+    if last_line:
+        print(last_line)

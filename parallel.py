@@ -14,7 +14,6 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 import grpo
-from rollout import forward_logprobs, length_buckets, micro_batches
 
 
 def print0(*args, **kw) -> None:
@@ -60,6 +59,14 @@ def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool
             (logits.float().sum() * 0.0).backward()
 
 
+def forward_passes(micro_batches: list, model, pad_id: int, world: int):
+    """`lockstep` for passes without a backward through `model` (no-grad scoring, or R²PO's head on
+    a frozen base), then `reshard`: without a backward FSDP2's root keeps its gathered parameters.
+    Iterate it to the end."""
+    yield from lockstep(micro_batches, model, pad_id, world, backward=False)
+    reshard(model)
+
+
 def global_normaliser(micro_batches: list[dict], agg: str, max_len: int,
                       world: int) -> float | None:
     """N of one optimizer step over every rank's micro-batches (grpo.loss_normaliser; every mode's N
@@ -69,27 +76,6 @@ def global_normaliser(micro_batches: list[dict], agg: str, max_len: int,
             for mb in micro_batches)
     total, rollouts = all_reduce([n, float(len(micro_batches))], world)
     return max(total, 1.0) if rollouts else None
-
-
-@torch.no_grad()
-def lockstep_logprobs(model, rollouts: list, size: int, temperature: float, pad_id: int,
-                      world: int, max_tokens: int = 0) -> list:
-    """Each rollout's completion log-probs under `model` (rollout.forward_logprobs), in
-    micro-batches of `size` run in lockstep with the other ranks: a list of floats per rollout, in
-    the order of `rollouts` (micro-batches group rows by length: rollout.length_buckets says where
-    each row came from)."""
-    out = [None] * len(rollouts)
-    device = next(model.parameters()).device
-    mbs = micro_batches(rollouts, size, pad_id, device, max_tokens=max_tokens)
-    buckets = length_buckets(rollouts, size, max_tokens)
-    # to the end: the padding passes too
-    for j, mb in enumerate(lockstep(mbs, model, pad_id, world, backward=False)):
-        logp = forward_logprobs(model, mb, temperature)[1]                       # [b, T]
-        for b, i in enumerate(buckets[j]):
-            P, T = len(rollouts[i].prompt_ids), len(rollouts[i].completion_ids)
-            out[i] = logp[b, P - 1:P - 1 + T].tolist()
-    reshard(model)
-    return out
 
 
 def reshard(model) -> None:

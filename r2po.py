@@ -47,16 +47,20 @@ whose head KL to the current base (r2po/head_kl_current) stays at most 0.1 at ev
 this implementation's choice. The KL to the initial model (r2po/head_kl) also grows as the base
 trains away from it, whatever the head does.
 
-Where it plugs in: `TorchEngine.logits_head` is the head (the engine samples through it when
+Where it plugs in: its flags are `Flags` below; train.setup builds `R2PO` from them (`make`) and
+hands `head` to the engine (`TorchEngine.logits_head`: the engine samples through it when
 `Sampling.use_head`); the loop asks `phase(step)` and runs `head_step` instead of
-sample/store/update/sync in the head phase; checkpoints call `save` / `state_dict` / `restore` (the
-head in HEAD_FILE beside the HF model, which transformers ignores; its AdamW state in the rank
-files; the frozen initial model is not saved: `make` reloads it from --model, the original base
-even on resume). vLLM cannot add the head to its logits: flags.py refuses `--r2po-head residual`
-with `--engine vllm`.
+sample/store/update/sync in the head phase, and `report` each step; checkpoints call `save` /
+`state_dict` / `restore` (the head in HEAD_FILE beside the HF model, which transformers ignores;
+its AdamW state in the rank files; the frozen initial model is not saved: train.setup reloads it
+from --model, the original base even on resume). vLLM cannot add the head to its logits: flags.py
+refuses `--r2po-head residual` with `--engine vllm`.
 """
 import dataclasses
 import os
+import re
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -64,11 +68,61 @@ from torch import Tensor
 import grpo
 import parallel
 from metrics import Metrics, distinct_answers
-from rollout import Prompt, Sampling, forward_logprobs, load_model, micro_batches
+from data import Prompt
+from rollout import Sampling, forward_logprobs, micro_batches
 
 HEADS = ("none", "residual")
 KL_ANCHORS = ("initial", "current")   # the head's KL to: the model at step 0 | the current base
 HEAD_FILE = "r2po_head.safetensors"
+
+
+@dataclass(frozen=True)
+class Flags:
+    # ---- R²PO ------------------------------------------------------------------------------------
+    r2po_head: Literal[HEADS] = "none"
+    """R²PO: none | residual (training rollouts sampled from base + a low-rank residual head; eval
+    uses the base)"""
+    r2po_head_rank: int = 64
+    """R²PO: rank r of the head W2 ReLU(W1 h): r (d + V) parameters (64: 2% of a 0.5B model)"""
+    r2po_schedule: str = "8,10"
+    """R²PO: 'H,P' = H loop steps of the head phase (base frozen), then P of the policy phase (head
+    frozen), again"""
+    r2po_head_lr: float = 1e-3
+    """R²PO: the head's AdamW learning rate (the official code: 1e-6 at 3B-8B; the preset's is
+    chosen on the dev split)"""
+    r2po_kl_coef: float = 0.04
+    """R²PO: head phase, coefficient of the k3 KL of the rollout head's policy to the anchor
+    (--r2po-kl-anchor; the official code: 0.04)"""
+    r2po_kl_anchor: Literal[KL_ANCHORS] = "initial"
+    """R²PO: head phase, the KL's anchor: initial (the model as loaded at step 0, frozen: the
+    official code's) | current (the current base policy)"""
+
+    AT_LEAST_1 = ("r2po_head_rank",)
+    AT_LEAST_0 = ("r2po_head_lr", "r2po_kl_coef")
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [(not re.fullmatch(r"\d+,[1-9]\d*", self.r2po_schedule),
+                 f"--r2po-schedule must be 'H,P' (loop steps of the head phase, >= 0, then of the "
+                 f"policy phase, >= 1), got {self.r2po_schedule!r}")]
+
+    @property
+    def needs_initial(self) -> bool:
+        """Whether the head's KL anchor is the model as loaded (a frozen copy, train.setup's)."""
+        return self.r2po_head != "none" and self.r2po_kl_anchor == "initial"
+
+
+class Shared(NamedTuple):
+    """What the head step takes from the rest of the run: its clip and aggregation (the policy's
+    objective's), --temperature, L_max, the micro-batching and the gradient clip."""
+    eps_low: float
+    eps_high: float
+    agg: str
+    temperature: float
+    max_len: int
+    micro_batch_size: int
+    micro_batch_tokens: int
+    max_grad_norm: float
+    group_size: int
 
 
 def rarity_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
@@ -120,22 +174,21 @@ def head_forward(model, head: ResidualHead, batch: dict,
     return base_logp, grpo.token_logprobs(head_logits, ids, temperature)
 
 
-def group_ids(rollouts) -> Tensor:
-    return torch.tensor([r.prompt_id for r in rollouts])
-
-
 class R2PO:
-    """The head, its optimizer and its schedule, for one run (`make` builds it from train.py's
-    flags). The head is the same on every rank (made from the same seed) and stays whole: it is
-    replicated, not sharded, and its gradients are summed over ranks. `initial`: the frozen model
-    as loaded at step 0, the head's KL anchor under `--r2po-kl-anchor initial` (None otherwise)."""
+    """The head, its optimizer and its schedule, for one run (`make` builds it from its flags and
+    what it shares with the run). The head is the same on every rank (made from the same seed) and
+    stays whole: it is replicated, not sharded, and its gradients are summed over ranks. `initial`:
+    the frozen model as loaded at step 0, the head's KL anchor under `--r2po-kl-anchor initial`
+    (None otherwise)."""
 
-    def __init__(self, head: ResidualHead, args, initial: torch.nn.Module | None = None):
+    def __init__(self, head: ResidualHead, flags: Flags, shared: Shared,
+                 initial: torch.nn.Module | None = None):
         self.head = head
-        self.args = args  # flags.Args: the schedule, the head's lr and KL, and the clip/agg shared
+        self.f = flags
+        self.s = shared
         self.initial = initial
-        self.opt = torch.optim.AdamW(head.parameters(), lr=args.r2po_head_lr)
-        h, p = (int(x) for x in args.r2po_schedule.split(","))
+        self.opt = torch.optim.AdamW(head.parameters(), lr=flags.r2po_head_lr)
+        h, p = (int(x) for x in flags.r2po_schedule.split(","))
         self.head_steps, self.policy_steps = h, p
 
     def phase(self, step: int) -> str:
@@ -158,12 +211,12 @@ class R2PO:
         returns its log-probs). The base gets no gradient (its forward runs without one), so FSDP
         joins only the forward passes, in lockstep; the frozen initial model is unsharded, so its
         forwards join nothing; the head's gradients are summed over ranks here."""
-        a, metrics = self.args, Metrics()
-        if a.r2po_kl_anchor == "initial" and self.initial is None:
+        f, s, metrics = self.f, self.s, Metrics()
+        if f.r2po_kl_anchor == "initial" and self.initial is None:
             raise ValueError("--r2po-kl-anchor initial: R2PO needs the initial model (r2po.make "
                              "loads it)")
         rewards = torch.tensor([r.reward for r in rollouts])
-        adv = rarity_advantages(rewards, group_ids(rollouts)).tolist()
+        adv = rarity_advantages(rewards, grpo.group_ids(rollouts)).tolist()
         live = {r.prompt_id for r, A in zip(rollouts, adv) if A != 0}
         batch = [dataclasses.replace(r, advantage=A)
                  for r, A in zip(rollouts, adv) if r.prompt_id in live]
@@ -171,35 +224,34 @@ class R2PO:
         metrics.mean("r2po/head_groups_used", len(live) / max(n_groups, 1), 1)
         device = next(self.head.parameters()).device
         # the ratio's old log-probs: the head's, at generation
-        mbs = micro_batches(batch, a.micro_batch_size, pad_id, device,
+        mbs = micro_batches(batch, s.micro_batch_size, pad_id, device,
                             old_logprobs=[r.head_logprobs for r in batch],
-                            max_tokens=a.micro_batch_tokens)
-        normaliser = parallel.global_normaliser(mbs, a.agg, a.max_new_tokens, world)
+                            max_tokens=s.micro_batch_tokens)
+        normaliser = parallel.global_normaliser(mbs, s.agg, s.max_len, world)
         if normaliser is None:
             return metrics
         head_loss = 0.0
-        for mb in parallel.lockstep(mbs, model, pad_id, world, backward=False):
-            base_logp, logp = head_forward(model, self.head, mb, a.temperature)       # [b, T] each
+        for mb in parallel.forward_passes(mbs, model, pad_id, world):
+            base_logp, logp = head_forward(model, self.head, mb, s.temperature)       # [b, T] each
             mask = mb["completion_mask"]
             log_w = grpo.token_log_ratio(logp, mb["old_logprobs"], mask)
-            loss, _ = grpo.policy_loss(log_w, mb["advantages"], mask, eps_low=a.eps_low,
-                                       eps_high=a.eps_high, agg=a.agg, normaliser=normaliser)
+            loss, _ = grpo.policy_loss(log_w, mb["advantages"], mask, eps_low=s.eps_low,
+                                       eps_high=s.eps_high, agg=s.agg, normaliser=normaliser)
             kl_current = grpo.kl_penalty(logp, base_logp, "k3")                     # [b, T]
             kl = kl_current
-            if a.r2po_kl_anchor == "initial":
+            if f.r2po_kl_anchor == "initial":
                 with torch.no_grad():
-                    initial_logp = forward_logprobs(self.initial, mb, a.temperature)[1]  # [b, T]
+                    initial_logp = forward_logprobs(self.initial, mb, s.temperature)[1]  # [b, T]
                 kl = grpo.kl_penalty(logp, initial_logp, "k3")
-            (loss + a.r2po_kl_coef * grpo.aggregate(kl, mask, a.agg, normaliser)).backward()
+            (loss + f.r2po_kl_coef * grpo.aggregate(kl, mask, s.agg, normaliser)).backward()
             head_loss += loss.item()
             metrics.token_means({"r2po/head_kl": grpo.masked_mean(kl.detach(), mask),
                                  "r2po/head_kl_current": grpo.masked_mean(kl_current.detach(),
                                                                           mask)},
                                 float(mask.sum()))
-        parallel.reshard(model)                    # the base ran its forwards without a backward
         metrics.total("r2po/head_loss", head_loss)  # the step's surrogate, summed over ranks
         parallel.sum_gradients(self.head, world)
-        torch.nn.utils.clip_grad_norm_(self.head.parameters(), a.max_grad_norm or float("inf"))
+        torch.nn.utils.clip_grad_norm_(self.head.parameters(), s.max_grad_norm or float("inf"))
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return metrics
@@ -214,7 +266,7 @@ class R2PO:
         ones."""
         by_id = {r.prompt_id: Prompt(r.prompt_id, r.prompt_ids, r.answer) for r in generated}
         prompts = list(by_id.values())
-        base = engine.generate(prompts, self.args.group_size, sampling)
+        base = engine.generate(prompts, self.s.group_size, sampling)
         metrics.mean("r2po/base_distinct_answers", distinct_answers(base), len(prompts))
 
     # ---- checkpoints: the head beside the HF model, its optimizer in the rank files --------------
@@ -236,15 +288,20 @@ class R2PO:
         self.opt.load_state_dict(state["head_opt"])
 
 
-def make(args, model, device) -> R2PO | None:
-    """R²PO for `--r2po-head residual`, else None (no head: the loop is plain GRPO). With
-    `--r2po-kl-anchor initial` it loads the KL anchor from --model (the original base, also when
-    resuming from a checkpoint): a frozen, unsharded fp32 copy on each rank, like train.py's
-    ref_model for --kl-coef; it is not saved in checkpoints."""
-    if args.r2po_head == "none":
+# R²PO's fields of the log line (metrics.fields): the phase (0 = the head's, 1 = the policy's) and,
+# in the head phase, the head's loss
+LOG = ("r2po phase {r2po/phase:.0f}", "head loss {r2po/head_loss:+.4f}")
+
+
+def make(flags: Flags, shared: Shared, model, device, initial=None) -> R2PO | None:
+    """R²PO for `--r2po-head residual`, else None (no head: the loop is plain GRPO). `initial`: the
+    KL anchor under `--r2po-kl-anchor initial`, the model as loaded from --model (the original
+    base, also when resuming from a checkpoint): a frozen, unsharded fp32 copy on each rank
+    (train.setup loads it once, the KL reference of --kl-coef too); it is not saved in
+    checkpoints."""
+    if flags.r2po_head == "none":
         return None
-    head = ResidualHead(model.config.hidden_size, model.config.vocab_size, args.r2po_head_rank)
-    initial = None
-    if args.r2po_kl_anchor == "initial":
-        initial = load_model(args.model, device)[0].eval().requires_grad_(False)
-    return R2PO(head.to(device), args, initial)
+    if flags.needs_initial and initial is None:
+        raise ValueError("--r2po-kl-anchor initial: R2PO needs the initial model")
+    head = ResidualHead(model.config.hidden_size, model.config.vocab_size, flags.r2po_head_rank)
+    return R2PO(head.to(device), flags, shared, initial if flags.needs_initial else None)

@@ -1,22 +1,21 @@
 """Rollouts: the record that flows through the trainer, its batching into tensors, the trainer's
-forward over them, the pure-PyTorch engine that samples them, how many each prompt gets, and the
-canary that checks the engine. (The vLLM engine, same interface: vllm_engine.py.)
+forward over them, the pure-PyTorch engine that samples them, and the canary that checks the
+engine. (The vLLM engine, same interface: vllm_engine.py; how many completions each prompt gets,
+and how they are graded: allocation.py and vigor.py.)
 
     python rollout.py                      # samples a few completions from the built-in tiny model
 
 - `Rollout`: one completion of one prompt, plain Python values (DESIGN.md's table).
 - Batching: `collate` is the one function that turns rollouts into padded tensors; `mini_batches`
   cuts a step's batch into optimizer steps, `micro_batches` each of those into length-bucketed
-  forward passes. `forward_logprobs`: the trainer's one forward for scoring rollouts.
+  forward passes. `forward_logprobs`: the trainer's one forward for scoring rollouts;
+  `lockstep_logprobs`: that forward over many rollouts, without gradient, on every rank in step.
 - `TorchEngine`: generation from a private copy of the weights, batched, with a KV cache, in small
   functions (`prefill`, `decode_one_token`, `sample_token`; gpt-fast style). It records the
   behaviour log-prob of every sampled token, the denominator of every importance ratio in grpo.py.
   `load_weights(named_tensors)` refreshes the copy once per loop step, after the update; its
   `logits_head` hook adds a module's output to the logits it samples from (R²PO's head, r2po.py).
-- Allocation: a fixed `group_size` per prompt is one `engine.generate`; VIGOR's variance-guided
-  group sizes are vigor.py's.
 - The canary: `logprob_diff` and `check_canary`: does the engine sample from the trainer's weights?
-- `load_model(path)` (checkpoint.py's, re-exported): a Hugging Face directory -> (model, tokenizer).
 
 Log-prob convention (the trainer must use the same, or ratios are biased): log softmax(logits /
 temperature) of the full vocabulary, before top-p truncation (as vLLM reports by default). Greedy
@@ -33,8 +32,8 @@ from dataclasses import dataclass
 import torch
 
 import grpo
-from checkpoint import load_model  # noqa: F401  (rollout.load_model, as before)
-from data import Prompt  # noqa: F401  (the engines' input; also rollout.Prompt)
+import parallel
+from data import Prompt
 
 
 @dataclass
@@ -67,8 +66,8 @@ class Sampling:
 
 # ---- batching: rollouts -> tensors ---------------------------------------------------------------
 
-def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]] | None = None,
-            mask_truncated: bool = False) -> dict:
+def collate(rollouts: list[Rollout], pad_id: int,
+            old_logprobs: list[list[float]] | None = None) -> dict:
     """Right-padded tensors for a forward pass over prompt + completion.
 
     Every per-token tensor is aligned with `input_ids[:, 1:]` (the token each position predicts), so
@@ -77,8 +76,8 @@ def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]
     (the ratio's denominator) is the same tensor unless other per-rollout log-probs are given
     (train.py's --tis-cap: recomputed by the trainer; R²PO's head step: the head's at generation).
     EOS, when generated, is a completion token and is in the mask (the policy chose to stop).
-    `mask_truncated`: DAPO's overlong filter (grpo.overlong_filter), a truncated rollout's
-    completion mask is all zero.
+    `truncated` [B] says which rollouts hit the length limit (DAPO's overlong filter masks them:
+    objective.py).
     """
     B = len(rollouts)
     L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
@@ -96,11 +95,10 @@ def collate(rollouts: list[Rollout], pad_id: int, old_logprobs: list[list[float]
         if old_logprobs is not None:
             old[b, P - 1:P - 1 + T] = torch.tensor(old_logprobs[b], dtype=torch.float)
     advantages = torch.tensor([r.advantage for r in rollouts], dtype=torch.float)  # [B]
-    if mask_truncated:
-        truncated = torch.tensor([r.truncated for r in rollouts])
-        completion_mask = grpo.overlong_filter(completion_mask, truncated)
+    truncated = torch.tensor([r.truncated for r in rollouts], dtype=torch.bool)     # [B]
     return dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
-                behaviour_logprobs=behaviour, old_logprobs=old, advantages=advantages)
+                behaviour_logprobs=behaviour, old_logprobs=old, advantages=advantages,
+                truncated=truncated)
 
 
 def mini_batches(n_fresh: int, n_replayed: int, parts: int,
@@ -142,8 +140,7 @@ def length_buckets(rollouts: list[Rollout], size: int, max_tokens: int = 0) -> l
 
 
 def micro_batches(rollouts: list[Rollout], size: int, pad_id: int, device, *,
-                  old_logprobs: list | None = None, mask_truncated: bool = False,
-                  max_tokens: int = 0) -> list[dict]:
+                  old_logprobs: list | None = None, max_tokens: int = 0) -> list[dict]:
     """`rollouts` in micro-batches of at most `size` rows and `max_tokens` padded positions (0: no
     bound), in the chunks of `length_buckets`, each collated once and moved to `device`. Neither
     changes the gradient: the loss is a sum over tokens with a normaliser fixed before the first
@@ -151,7 +148,7 @@ def micro_batches(rollouts: list[Rollout], size: int, pad_id: int, device, *,
     out = []
     for idx in length_buckets(rollouts, size, max_tokens):
         old = [old_logprobs[i] for i in idx] if old_logprobs else None
-        batch = collate([rollouts[i] for i in idx], pad_id, old, mask_truncated)
+        batch = collate([rollouts[i] for i in idx], pad_id, old)
         out.append({k: v.to(device) for k, v in batch.items()})
     return out
 
@@ -162,6 +159,26 @@ def forward_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tens
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     logits = out.logits[:, :-1]
     return logits, grpo.token_logprobs(logits, batch["input_ids"][:, 1:], temperature)
+
+
+@torch.no_grad()
+def lockstep_logprobs(model, rollouts: list, size: int, temperature: float, pad_id: int,
+                      world: int, max_tokens: int = 0) -> list:
+    """Each rollout's completion log-probs under `model` (forward_logprobs), without gradient, in
+    micro-batches of `size` run in lockstep with the other ranks (parallel.forward_passes): a list
+    of floats per rollout, in the order of `rollouts` (micro-batches group rows by length:
+    length_buckets says where each row came from)."""
+    out = [None] * len(rollouts)
+    device = next(model.parameters()).device
+    mbs = micro_batches(rollouts, size, pad_id, device, max_tokens=max_tokens)
+    buckets = length_buckets(rollouts, size, max_tokens)
+    # to the end: the padding passes too
+    for j, mb in enumerate(parallel.forward_passes(mbs, model, pad_id, world)):
+        logp = forward_logprobs(model, mb, temperature)[1]                       # [b, T]
+        for b, i in enumerate(buckets[j]):
+            P, T = len(rollouts[i].prompt_ids), len(rollouts[i].completion_ids)
+            out[i] = logp[b, P - 1:P - 1 + T].tolist()
+    return out
 
 
 # ---- sampling, in small pieces -------------------------------------------------------------------
@@ -383,8 +400,9 @@ def logprob_floor(model, rollouts: list[Rollout], temperature: float, pad_id: in
 
 if __name__ == "__main__":
     import data
-    here = os.path.dirname(os.path.abspath(__file__))
-    model, tok = load_model(os.path.join(here, "assets", "tiny-arith"))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "tiny-arith")
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     engine = TorchEngine(model, tok)
     exs = data.arithmetic_examples("test", 4)
     prompts = [Prompt(i, tok.encode(data.builtin_prompt(e.question)), e.answer)

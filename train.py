@@ -9,27 +9,29 @@ hand-written FSDP2 wrapping.
         --rdzv-id run1 train.py --model PATH --out-dir /shared/run1 ...   # the same on every node
     python train.py --out-dir runs/x --resume auto   # after a crash: the newest complete checkpoint
 
+`setup()` binds the flags once: it loads the model, the prompts and the eval sets, and builds the
+run's objects, each from its owner's own flags (flags.py composes them): the allocation
+(allocation.py: who gets how many completions, graded how, worth what), the objective
+(objective.py: the loss over grpo.py's functions), the replay buffer (buffer.py), R²PO (r2po.py,
+or None). Below it nothing reads a flag of another owner, and no step branches on a method.
+
 Each step of `train()` reads top to bottom:
-1. generate  `prompts_per_step` prompts x `group_size` completions from the rollout engine
-             (behaviour log-probs kept), each graded by its task's rule (r.correct, verify.grader
-             of --train-data: value equality, or builtin_steps' integer-only rule); VIGOR:
-             variance-guided group sizes at the same budget (vigor.vigor_generate); DAPO: extra
-             rounds for the groups dynamic sampling drops;
-2. score     the shaped reward (r.reward: the verdict, with --reward correct+format a format
-             term, plus DAPO's overlong penalty), then one
-             advantage per rollout from its own group (grpo.py), set once;
+1. generate  `prompts_per_step` prompts' completions from the rollout engine (behaviour log-probs
+             kept), each graded by the task's rule: `allocation.generate_and_score` (fixed groups,
+             VIGOR's variance-guided sizes, DAPO's refill rounds);
+2. score     the shaped reward, then one advantage per rollout from its own group (grpo.py), set
+             once (the same call);
 3. sample    replayed rollouts from earlier steps (buffer.py: `replay_ratio` x fresh, P(j) ∝
              |A_j|^alpha among those no older than `tau_max` steps; Headroom-Drift: whole groups
              ranked by headroom, gated by drift); every fresh rollout stays in the batch;
-4. store     the fresh rollouts, version = this step (after sampling: under a capacity bound, this
-             step's rollouts cannot push out the replayable ones; under --overlong-filter the
-             truncated ones are not stored);
+4. store     the fresh rollouts the objective trains on, version = this step (after sampling:
+             under a capacity bound, this step's rollouts cannot push out the replayable ones);
 5. update    `epochs` x `mini_batches` optimizer steps over fresh + replayed (each mini-batch holds
              its share of both; a mu-GRPO stage is one step with a large prompt set and
              mini_batches = mu), micro-batched, each step's loss normaliser fixed before its first
              micro-batch;
 6. sync      the engine gets the new weights, so the next step samples from the current policy;
-(R²PO, r2po.py: the rollout head samples in 1.; in its head phase, 3.-6. give way to its head step)
+(R²PO: the rollout head samples in 1.; in its head phase, 3.-6. give way to its head step)
 then eval every `eval_every` steps, the log line and metrics.jsonl (rank 0), a checkpoint every
 `save_every` steps.
 
@@ -38,7 +40,7 @@ groups, keeps its own replay buffer); FSDP2 shards the model (`shard_model`); th
 summed over ranks and each rank's loss multiplied by the world size, so a step equals the 1-rank
 step over the same global batch. Under plain `python`: world size 1, no process group, the same code
 path. The machinery is named where it is used: parallel.py (collectives, lockstep passes, the step
-guard), metrics.py (metrics, log line, files), flags.py (every flag with its help, presets, bounds),
+guard), metrics.py (metrics, log line, files), flags.py (every flag, presets, bounds, sizes),
 checkpoint.py.
 
 A "step" is one pass of this loop (it may hold several optimizer steps); a rollout's age is step -
@@ -49,7 +51,6 @@ policy) and each token weighted by min(pi_old / pi_behaviour, C).
 """
 import dataclasses
 import json
-import math
 import os
 import random
 import sys
@@ -59,13 +60,15 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+import allocation as allocation_lib
 import buffer
 import checkpoint
+import cli
 import data
 import eval as eval_lib  # the module eval.py, not the builtin
 import flags
-import grpo
 import metrics as metrics_lib
+import objective as objective_lib
 import parallel
 import r2po as r2po_lib
 import rollout
@@ -74,13 +77,21 @@ import vigor
 import vllm_engine
 from flags import Args
 from metrics import Metrics
-from rollout import Sampling, TorchEngine, forward_logprobs, load_model
+from rollout import Sampling, TorchEngine
 
 # ---- seeds: every random stream of a run comes from --seed here, and nowhere else ----------------
 
 
+def torch_seed(seed: int) -> int:
+    return seed                                    # the global torch RNG (R²PO's head), every rank
+
+
+def order_seed(seed: int) -> int:
+    return seed                                    # the order of the training prompts
+
+
 def replay_seed(seed: int, rank: int) -> int:
-    return seed + 7_919 * rank                     # each rank's replay buffer draws its own sample
+    return seed + 7_919 * rank     # each rank's replay buffer draws its own sample (and vLLM's)
 
 
 def sampling_seed(seed: int, rank: int, step: int, round_: int) -> int:
@@ -88,8 +99,15 @@ def sampling_seed(seed: int, rank: int, step: int, round_: int) -> int:
     return seed * 1_000_003 + step * 1_009 + round_ + rank * 1_000_000_007
 
 
+BASE_SAMPLING_ROUND = 999          # R²PO's probe of the base policy at eval: its own round
+
+
 def shuffle_seed(seed: int, step: int, epoch: int) -> int:
     return seed * 1_000_003 + step * 101 + epoch   # the same on every rank
+
+
+def eval_seed(seed: int) -> int:
+    return seed                                    # the eval's sampling (greedy by default)
 
 
 # ---- set-up: process group, model wrapping, the run's parts --------------------------------------
@@ -159,240 +177,170 @@ def autocast_bf16(model, device_type: str = "cuda"):
     return model
 
 
-class Setup(NamedTuple):
+class Settings(NamedTuple):
+    """The flags the loop itself reads, each owner's own part (no `Args` below setup)."""
+    run: flags.RunFlags
+    optim: flags.OptimFlags
+    engine: vllm_engine.Flags
+    eval: eval_lib.TrainFlags
+    log: metrics_lib.LogFlags
+
+
+class Run(NamedTuple):
+    """Everything `train()` runs on, made once by `setup()`."""
+    settings: Settings
     engine: object                        # TorchEngine or vllm_engine.VLLMEngine
     model: torch.nn.Module                # the policy, sharded under torchrun
-    ref_model: torch.nn.Module | None     # the KL reference (--kl-coef > 0)
     opt: torch.optim.Optimizer
+    allocation: allocation_lib.Allocation
+    objective: objective_lib.Objective
     replay: object | None                 # buffer.RolloutReplay, buffer.GroupReplay or None
     r2po: r2po_lib.R2PO | None            # R²PO's head and its optimizer (--r2po-head residual)
     precision: str                        # the trainer's forward: fp32 | autocast-bf16 | fsdp-bf16
+    tok: object
+    prompts: list                         # the training prompts
+    mine: list[int]                       # this rank's share of them, in the seed's order
+    eval_sets: dict                       # eval.train_eval_sets
+    resume: str | None                    # the checkpoint to continue from
+    flags: dict                           # every flag, as args.json has them
+    rank: int
+    world: int
+    device: str
 
 
-def setup(args: Args, model, tok, *, rank: int, world: int, device: str, max_len: int) -> Setup:
-    """The run's parts. TorchEngine copies the model before sharding; vLLM starts after it (in one
-    process it initialises torch.distributed itself) and takes the gathered weights.
-    Headroom-Drift's buffer gets the policy's no-grad forward for its drift gate. R²PO's head is
-    made last (from the torch seed, the same on every rank) and handed to the engine."""
-    ref_model = None
-    if args.kl_coef > 0:
-        ref_model = load_model(args.model, device)[0].eval().requires_grad_(False)
-    engine = TorchEngine(model, tok) if args.engine == "torch" else None    # main() resolved "auto"
-    if args.grad_checkpointing:
+def load_inputs(run: flags.RunFlags, data_dir: str, *, needs: tuple, world: int, device: str):
+    """What a run trains from: (resume checkpoint or None, model, tokenizer, training prompts).
+    `needs`: files a checkpoint to resume must hold (R²PO's head). ValueError / OSError for bad
+    input."""
+    resume = checkpoint.resolve(run.resume, run.out_dir, world, needs)
+    model, tok = checkpoint.load_model(resume or run.model, device)   # resuming: its weights
+    name = data.train_split(run.train_data)  # the built-in tasks: their train splits
+    template = data.template_for(name, run.prompt_template)
+    prompts = data.make_prompts(data.load_benchmark(name, data_dir), template, tok)
+    return resume, model, tok, prompts
+
+
+def load_evals(run: flags.RunFlags, evals: eval_lib.TrainFlags, tok, prompts: list):
+    """(the eval sets, vLLM's max_model_len: the longest prompt, training or eval, plus
+    --max-new-tokens)."""
+    eval_sets = eval_lib.train_eval_sets(evals.eval_size, evals.eval_benchmarks, evals.eval_k,
+                                         evals.eval_temperature, run.prompt_template,
+                                         evals.data_dir, run.train_data, evals.dev_size)
+    eval_prompts = [q for examples, template, *_ in eval_sets.values()
+                    for q in data.make_prompts(examples, template, tok)]
+    max_len = run.max_new_tokens + max(len(p.ids) for p in prompts + eval_prompts)
+    return eval_sets, max_len
+
+
+def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
+    """Binds the flags once: resolves and checks them, loads what the run reads, prints the first
+    screen (the flags that differ from the defaults or the preset, the sizes they derive), then
+    hands each owner its own flags (`build`). ValueError / OSError for bad input."""
+    changed = flags.changed(args)                  # as given, before anything is resolved
+    args = dataclasses.replace(args, engine=vllm_engine.engine_kind(args.engine))  # auto resolved
+    flags.check_args(args, world)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    needs = (r2po_lib.HEAD_FILE,) if args.r2po_head != "none" else ()
+    run_flags, eval_flags = cli.part(args, flags.RunFlags), cli.part(args, eval_lib.TrainFlags)
+    resume, model, tok, prompts = load_inputs(run_flags, args.data_dir, needs=needs, world=world,
+                                              device=device)
+    sizes = flags.sizes(args, model, world)
+    args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens)   # 0 resolved
+    cuda = torch.device(device).type == "cuda"
+    memory = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    for warning in flags.check_sizes(args, model, prompts, sizes, memory):
+        parallel.print0(f"warning: {warning}")
+    eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
+    forward = precision(device, dist.is_initialized())     # before vLLM starts a process group
+    shown = json.dumps(changed) if changed else "the defaults"
+    parallel.print0(f"flags: {shown} (every flag: args.json in each checkpoint)\n"
+                    f"{sizes.line()} | device {device} | {forward}")
+    torch.manual_seed(torch_seed(args.seed))
+    order = list(range(len(prompts)))
+    random.Random(order_seed(args.seed)).shuffle(order)
+    parts = {owner: cli.part(args, owner) for owner in flags.OWNERS}
+    objects = build(parts, model, tok, sizes, forward=forward, max_len=max_len, rank=rank,
+                    world=world, device=device)
+    settings = Settings(run_flags, parts[flags.OptimFlags], parts[vllm_engine.Flags], eval_flags,
+                        parts[metrics_lib.LogFlags])
+    return Run(settings, *objects, forward, tok, prompts, order[rank::world], eval_sets, resume,
+               dataclasses.asdict(args), rank, world, device)
+
+
+def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
+          world: int, device: str) -> tuple:
+    """The run's objects, each from its owner's flags (`parts`: {owner class: its flags}):
+    (engine, model, optimizer, allocation, objective, replay, R²PO). TorchEngine copies the model
+    before sharding; vLLM starts after it (in one process it initialises torch.distributed itself)
+    and takes the gathered weights. The model as loaded from --model is loaded once more, frozen,
+    when the KL term or R²PO's anchor needs it. R²PO's head is made last (from the torch seed, the
+    same on every rank) and handed to the engine."""
+    run, optim, obj = parts[flags.RunFlags], parts[flags.OptimFlags], parts[objective_lib.Flags]
+    engine_flags, r2po_flags = parts[vllm_engine.Flags], parts[r2po_lib.Flags]
+    initial = None                        # the model as loaded: the KL reference, R²PO's anchor
+    if obj.kl_coef > 0 or r2po_flags.needs_initial:
+        initial = checkpoint.load_model(run.model, device)[0].eval().requires_grad_(False)
+    engine = TorchEngine(model, tok) if engine_flags.engine == "torch" else None
+    if optim.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = shard_model(model, device).train()
-    forward = precision(device, dist.is_initialized())     # before vLLM starts a process group
     if forward == "autocast-bf16":
         model = autocast_bf16(model)               # one GPU: bf16, as torchrun's policy gives
     if engine is None:
-        engine = vllm_engine.make_engine("vllm", model, tok, args.model, device,
-                                         seed=replay_seed(args.seed, rank), max_model_len=max_len,
-                                         distributed=world > 1,
-                                         gpu_memory_utilization=args.gpu_memory_utilization)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        engine = vllm_engine.start_vllm(model, tok, run.model, device,
+                                        seed=replay_seed(run.seed, rank), max_model_len=max_len,
+                                        distributed=world > 1,
+                                        gpu_memory_utilization=engine_flags.gpu_memory_utilization)
+    opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+    batching = objective_lib.Batching(optim.micro_batch_size, sizes.micro_batch_tokens,
+                                      tok.pad_token_id, device)
+    objective = objective_lib.Objective(obj, temperature=run.temperature,
+                                        max_len=run.max_new_tokens, batching=batching,
+                                        ref_model=initial if obj.kl_coef > 0 else None,
+                                        world=world)
 
     def policy_logprobs(rollouts):                 # Headroom-Drift's drift forward, in lockstep
-        return parallel.lockstep_logprobs(model, rollouts, args.micro_batch_size, args.temperature,
-                                          tok.pad_token_id, world, args.micro_batch_tokens)
+        return rollout.lockstep_logprobs(model, rollouts, batching.size, run.temperature,
+                                         tok.pad_token_id, world, batching.max_tokens)
 
-    replay = buffer.make_replay(args.replay, tau_max=args.tau_max, ratio=args.replay_ratio,
-                                alpha=args.priority_alpha, capacity=args.replay_capacity or None,
-                                seed=replay_seed(args.seed, rank), headroom=args.hd_headroom,
-                                groups=args.hd_groups, candidates=args.hd_candidates,
-                                drift_max=buffer.drift_limit(args.hd_drift_frac, args.eps_low,
-                                                             args.eps_high),
-                                logprobs=policy_logprobs)
-    r2po = r2po_lib.make(args, model, device)
+    replay = buffer.make(parts[buffer.Flags], eps_low=obj.eps_low, eps_high=obj.eps_high,
+                         seed=replay_seed(run.seed, rank), logprobs=policy_logprobs)
+    shared = r2po_lib.Shared(obj.eps_low, obj.eps_high, obj.agg, run.temperature,
+                             run.max_new_tokens, optim.micro_batch_size, sizes.micro_batch_tokens,
+                             optim.max_grad_norm, run.group_size)
+    r2po = r2po_lib.make(r2po_flags, shared, model, device, initial)
     if r2po is not None:
         engine.logits_head = r2po.head               # the engine samples through the trainer's head
-    return Setup(engine, model, ref_model, opt, replay, r2po, forward)
-
-
-# ---- 1. generate and 2. score --------------------------------------------------------------------
-
-def grade(rollouts, grader=verify.grade, form=verify.integer_form) -> None:
-    """The verdict of each rollout, r.correct (1.0 = right), by `grader`, and whether it is in the
-    answer form, r.formatted, by `form`: generate passes those of the prompt set trained on
-    (verify.grader: builtin_steps scores only a plain integer answer, the rest verify.grade;
-    verify.format_rule); set once, here."""
-    for r in rollouts:
-        r.correct = 1.0 if grader(r.text, r.answer) else 0.0
-        r.formatted = form(r.text)
-
-
-def shaped_reward(rollouts, args: Args) -> torch.Tensor:
-    """r_i, the reward the advantage is computed from [B]:
-
-        --reward correct:          r = right if correct else wrong
-        --reward correct+format:   r = (right if correct else wrong) + (ok if formatted else bad)
-        then, with --overlong-buffer, + DAPO's soft overlong penalty
-
-    right, wrong, ok, bad = --reward-right, --reward-wrong, --format-ok, --format-bad (defaults 1,
-    0, 1.25, -1: the verdict alone is 1 / 0; R²PO's official reward is right 1, wrong -1 with its
-    format term, four outcome classes)."""
-    correct = torch.tensor([r.correct for r in rollouts])                            # [B]
-    rewards = correct * (args.reward_right - args.reward_wrong) + args.reward_wrong
-    if args.reward == "correct+format":
-        formatted = torch.tensor([r.formatted for r in rollouts])                    # [B]
-        rewards = rewards + torch.where(formatted, args.format_ok, args.format_bad)
-    if args.overlong_buffer:
-        lengths = torch.tensor([len(r.completion_ids) for r in rollouts])
-        penalty = grpo.overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer)
-        rewards = rewards + penalty
-    return rewards
-
-
-def score(rollouts, args: Args) -> torch.Tensor:
-    """2. The shaped reward r.reward (shaped_reward), then r.advantage within each group (VIGOR's
-    --vigor-weight prompt: times vigor.prompt_weights). Returns the verdicts [B]: DAPO's dynamic
-    sampling filters on them, not on the shaped reward."""
-    rewards = shaped_reward(rollouts, args)
-    adv = grpo.ADVANTAGES[args.adv](rewards, groups(rollouts))                       # [B]
-    if args.allocation == "vigor" and args.vigor_weight == "prompt":   # each prompt weighs as one
-        adv = adv * torch.tensor(vigor.prompt_weights(rollouts), dtype=adv.dtype)
-    for r, reward, a in zip(rollouts, rewards.tolist(), adv.tolist()):
-        r.reward = reward
-        r.advantage = a
-    return torch.tensor([r.correct for r in rollouts])
-
-
-def groups(rollouts) -> torch.Tensor:
-    return torch.tensor([r.prompt_id for r in rollouts])     # [B] the GRPO group of each rollout
-
-
-def sampling(args: Args, rank: int, step: int, round_: int) -> Sampling:
-    """The engine's settings for one generation round; R²PO: through the rollout head."""
-    return Sampling(args.temperature, args.top_p, args.max_new_tokens,
-                    seed=sampling_seed(args.seed, rank, step, round_),
-                    use_head=args.r2po_head == "residual")
-
-
-def generate(engine, prompts, args: Args, *, step: int, rank: int, round_: int, world: int,
-             metrics: Metrics) -> list:
-    """1. `group_size` completions per prompt, or VIGOR's variance-guided group sizes at the same
-    budget (its rounds seeded round_ + 1, ...; its numbers go to `metrics`), each graded once, by
-    the task's rule (verify.grader)."""
-    grader, form = verify.grader(args.train_data), verify.format_rule(args.train_data)
-    if args.allocation == "fixed":
-        s = sampling(args, rank, step, round_)
-        new = engine.generate(prompts, args.group_size, s, version=step)
-        grade(new, grader, form)
-        return new
-    budget = (args.vigor_budget or args.prompts_per_step * args.group_size) // world   # this rank's
-
-    def sampling_for(k: int) -> Sampling:
-        return sampling(args, rank, step, round_ + k)
-
-    new, _ = vigor.vigor_generate(engine, prompts, sampling_for, step,
-                                  lambda rollouts: grade(rollouts, grader, form),
-                                  n_init=args.vigor_n_init, n_step=args.vigor_n_step,
-                                  top=args.vigor_top, budget=budget, rank=args.vigor_rank,
-                                  prior=args.vigor_prior, metrics=metrics)
-    return new
-
-
-def generate_and_score(engine, prompts, mine: list[int], pos: int, args: Args, *, step: int,
-                       rank: int, world: int, metrics: Metrics):
-    """1. generate and 2. score this rank's `prompts_per_step / world` prompts (`mine[pos:]`,
-    wrapping around), with DAPO's extra rounds when dynamic sampling drops groups. Returns (fresh,
-    every generated rollout, new pos)."""
-    fresh, generated = [], []
-    per_rank = args.prompts_per_step // world
-    rounds = 1 + (args.dynamic_sampling_rounds if args.dynamic_sampling else 0)
-    for round_ in range(rounds):
-        need = per_rank - len({r.prompt_id for r in fresh})
-        batch_prompts = [prompts[mine[(pos + i) % len(mine)]] for i in range(need)]
-        pos += need
-        new = generate(engine, batch_prompts, args, step=step, rank=rank, round_=round_,
-                       world=world, metrics=metrics)
-        correct = score(new, args)
-        generated += new
-        if args.dynamic_sampling:
-            # DAPO: drop all-correct and all-wrong groups, by the verdicts (not the shaped rewards)
-            keep = grpo.dynamic_sampling_keep(correct, groups(new)).tolist()
-            new = [r for r, k in zip(new, keep) if k]
-        fresh += new
-        if len({r.prompt_id for r in fresh}) >= per_rank:
-            break
-    return fresh, generated, pos
+    vigor_flags = parts[vigor.Flags]
+    vig = None
+    if vigor_flags.allocation == "vigor":
+        vig = vigor.Vigor(vigor_flags, sizes.vigor_budget)
+    alloc = allocation_lib.Allocation(
+        parts[allocation_lib.Flags], engine=engine, group_size=run.group_size,
+        per_rank=sizes.prompts, vigor=vig,
+        sampling=Sampling(run.temperature, run.top_p, run.max_new_tokens,
+                          use_head=r2po is not None),
+        seed_of=lambda step, round_: sampling_seed(run.seed, rank, step, round_),
+        grader=verify.grader(run.train_data), form=verify.format_rule(run.train_data))
+    return engine, model, opt, alloc, objective, replay, r2po
 
 
 # ---- 5. the update -------------------------------------------------------------------------------
 
-def micro_batch_loss(model, ref_model, mb: dict, args: Args, normaliser: float,
-                     metrics: Metrics) -> torch.Tensor:
-    """The objective of one micro-batch (the recipe at the top of grpo.py); its metrics go to
-    `metrics`."""
-    logits, logp = forward_logprobs(model, mb, args.temperature)  # [b, T, V], [b, T]
-    mask = mb["completion_mask"]                                                   # [b, T]
-    old = mb["old_logprobs"]                                                       # [b, T]
-    adv = mb["advantages"]                                                         # [b]
-    behaviour = mb["behaviour_logprobs"]  # the policy that generated it (= old, unless --tis-cap)
-    loss_mask = mask
-    if args.veto_scope != "none":            # mu-GRPO's veto, against the behaviour policy
-        loss_mask = grpo.veto_mask(logp, behaviour, adv, mask, args.veto_threshold, args.veto_scope)
-    veto_frac = 1 - loss_mask.sum() / mask.sum().clamp(min=1)
-    eps_low, eps_high = args.eps_low, args.eps_high
-    if args.m2po_tau:              # M2PO: the step's mask (optimizer_step), and no eps-clip
-        loss_mask, eps_low, eps_high = loss_mask.bool() & mb["m2po_keep"], 1.0, math.inf
-    log_w = grpo.log_ratio(args.ratio, logp, old, mask, pnpo_grad=args.pnpo_grad)  # [b, T]
-    w_tis = grpo.tis_weight(old, behaviour, args.tis_cap) if args.tis_cap else None
-    loss, m = grpo.policy_loss(log_w, adv, loss_mask, eps_low=eps_low, eps_high=eps_high,
-                               dual_clip=args.dual_clip or None, agg=args.agg,
-                               normaliser=normaliser, token_weight=w_tis)
-    n = float(m.pop("loss/tokens"))
-    with torch.no_grad():
-        entropy = grpo.masked_mean(grpo.entropy_from_logits(logits, args.temperature), mask)
-        extra = {"entropy": entropy, "loss/veto_frac": veto_frac}
-        if args.m2po_tau:
-            masked = (mask.bool() & ~mb["m2po_keep"]).sum().double()
-            extra["loss/m2po_masked_frac"] = masked / mask.sum().clamp(min=1)
-    if ref_model is not None:
-        with torch.no_grad():
-            ref_logp = forward_logprobs(ref_model, mb, args.temperature)[1]       # [b, T]
-        kl = grpo.kl_penalty(logp, ref_logp, args.kl_estimator)                    # [b, T]
-        loss = loss + args.kl_coef * grpo.aggregate(kl, loss_mask, args.agg, normaliser)
-        extra["kl"] = grpo.masked_mean(kl.detach(), mask)
-    metrics.token_means(m, n, grpo.COMBINE)       # policy_loss's means: over the loss tokens
-    metrics.token_means(extra, float(mask.sum()))  # the rest: over every completion token
-    metrics.total("loss/tokens", n)
-    return loss
-
-
-@torch.no_grad()
-def m2po_keep_masks(model, mbs: list, args: Args, *, pad_id: int, world: int) -> list:
-    """M2PO's mask of each micro-batch ([b, T] bool), with one threshold for the whole optimizer
-    step: a no-grad forward over the step's micro-batches (in lockstep with the other ranks) at
-    the weights the step's gradient is taken at, every rank's (log r_t)^2 gathered, then
-    grpo.m2po_threshold of them all. So the mask is the one of the merged step, whatever the
-    micro-batching or the world size; the grad pass reuses it rather than recomputing log r."""
-    log_w = []
-    for mb in parallel.lockstep(mbs, model, pad_id, world, backward=False):
-        logp = forward_logprobs(model, mb, args.temperature)[1]                   # [b, T]
-        log_w.append(grpo.token_log_ratio(logp, mb["old_logprobs"], mb["completion_mask"]))
-    parallel.reshard(model)
-    sq = [grpo.m2po_sq(w, mb["completion_mask"]) for w, mb in zip(log_w, mbs)]
-    sq = torch.cat(sq) if sq else torch.zeros(0, dtype=torch.float64)
-    c = grpo.m2po_threshold(parallel.all_gather_cat(sq, world), args.m2po_tau)
-    return [grpo.m2po_keep(w, mb["completion_mask"], args.m2po_tau, c)
-            for w, mb in zip(log_w, mbs)]
-
-
-def optimizer_step(model, ref_model, opt, mbs: list, args: Args, *, normaliser: float, pad_id: int,
-                   world: int, guard: parallel.StepGuard, step: int, metrics: Metrics) -> None:
-    """One optimizer step: forward/backward over the micro-batches (in lockstep with the other
-    ranks), clip, step. M2PO first fixes its mask over all of them (m2po_keep_masks)."""
-    if args.m2po_tau:
-        keep = m2po_keep_masks(model, mbs, args, pad_id=pad_id, world=world)
-        for mb, k in zip(mbs, keep):
-            mb["m2po_keep"] = k
+def optimizer_step(model, objective, opt, mbs: list, *, normaliser: float, max_grad_norm: float,
+                   pad_id: int, world: int, guard: parallel.StepGuard, step: int,
+                   metrics: Metrics) -> None:
+    """One optimizer step: the objective's step-wide preparation (M2PO's mask), forward/backward
+    over the micro-batches (in lockstep with the other ranks), clip, step."""
+    objective.prepare(model, mbs)
     loss = 0.0
     for mb in parallel.lockstep(mbs, model, pad_id, world, backward=True):
-        mb_loss = micro_batch_loss(model, ref_model, mb, args, normaliser, metrics)
+        mb_loss = objective.loss(model, mb, normaliser, metrics)
         # FSDP averages over ranks and N is global: so the sum is the step's gradient
         (mb_loss * world).backward()
         loss += mb_loss.item()
-    grad_norm = parallel.clip_gradients(model, args.max_grad_norm)
+    grad_norm = parallel.clip_gradients(model, max_grad_norm)
     if guard.allow(loss, grad_norm, world, step):
         opt.step()
     opt.zero_grad(set_to_none=True)
@@ -400,35 +348,28 @@ def optimizer_step(model, ref_model, opt, mbs: list, args: Args, *, normaliser: 
     metrics.mean("loss/grad_norm", grad_norm, 1)       # the global norm: the same on every rank
 
 
-def update(model, ref_model, opt, fresh, replayed, args: Args, *, step: int, pad_id: int,
-           world: int = 1, guard: parallel.StepGuard | None = None,
+def update(model, objective, opt, fresh, replayed, optim: flags.OptimFlags, *, step: int,
+           seed: int, pad_id: int, world: int = 1, guard: parallel.StepGuard | None = None,
            per_update: list | None = None) -> Metrics:
     """5. `epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts
     (mu-GRPO's stage: many), each with the global normaliser fixed first. Returns this rank's
     metrics; each optimizer step's own metrics are also appended to `per_update` when given (train()
     writes them to updates.jsonl)."""
-    guard = guard or parallel.StepGuard(args.max_bad_steps)
+    guard = guard or parallel.StepGuard(optim.max_bad_steps)
     metrics, updates = Metrics(), []
     batch = fresh + replayed
-    device = next(model.parameters()).device
-    size = args.micro_batch_size
-    old = None
-    if args.tis_cap:  # TIS: the proximal policy's log-probs, recomputed
-        old = parallel.lockstep_logprobs(model, batch, size, args.temperature, pad_id, world,
-                                         args.micro_batch_tokens)
-    for epoch in range(args.epochs):
-        seed = shuffle_seed(args.seed, step, epoch) if epoch else None
-        for idx in rollout.mini_batches(len(fresh), len(replayed), args.mini_batches, seed):
-            mbs = rollout.micro_batches([batch[i] for i in idx], size, pad_id, device,
-                                        old_logprobs=old and [old[i] for i in idx],
-                                        mask_truncated=args.overlong_filter,
-                                        max_tokens=args.micro_batch_tokens)
-            normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, world)
+    old = objective.proximal_logprobs(model, batch)     # TIS: recomputed; otherwise None
+    for epoch in range(optim.epochs):
+        order = shuffle_seed(seed, step, epoch) if epoch else None
+        for idx in rollout.mini_batches(len(fresh), len(replayed), optim.mini_batches, order):
+            mbs = objective.micro_batches([batch[i] for i in idx], old and [old[i] for i in idx])
+            normaliser = objective.normaliser(mbs)
             if normaliser is None:                     # no rank has a rollout in it: no step
                 continue
             updates.append(Metrics())
-            optimizer_step(model, ref_model, opt, mbs, args, normaliser=normaliser, pad_id=pad_id,
-                           world=world, guard=guard, step=step, metrics=updates[-1])
+            optimizer_step(model, objective, opt, mbs, normaliser=normaliser,
+                           max_grad_norm=optim.max_grad_norm, pad_id=pad_id, world=world,
+                           guard=guard, step=step, metrics=updates[-1])
             metrics.merge(updates[-1])
     metrics.max("stage/updates", len(updates))         # optimizer steps in this loop step
     metrics.max("train/skipped_steps", guard.skipped)
@@ -439,34 +380,44 @@ def update(model, ref_model, opt, fresh, replayed, args: Args, *, step: int, pad
 
 # ---- the loop ------------------------------------------------------------------------------------
 
-def train_step(run: Setup, args: Args, prompts: list, mine: list[int], pos: int, *, step: int,
-               rank: int, world: int, pad_id: int, guard: parallel.StepGuard):
+def check_engine(run: Run, generated: list, step: int, m: Metrics) -> None:
+    """Every --check-every steps: does the engine hold our weights? rollout/logprob_diff (the
+    canary), and under bf16 autocast the floor precision alone gives it."""
+    every, temperature = run.settings.engine.check_every, run.settings.run.temperature
+    if not every or step % every:
+        return
+    pad_id = run.tok.pad_token_id
+    m.mean("rollout/logprob_diff", rollout.logprob_diff(run.model, generated[:16], temperature,
+                                                        pad_id), 1)
+    if run.precision == "autocast-bf16":
+        floor = rollout.logprob_floor(run.model, generated[:16], temperature, pad_id)
+        m.mean("rollout/logprob_floor", floor, 1)
+    parallel.reshard(run.model)                    # the no-grad forward's gathered parameters
+
+
+def train_step(run: Run, pos: int, *, step: int, guard: parallel.StepGuard):
     """One pass of the loop, 1. to 6. of the module docstring. Returns (this rank's metrics, the
     fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
     metrics)."""
-    engine, model, ref_model, opt, replay, r2po, _ = run
+    engine, model, replay, r2po = run.engine, run.model, run.replay, run.r2po
     t0 = time.perf_counter()
     m, per_update = Metrics(), []
-    # 1. generate (VIGOR's numbers into m), 2. score
-    fresh, generated, pos = generate_and_score(engine, prompts, mine, pos, args, step=step,
-                                               rank=rank, world=world, metrics=m)
-    if args.check_every and step % args.check_every == 0:     # does the engine hold our weights?
-        canary = rollout.logprob_diff(model, generated[:16], args.temperature, pad_id)
-        m.mean("rollout/logprob_diff", canary, 1)
-        if run.precision == "autocast-bf16":       # what bf16 alone moves: the canary's floor
-            floor = rollout.logprob_floor(model, generated[:16], args.temperature, pad_id)
-            m.mean("rollout/logprob_floor", floor, 1)
-        parallel.reshard(model)                    # the no-grad forward's gathered parameters
+    # 1. generate and 2. score (VIGOR's numbers into m)
+    fresh, generated, pos = run.allocation.generate_and_score(run.prompts, run.mine, pos,
+                                                              step=step, metrics=m)
+    check_engine(run, generated, step, m)
     t1 = time.perf_counter()
     engine.sleep()                                 # vLLM on CUDA frees its memory for the update
     if r2po is not None and r2po.phase(step) == "head":   # R²PO: the head learns, the policy waits
-        m.merge(r2po.head_step(model, fresh, pad_id, world))
+        m.merge(r2po.head_step(model, fresh, run.tok.pad_token_id, run.world))
     else:
         replayed = replay.sample(step, len(fresh)) if replay is not None else []      # 3. sample
         if replay is not None:                                                         # 4. store
-            replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)
-        m.merge(update(model, ref_model, opt, fresh, replayed, args, step=step,       # 5. update
-                       pad_id=pad_id, world=world, guard=guard, per_update=per_update))
+            replay.add([r for r in fresh if run.objective.trains_on(r)], step)
+        m.merge(update(model, run.objective, run.opt, fresh, replayed,                 # 5. update
+                       run.settings.optim, step=step, seed=run.settings.run.seed,
+                       pad_id=run.tok.pad_token_id, world=run.world, guard=guard,
+                       per_update=per_update))
         engine.load_weights(parallel.full_parameters(model))                          # 6. sync
     t2 = time.perf_counter()
     for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
@@ -474,94 +425,67 @@ def train_step(run: Setup, args: Args, prompts: list, mine: list[int], pos: int,
     return m, fresh, generated, pos, per_update
 
 
-def train(args: Args, model, tok, prompts: list, eval_sets: dict, max_len: int, rank: int = 0,
-          world: int = 1, device: str = "cpu", resume: str | None = None) -> dict:
-    """The loop of the module docstring, from step 0 or from the checkpoint `resume`; returns the
+# the step's log line: each component's fields, in this order (metrics.fields)
+LOG_LINE = (*metrics_lib.LOG, *objective_lib.LOG, *buffer.LOG, *r2po_lib.LOG, "{time/step:.2f}s",
+            eval_lib.log_fields, verify.log_fields)
+
+
+def train(run: Run) -> dict:
+    """The loop of the module docstring, from step 0 or from the checkpoint run.resume; returns the
     last step's metrics."""
-    torch.manual_seed(args.seed)
-    run = setup(args, model, tok, rank=rank, world=world, device=device, max_len=max_len)
-    pad_id = tok.pad_token_id
-    order = list(range(len(prompts)))
-    random.Random(args.seed).shuffle(order)
-    mine = order[rank::world]                          # this rank's share of the prompts
-    guard = parallel.StepGuard(args.max_bad_steps)
-    start, pos = checkpoint.restore(resume, run.model, run.opt, replay=run.replay, guard=guard,
-                                    rank=rank, args=args, extra=run.r2po)
-    logs = metrics_lib.open_logs(args.out_dir, rank, start, args.tensorboard)
-    parallel.print0(f"{json.dumps(dataclasses.asdict(args))}\nworld size {world} | "
-                    f"{args.prompts_per_step // world} prompts x {args.group_size} completions "
-                    f"per rank per step | device {device} | {run.precision}")
+    s, rank, world = run.settings, run.rank, run.world
+    guard = parallel.StepGuard(s.optim.max_bad_steps)
+    start, pos = checkpoint.restore(run.resume, run.model, run.opt, replay=run.replay,
+                                    guard=guard, rank=rank, flags=run.flags, extra=run.r2po)
+    logs = metrics_lib.open_logs(s.run.out_dir, rank, start, s.log.tensorboard)
 
     def evaluate(m: Metrics) -> None:
-        eval_lib.evaluate_shard(run.engine, tok, eval_sets, m, top_p=args.top_p, seed=args.seed,
-                                max_new_tokens=args.max_new_tokens, rank=rank, world=world)
+        eval_lib.evaluate_shard(run.engine, run.tok, run.eval_sets, m, top_p=s.run.top_p,
+                                seed=eval_seed(s.run.seed), max_new_tokens=s.run.max_new_tokens,
+                                rank=rank, world=world)
 
     if start == 0:                                     # step 0: the model before training
         m = Metrics()
         evaluate(m)
-        metrics_lib.write_logs(logs, {"step": 0, **m.reduce(world)})
-    row, ckpt = {}, resume
-    for step in range(start, args.steps):
+        row = {"step": 0, **m.reduce(world)}
+        metrics_lib.write_logs(logs, row, metrics_lib.log_line(row, (eval_lib.log_fields,)))
+    row, ckpt = {}, run.resume
+    for step in range(start, s.run.steps):
         verified = verify.stats()
-        m, fresh, generated, pos, per_update = train_step(run, args, prompts, mine, pos, step=step,
-                                                          rank=rank, world=world, pad_id=pad_id,
-                                                          guard=guard)
+        m, fresh, generated, pos, per_update = train_step(run, pos, step=step, guard=guard)
         metrics_lib.rollout_metrics(m, fresh, generated)
         buffer.report(run.replay, m)                   # the buffer's state after this step
         if run.r2po is not None:
             run.r2po.report(m, step)
-        if (args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps:
+        if (s.eval.eval_every and (step + 1) % s.eval.eval_every == 0) or step + 1 == s.run.steps:
             evaluate(m)
             if run.r2po is not None:
-                base = Sampling(args.temperature, args.top_p, args.max_new_tokens,
-                                seed=sampling_seed(args.seed, rank, step, 999))
+                base = Sampling(s.run.temperature, s.run.top_p, s.run.max_new_tokens,
+                                seed=sampling_seed(s.run.seed, rank, step, BASE_SAMPLING_ROUND))
                 run.r2po.base_diversity(run.engine, generated, base, m)
         for key, count in verify.stats().items():     # errors would zero rewards: count them
             m.total(f"verify/{key}", count - verified[key])
         row = {"step": step + 1, **m.reduce(world)}
         per_update_rows = metrics_lib.reduce_all(per_update, world)
-        metrics_lib.write_logs(logs, row, generated[:args.log_samples], tok, per_update_rows)
-        rollout.check_canary(row.get("rollout/logprob_diff", 0.0), args.max_logprob_diff, step + 1)
-        if (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps:
-            ckpt = checkpoint.save(os.path.join(args.out_dir, "checkpoints"), step + 1, run.model,
-                                   run.opt, tok, args, guard=guard, replay=run.replay, pos=pos,
-                                   rank=rank, world=world, extra=run.r2po)
+        metrics_lib.write_logs(logs, row, metrics_lib.log_line(row, LOG_LINE),
+                               generated[:s.log.log_samples], run.tok, per_update_rows)
+        rollout.check_canary(row.get("rollout/logprob_diff", 0.0), s.engine.max_logprob_diff,
+                             step + 1)
+        if (s.run.save_every and (step + 1) % s.run.save_every == 0) or step + 1 == s.run.steps:
+            ckpt = checkpoint.save(os.path.join(s.run.out_dir, "checkpoints"), step + 1,
+                                   run.model, run.opt, run.tok, run.flags, guard=guard,
+                                   replay=run.replay, pos=pos, rank=rank, world=world,
+                                   extra=run.r2po)
             parallel.print0(f"saved {ckpt}", flush=True)
     run.engine.close()                                 # vLLM: after the trainer's last collective
-    final = ckpt and rank == 0 and checkpoint.point_final(args.out_dir, ckpt)
-    metrics_lib.close_logs(logs, row, final)
+    final = ckpt and rank == 0 and checkpoint.point_final(s.run.out_dir, ckpt)
+    last = final and " | ".join([f"final -> {final}", *eval_lib.log_fields(row)])
+    metrics_lib.close_logs(logs, last)
     return row
 
 
-def load_run(args: Args, rank: int, world: int, device: str):
-    """Everything a run reads before its first step: (resume checkpoint or None, model, tokenizer,
-    training prompts, eval sets, vLLM's max_model_len). ValueError / OSError for bad input."""
-    args.engine = vllm_engine.engine_kind(args.engine)        # auto -> torch | vllm
-    flags.check_args(args, world)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    needs = (r2po_lib.HEAD_FILE,) if args.r2po_head != "none" else ()
-    resume = checkpoint.resolve(args.resume, args.out_dir, world, needs)
-    model, tok = load_model(resume or args.model, device)     # resuming: the checkpoint's weights
-    name = data.train_split(args.train_data)  # the built-in tasks: their train splits
-    template = data.template_for(name, args.prompt_template)
-    prompts = data.make_prompts(data.load_benchmark(name, args.data_dir), template, tok)
-    args.micro_batch_tokens = flags.micro_batch_tokens(args, model)           # 0: auto
-    cuda = torch.device(device).type == "cuda"
-    memory = torch.cuda.get_device_properties(device).total_memory if cuda else None
-    for warning in flags.check_sizes(args, model, prompts, world, memory):
-        parallel.print0(f"warning: {warning}")
-    eval_sets = eval_lib.train_eval_sets(args.eval_size, args.eval_benchmarks, args.eval_k,
-                                         args.eval_temperature, args.prompt_template, args.data_dir,
-                                         args.train_data, args.dev_size)
-    eval_prompts = [q for examples, template, *_ in eval_sets.values()
-                    for q in data.make_prompts(examples, template, tok)]
-    max_len = args.max_new_tokens + max(len(p.ids) for p in prompts + eval_prompts)
-    return resume, model, tok, prompts, eval_sets, max_len
-
-
 def main(argv=None) -> int:
-    args = flags.parse(Args, argv, __doc__, presets=flags.PRESETS)
+    args = flags.parse(argv, __doc__)
     try:
         rank, world, device = setup_distributed()
     except ValueError as e:
@@ -570,15 +494,15 @@ def main(argv=None) -> int:
     try:
         # bad input ends in one line and exit status 2; a bug past this point shows its traceback
         try:
-            resume, model, tok, prompts, eval_sets, max_len = load_run(args, rank, world, device)
+            run = setup(args, rank=rank, world=world, device=device)
         except (ValueError, OSError) as e:
             parallel.print0(f"error: {e}", file=sys.stderr)
             return 2
-        if args.resume and not resume:
+        if args.resume and not run.resume:
             where = os.path.join(args.out_dir, "checkpoints")
             parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting at step 0")
         try:
-            train(args, model, tok, prompts, eval_sets, max_len, rank, world, device, resume)
+            train(run)
             if dist.is_initialized():
                 # gloo torn down while another rank still has work in flight can abort
                 dist.barrier()

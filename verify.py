@@ -95,6 +95,15 @@ def stats() -> dict:
         return {**STATS, "worker_restarts": POOL.restarts}
 
 
+def log_fields(row: dict) -> list[str]:
+    """The log line's warning when a step's verify/* counts (train.py totals the stats() of each
+    step) show internal errors or worker restarts: a verifier bug would quietly zero rewards."""
+    if not (row.get("verify/error") or row.get("verify/worker_restarts")):
+        return []
+    return [f"WARNING verifier: {row['verify/error']} internal errors, "
+            f"{row['verify/worker_restarts']} worker restarts (see verify/* in metrics.jsonl)"]
+
+
 def reset_stats() -> None:
     with _STATS_LOCK:
         STATS.update(dict.fromkeys(STATS, 0))

@@ -2,10 +2,11 @@
 
     python train.py --preset vigor          # 2 completions each, then more where they inform most
 
-The reading of the paper and its choices are `vigor_generate`'s docstring; the loop calls it in
-place of one `engine.generate(prompts, group_size, ...)` (train.generate), and everything after it
-(scoring, advantages of variable-size groups, the normaliser, replay) takes its groups as they come;
-with `--vigor-weight prompt` train.score scales each rollout's advantage by `prompt_weights`.
+The reading of the paper and its choices are `vigor_generate`'s docstring. Its flags are `Flags`
+below, bound into a `Vigor` (its generation round and its advantage weights), which the allocation
+(allocation.py) calls in place of one `engine.generate(prompts, group_size, ...)`; everything after
+it (scoring, advantages of variable-size groups, the normaliser, replay) takes its groups as they
+come; with `--vigor-weight prompt` each rollout's advantage is scaled by `prompt_weights`.
 
 The readings behind flags (--vigor-rank, --vigor-prior, --vigor-weight, and screening more prompts
 at the same --vigor-budget) were compared on the dev split (bench/compare.py --experiment vigor);
@@ -18,12 +19,83 @@ nothing and the budget goes in large groups to a few prompts (28 on the built-in
 """
 import collections
 import heapq
+from dataclasses import dataclass
+from typing import Literal
 
-from rollout import Prompt, Rollout
+import torch
+
+from data import Prompt
+from rollout import Rollout
 
 ALLOCATIONS = ("fixed", "vigor")
 RANKS = ("variance", "marginal")
 WEIGHTS = ("rollout", "prompt")
+
+
+@dataclass(frozen=True)
+class Flags:
+    # ---- VIGOR -----------------------------------------------------------------------------------
+    allocation: Literal[ALLOCATIONS] = "fixed"
+    """completions per prompt: fixed (group_size each) | vigor (variance-guided at the same budget:
+    --vigor-*)"""
+    vigor_n_init: int = 2
+    """VIGOR: completions every prompt starts with"""
+    vigor_n_step: int = 2
+    """VIGOR: completions added to each chosen prompt per round"""
+    vigor_top: int = 16
+    """VIGOR: per round, --vigor-rank variance: the prompts (per rank) of highest reward variance
+    that get --vigor-n-step more each; marginal: top x n_step completions, one by one to the
+    largest gain"""
+    vigor_rank: Literal[RANKS] = "marginal"
+    """VIGOR: variance (the top prompts by reward variance) | marginal (the largest drop in sum_q
+    sigma_q^2 / n_q per completion: Neyman allocation, n_q ∝ sigma_q); the defaults of --vigor-*
+    are the dev split's choice (bench/results/vigor)"""
+    vigor_prior: float = 1.0
+    """VIGOR: a Beta(a, a) prior on each prompt's success rate, so 2 agreeing completions are not a
+    verdict of variance 0 (0 = the empirical rate, the first reading)"""
+    vigor_weight: Literal[WEIGHTS] = "rollout"
+    """VIGOR: rollout (a prompt weighs as many rollouts as it got) | prompt (advantages x n_mean /
+    n_q: every prompt's group weighs as one prompt)"""
+    vigor_budget: int = 0
+    """VIGOR: completions per step over all ranks (0 = prompts_per_step x group_size, the fixed
+    allocation's)"""
+
+    AT_LEAST_1 = ("vigor_n_init", "vigor_n_step", "vigor_top")
+    AT_LEAST_0 = ("vigor_budget", "vigor_prior")
+
+    def rules(self) -> list[tuple[bool, str]]:
+        vigor = self.allocation == "vigor"
+        return [(vigor and self.vigor_n_init < 2,
+                 "--vigor-n-init must be >= 2 (a group needs a baseline)")]
+
+    def budget(self, prompts_per_step: int, group_size: int) -> int:
+        """Completions per step over all ranks: --vigor-budget, or the fixed allocation's."""
+        return self.vigor_budget or prompts_per_step * group_size
+
+
+class Vigor:
+    """VIGOR bound to its flags: `budget` completions per step on this rank."""
+
+    def __init__(self, flags: Flags, budget: int):
+        self.f = flags
+        self.budget = budget
+
+    def generate(self, engine, prompts: list[Prompt], sampling_for, version: int, grade,
+                 metrics=None) -> list[Rollout]:
+        """One step's completions of `prompts` by variance-guided allocation (vigor_generate)."""
+        f = self.f
+        out, _ = vigor_generate(engine, prompts, sampling_for, version, grade,
+                                n_init=f.vigor_n_init, n_step=f.vigor_n_step, top=f.vigor_top,
+                                budget=self.budget, rank=f.vigor_rank, prior=f.vigor_prior,
+                                metrics=metrics)
+        return out
+
+    def weigh(self, adv: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
+        """The advantages [B] as the loss weighs them: --vigor-weight prompt multiplies each by
+        prompt_weights (every prompt's group weighs as one prompt); rollout leaves them."""
+        if self.f.vigor_weight != "prompt":
+            return adv
+        return adv * torch.tensor(prompt_weights(rollouts), dtype=adv.dtype)
 
 
 def smoothed_variance(rollouts: list[Rollout], prior: float) -> tuple[dict, dict]:
@@ -81,9 +153,9 @@ def by_marginal_gain(prompts, n, var, top: int, n_step: int, left: int) -> list[
 def prompt_weights(rollouts: list[Rollout]) -> list[float]:
     """--vigor-weight prompt: each rollout's weight n_mean / n_q (n_q its prompt's group size,
     n_mean the mean group size), so every prompt's rollouts weigh n_mean in all, as a fixed group
-    does, whatever its size; the weights sum to the number of rollouts. train.score multiplies the
-    advantages by them (--vigor-weight rollout: all 1, a prompt weighs as many rollouts as it
-    got)."""
+    does, whatever its size; the weights sum to the number of rollouts. Vigor.weigh multiplies the
+    advantages by them in allocation.score (--vigor-weight rollout: all 1, a prompt weighs as many
+    rollouts as it got)."""
     count = collections.Counter(r.prompt_id for r in rollouts)
     mean = len(rollouts) / len(count)
     return [mean / count[r.prompt_id] for r in rollouts]

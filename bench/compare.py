@@ -52,6 +52,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from stats import mean_std  # noqa: E402  (bench/stats.py, shared with experiments.py)
+
 # Used only where train.py has no --preset: the three base methods as explicit flags.
 METHODS = {"grpo": ["--replay", "none", "--eps-high", "0.2", "--agg", "seq-mean-token-mean"],
            "naive-replay": ["--replay", "uniform"], "rollout-replay": []}
@@ -91,12 +93,21 @@ def run_one(method: str, seed: int, out: Path, extra: list[str], threads: int, r
     return run_dir
 
 
+def run_flags(run_dir: Path) -> dict:
+    """Every flag of a finished run: its final checkpoint's args.json (a run made before train.py
+    printed only the changed flags has them as the first JSON line of its run.log)."""
+    saved = run_dir / "final" / "args.json"
+    if saved.exists():
+        return json.loads(saved.read_text())
+    with open(run_dir / "run.log") as f:
+        return next(json.loads(line) for line in f if line.startswith("{"))
+
+
 def load_run(run_dir: Path, metric: str) -> dict:
     """{evals: [(step, fresh rollouts, wall seconds, accuracy)], length: last response/len_mean,
     zero_std and distinct: the means over training steps of reward/zero_std_frac and
     rollout/distinct_answers (None if absent)}."""
-    with open(run_dir / "run.log") as f:
-        flags_line = next(json.loads(line) for line in f if line.startswith("{"))
+    flags_line = run_flags(run_dir)
     per_step = flags_line["prompts_per_step"] * flags_line["group_size"]
     # VIGOR spends exactly its budget per step (--vigor-budget; older runs: rollout_budget)
     budget = flags_line.get("vigor_budget", flags_line.get("rollout_budget"))
@@ -118,10 +129,6 @@ def load_run(run_dir: Path, metric: str) -> dict:
     return {"evals": evals, "length": rows[-1].get("response/len_mean", 0.0),
             "zero_std": over_steps("reward/zero_std_frac"),
             "distinct": over_steps("rollout/distinct_answers")}
-
-
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def to_target(runs: list[dict], target: float) -> tuple[float | None, float | None, int]:

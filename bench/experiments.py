@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from compare import mean_std  # noqa: E402  (compare.py's, one definition)
+from stats import mean_std  # noqa: E402  (bench/stats.py, shared with compare.py)
 
 LR_GRID = (3e-4, 1e-4, 3e-5)
 SWEEP_SEEDS = (0, 1)

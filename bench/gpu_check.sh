@@ -51,7 +51,7 @@ import torch
 sys.path.insert(0, os.getcwd())
 import grpo  # noqa: E402
 from rollout import Prompt, Sampling, TorchEngine, collate, logprob_diff  # noqa: E402
-from vllm_engine import make_engine  # noqa: E402
+from vllm_engine import start_vllm  # noqa: E402
 
 DRY = os.environ["DRY"] == "1"
 cuda = torch.cuda.is_available() and not DRY
@@ -152,8 +152,8 @@ res = {"device": torch.cuda.get_device_name() if cuda else "cpu (dry run)", "par
        "work": f"{P} prompts x {N} completions x {NEW} new tokens, prompts of {PROMPT_LEN}"}
 
 t = time.perf_counter()
-engine = make_engine("vllm", model, tok, tmp, device, seed=0, max_model_len=PROMPT_LEN + NEW + 16,
-                     gpu_memory_utilization=0.3)
+engine = start_vllm(model, tok, tmp, device, seed=0, max_model_len=PROMPT_LEN + NEW + 16,
+                    gpu_memory_utilization=0.3)
 res["vllm_start_s"] = time.perf_counter() - t
 
 # 2. sleep -> wake -> push unchanged weights: greedy output unchanged

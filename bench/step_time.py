@@ -4,31 +4,32 @@
     python bench/step_time.py --repeats 5 -- \\
         --prompts-per-step 16 --threads 1      # train.py's flags after --
 
-Everything runs through train.py's own functions (train.setup, train.generate_and_score, the replay
-buffer, train.update, parallel.full_parameters + engine.load_weights): no step is re-implemented
-here. After `--warmup` whole steps (so the replay buffer holds `tau_max` steps of rollouts and
+Everything runs through train.py's own objects and functions (train.setup, the allocation's
+generate_and_score, the replay buffer, train.update, parallel.full_parameters +
+engine.load_weights): no step is re-implemented here. After `--warmup` whole steps (so the replay
+buffer holds `tau_max` steps of rollouts and
 sample() returns replay_ratio x fresh), each of `--repeats` steps is timed part by part and the
 medians are printed:
 
-    generate        engine.generate inside train.generate_and_score (the engine is wrapped to
-                    time its call)
-    score           the rest of train.generate_and_score (the task's grader, advantages)
+    generate        engine.generate inside the allocation's generate_and_score (the engine is
+                    wrapped to time its call)
+    score           the rest of generate_and_score (the task's grader, advantages)
     sample+store    replay.sample + replay.add
     update          train.update (collate, forward, loss, backward, clip, AdamW)
     sync            engine.load_weights(parallel.full_parameters(model))
 
 then tokens/s (generated completion tokens per second of `generate`; real and padded tokens per
 second of `update`), the share of padded tokens in the update's forward passes (from the attention
-masks of the micro-batches that rollout.micro_batches collates for it: length-bucketed,
+masks of the micro-batches that the objective collates for it: length-bucketed,
 rollout.length_buckets), and a bare forward + backward of the same model over the same micro-batches
 (logits.sum().backward(), no loss, no optimizer: the machine's limit for this model and these
 shapes).
 
 `--consecutive` also measures the layout before length bucketing: the same rollouts cut into
-consecutive micro-batches in batch order. It checks that the gradient of train.micro_batch_loss
+consecutive micro-batches in batch order. It checks that the gradient of the objective's loss
 summed over those equals the one over the trainer's bucketed micro-batches (float rounding), then
-times the bare pass and train.update with rollout.micro_batches replaced by the consecutive one for
-the duration of the measurement only.
+times the bare pass and train.update with objective.py's micro_batches replaced by the consecutive
+one for the duration of the measurement only.
 """
 import argparse
 import os
@@ -41,16 +42,17 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import data  # noqa: E402
 import flags  # noqa: E402
+import objective as objective_lib  # noqa: E402
 import parallel  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
-import vllm_engine  # noqa: E402
 from metrics import Metrics  # noqa: E402
 
 PARTS = ("generate", "score", "sample+store", "update", "sync")
-TARGET_PAD, TARGET_RATIO = 0.15, 1.15                 # issue 14's targets on the built-in default
+# the update's targets on the built-in default: at most 15% padded forward positions, at most
+# 1.15x a bare forward + backward of the same micro-batches
+TARGET_PAD, TARGET_RATIO = 0.15, 1.15
 
 
 class TimedEngine:
@@ -71,14 +73,12 @@ class TimedEngine:
         return getattr(self.engine, name)
 
 
-def update_micro_batches(args, fresh, replayed, pad_id, device) -> list[dict]:
+def update_micro_batches(run, fresh, replayed) -> list[dict]:
     """The micro-batches train.update collates in its first epoch (same mini-batch split, same
     call)."""
     batch = fresh + replayed
-    parts = rollout.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
-    return [mb for idx in parts
-            for mb in rollout.micro_batches([batch[i] for i in idx], args.micro_batch_size, pad_id,
-                                            device, mask_truncated=args.overlong_filter)]
+    parts = rollout.mini_batches(len(fresh), len(replayed), run.settings.optim.mini_batches, None)
+    return [mb for idx in parts for mb in run.objective.micro_batches([batch[i] for i in idx])]
 
 
 def padding(mbs: list[dict]) -> tuple[int, int]:
@@ -99,76 +99,65 @@ def bare_forward_backward(model, mbs: list[dict]) -> float:
     return seconds
 
 
-def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=None,
-                              mask_truncated=False, max_tokens=0):
+def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=None, max_tokens=0):
     """The layout before length bucketing: rollouts[i:i + size] in batch order, collated as
     rollout.micro_batches collates its buckets. Same number of micro-batches of the same sizes
     (max_tokens is ignored: this layout is the one before the token budget too)."""
     old, starts = old_logprobs or None, range(0, len(rollouts), size)
     return [{k: v.to(device)
-             for k, v in rollout.collate(rollouts[i:i + size], pad_id, old and old[i:i + size],
-                                         mask_truncated).items()}
+             for k, v in rollout.collate(rollouts[i:i + size], pad_id,
+                                         old and old[i:i + size]).items()}
             for i in starts]
 
 
-_bucketed_micro_batches = rollout.micro_batches
+_bucketed_micro_batches = objective_lib.micro_batches
 
 
-def gradient(model, args, mbs, normaliser) -> list[torch.Tensor]:
-    """Sum over micro-batches of d train.micro_batch_loss / d params (no optimizer step)."""
+def gradient(model, objective, mbs, normaliser) -> list[torch.Tensor]:
+    """Sum over micro-batches of d objective.loss / d params (no optimizer step)."""
     model.zero_grad(set_to_none=True)
     for mb in mbs:
-        train.micro_batch_loss(model, None, mb, args, normaliser, Metrics()).backward()
+        objective.loss(model, mb, normaliser, Metrics()).backward()
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     return grads
 
 
-def build(argv: list[str]):
-    """(train args, engine, model, optimizer, replay, prompts, tokenizer) as
-    train.main / train.train set them up."""
-    args = flags.parse(train.Args, argv, "train.py flags")
-    args.engine = vllm_engine.engine_kind(args.engine)
-    flags.check_args(args, 1)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    model, tok = rollout.load_model(args.model, "cpu")
-    # as train.main: a built-in task trains on its train split
-    name = data.train_split(args.train_data)
-    prompts = data.make_prompts(data.load_benchmark(name, args.data_dir),
-                                data.template_for(name, args.prompt_template), tok)
-    max_len = args.max_new_tokens + max(len(p.ids) for p in prompts)
-    run = train.setup(args, model, tok, rank=0, world=1, device="cpu", max_len=max_len)
-    return args, run.engine, run.model, run.opt, run.replay, prompts, tok
+def build(argv: list[str]) -> "train.Run":
+    """The run train.main would make with flags `argv`, in one process on the CPU."""
+    return train.setup(flags.parse(list(argv), "train.py flags"), rank=0, world=1, device="cpu")
 
 
 def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
             consecutive: bool = False) -> dict:
     """Time `repeats` steps after `warmup` steps of the run train.py would make with flags `argv`;
     medians."""
-    args, engine, model, opt, replay, prompts, tok = build(list(argv))
-    timed, pad_id, device = TimedEngine(engine), tok.pad_token_id, next(model.parameters()).device
-    mine, pos = list(range(len(prompts))), 0
+    run = build(argv)
+    engine, model, opt, replay = run.engine, run.model, run.opt, run.replay
+    optim = run.settings.optim
+    timed, pad_id, device = TimedEngine(engine), run.tok.pad_token_id, run.device
+    run.allocation.engine = timed
+    mine, pos = list(range(len(run.prompts))), 0
     rows = []
     for step in range(warmup + repeats):
         t = {}
         timed.seconds, timed.tokens = 0.0, 0
         t0 = time.perf_counter()
-        fresh, generated, pos = train.generate_and_score(timed, prompts, mine, pos, args, step=step,
-                                                         rank=0, world=1, metrics=Metrics())
+        fresh, generated, pos = run.allocation.generate_and_score(run.prompts, mine, pos,
+                                                                  step=step, metrics=Metrics())
         t1 = time.perf_counter()
         t["generate"], t["score"] = timed.seconds, (t1 - t0) - timed.seconds
         replayed = []
         if replay is not None:
             replayed = replay.sample(step, len(fresh))             # as train.train_step
-            replay.add([r for r in fresh if not (args.overlong_filter and r.truncated)], step)
+            replay.add([r for r in fresh if run.objective.trains_on(r)], step)
         t2 = time.perf_counter()
         t["sample+store"] = t2 - t1
         # not timed: for the counts
-        mbs = update_micro_batches(args, fresh, replayed, pad_id, device)
+        mbs = update_micro_batches(run, fresh, replayed)
         t3 = time.perf_counter()
-        train.update(model, None, opt, fresh, replayed, args, step=step, pad_id=pad_id)
+        train.update(model, run.objective, opt, fresh, replayed, optim, step=step,
+                     seed=run.settings.run.seed, pad_id=pad_id)
         t4 = time.perf_counter()
         engine.load_weights(parallel.full_parameters(model))
         t5 = time.perf_counter()
@@ -176,29 +165,30 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
         t["bare_fwd_bwd"] = bare_forward_backward(model, mbs)
         real, padded = padding(mbs)
         t.update(gen_tokens=timed.tokens, fresh=len(fresh), replayed=len(replayed),
-                 real_tokens=real, padded_tokens=padded, micro_batches=len(mbs), epochs=args.epochs)
+                 real_tokens=real, padded_tokens=padded, micro_batches=len(mbs),
+                 epochs=optim.epochs)
         if consecutive:
-            parts = rollout.mini_batches(len(fresh), len(replayed), args.mini_batches, None)
+            parts = rollout.mini_batches(len(fresh), len(replayed), optim.mini_batches, None)
             cmbs = [mb for idx in parts
                     for mb in consecutive_micro_batches([(fresh + replayed)[i] for i in idx],
-                                                        args.micro_batch_size, pad_id, device,
-                                                        mask_truncated=args.overlong_filter)]
+                                                        optim.micro_batch_size, pad_id, device)]
             t["consec_padded_tokens"] = padding(cmbs)[1]
             t["consec_bare_fwd_bwd"] = bare_forward_backward(model, cmbs)
-            # train.update calls rollout.micro_batches
-            rollout.micro_batches = consecutive_micro_batches
+            # the objective's micro-batches are objective.py's rollout.micro_batches
+            objective_lib.micro_batches = consecutive_micro_batches
             try:
                 t5 = time.perf_counter()
                 # one more optimizer step: same shapes, for the time
-                train.update(model, None, opt, fresh, replayed, args, step=step, pad_id=pad_id)
+                train.update(model, run.objective, opt, fresh, replayed, optim, step=step,
+                             seed=run.settings.run.seed, pad_id=pad_id)
                 t["consec_update"] = time.perf_counter() - t5
             finally:
-                rollout.micro_batches = _bucketed_micro_batches
+                objective_lib.micro_batches = _bucketed_micro_batches
             engine.load_weights(parallel.full_parameters(model))
             if step == warmup:                          # gradient identity, once
-                normaliser = parallel.global_normaliser(mbs, args.agg, args.max_new_tokens, 1)
-                g0, g1 = (gradient(model, args, mbs, normaliser),
-                          gradient(model, args, cmbs, normaliser))
+                normaliser = run.objective.normaliser(mbs)
+                g0, g1 = (gradient(model, run.objective, mbs, normaliser),
+                          gradient(model, run.objective, cmbs, normaliser))
                 t["consec_grad_max_abs_diff"] = max(float((a - b).abs().max())
                                                     for a, b in zip(g0, g1))
                 t["grad_max_abs"] = max(float(a.abs().max()) for a in g0)
@@ -247,7 +237,7 @@ def report(m: dict) -> str:
             f"(bucketed: {m['consec_update'] / m['update']:.2f}x faster; "
             f"{m['consec_update'] / (m['epochs'] * m['consec_bare_fwd_bwd']):.2f}x "
             "its bare fwd+bwd)",
-            f"  gradient of the summed micro_batch_loss, bucketed vs consecutive: max |diff| "
+            f"  gradient of the summed objective loss, bucketed vs consecutive: max |diff| "
             f"{m['consec_grad_max_abs_diff']:.2e} (max |grad| {m['grad_max_abs']:.2e})"]
     return "\n".join(lines)
 

@@ -37,7 +37,7 @@ def pytest_configure(config):
 def tiny_model():
     """(model, tokenizer) of the shipped tiny model, loaded anew for each test (0.8M parameters:
     a test may train it)."""
-    from rollout import load_model
+    from checkpoint import load_model
     return load_model(TINY_MODEL)
 
 

@@ -1,15 +1,15 @@
 """Run under `torchrun --nproc-per-node 2 tests/dist_update.py OUT.json` (tests/test_distributed.py
 does).
 
-One call of train.update() on 2 ranks (FSDP2, gloo), each rank holding its own share of a fixed list
-of 8 rollouts (3 on rank 0, 5 on rank 1: unequal token counts and micro-batch counts), against the
-same call on 1 rank (an unsharded copy, world=1, in the same process) over all 8. Rank 0 writes, per
-configuration: the gradients each optimizer step applied (after clipping) on 2 ranks against 1,
-relative to the gradient's largest entry; the largest parameter difference between the two, over
-every entry and over the entries whose 1-rank gradient is well above rounding; the largest change
-from the initial weights (so "equal" cannot mean "nothing moved"); both gradient norms (before
-clipping) and losses; and the largest difference between an engine synced from the sharded model and
-the sharded model's own full parameters.
+One call of train.update() (through tiny.update) on 2 ranks (FSDP2, gloo), each rank holding its own
+share of a fixed list of 8 rollouts (3 on rank 0, 5 on rank 1: unequal token counts and micro-batch
+counts), against the same call on 1 rank (an unsharded copy, world=1, in the same process) over all
+8. Rank 0 writes, per configuration: the gradients each optimizer step applied (after clipping) on 2
+ranks against 1, relative to the gradient's largest entry; the largest parameter difference between
+the two, over every entry and over the entries whose 1-rank gradient is well above rounding; the
+largest change from the initial weights (so "equal" cannot mean "nothing moved"); both gradient
+norms (before clipping) and losses; and the largest difference between an engine synced from the
+sharded model and the sharded model's own full parameters.
 """
 import copy
 import dataclasses
@@ -25,11 +25,14 @@ from torch.distributed.tensor import DTensor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "assets"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+import flags  # noqa: E402
 import parallel  # noqa: E402
 import train  # noqa: E402
 from make_tiny_model import make_model, make_tokenizer  # noqa: E402
 from rollout import Rollout, TorchEngine  # noqa: E402
+from tiny import update  # noqa: E402
 
 # SGD makes a parameter difference a gradient difference (times lr). AdamW divides each gradient
 # entry by its own magnitude (g / (|g| + eps)), so an entry that is ~0 up to rounding moves by
@@ -113,17 +116,17 @@ def main(out_path: str) -> None:
     local = batch[:3] if rank == 0 else batch[3:]
     results = {}
     for name, overrides in CONFIGS.items():
-        a = dataclasses.replace(train.Args(), **{"lr": 0.5, **overrides})
+        a = dataclasses.replace(flags.Args(), **{"lr": 0.5, **overrides})
         make_opt = torch.optim.AdamW if name.endswith("adamw") else torch.optim.SGD
         init = {n: p.detach().clone() for n, p in base.named_parameters()}
         ref_model = copy.deepcopy(base).eval().requires_grad_(False) if a.kl_coef else None
         one, g1, g2 = copy.deepcopy(base).train(), [], []
         opt1 = record_gradients(make_opt(one.parameters(), lr=a.lr), one, g1)
-        m1 = train.update(one, ref_model, opt1, batch, [], a, step=0,
+        m1 = update(one, ref_model, opt1, batch, [], a, step=0,
                           pad_id=tok.pad_token_id, world=1)
         two = train.shard_model(copy.deepcopy(base), device).train()
         opt2 = record_gradients(make_opt(two.parameters(), lr=a.lr), two, g2)
-        m2 = train.update(two, ref_model, opt2, local, [], a, step=0,
+        m2 = update(two, ref_model, opt2, local, [], a, step=0,
                           pad_id=tok.pad_token_id, world=world)
         m1, m2 = m1.reduce(1), m2.reduce(world)
         engine = TorchEngine(base, tok)
@@ -142,12 +145,12 @@ def main(out_path: str) -> None:
                          "loss_1": m1["loss/policy"], "loss_2": m2["loss/policy"],
                          "tokens_1": m1["loss/tokens"], "tokens_2": m2["loss/tokens"]}
     # A NaN advantage on rank 1 only: the skip is decided for both ranks, so no rank's weights move.
-    a = train.Args(lr=1e-2, max_bad_steps=5)
+    a = flags.Args(lr=1e-2, max_bad_steps=5)
     two = train.shard_model(copy.deepcopy(base), device).train()
     bad = (local if rank == 0
            else [dataclasses.replace(local[0], advantage=float("nan"))] + local[1:])
     guard = parallel.StepGuard(a.max_bad_steps)
-    train.update(two, None, torch.optim.AdamW(two.parameters(), lr=a.lr), bad, [], a, step=0,
+    update(two, None, torch.optim.AdamW(two.parameters(), lr=a.lr), bad, [], a, step=0,
                  pad_id=tok.pad_token_id, world=world, guard=guard)
     results["nan-on-rank-1"] = {"moved": max_diff(list(parallel.full_parameters(two)),
                                                   base.named_parameters()),

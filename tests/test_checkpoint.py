@@ -16,10 +16,12 @@ import torch
 from safetensors.torch import load_file
 
 import checkpoint
+import objective
 import r2po
 import train
 from conftest import cpu_env
-from rollout import Prompt, Sampling
+from data import Prompt
+from rollout import Sampling
 from tiny import SMALL, decided_prefix, make_digit_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,14 +234,14 @@ def test_non_finite_steps_are_skipped_then_end_the_run(task, tmp_path, monkeypat
     still saved, since its weights are the good ones), step 4 is the second in a row and ends the
     run; no later checkpoint exists."""
     calls = []
-    real = train.micro_batch_loss
+    real = objective.Objective.loss
 
     def poisoned(*args, **kw):
         loss = real(*args, **kw)
         calls.append(1)
         return loss * float("nan") if len(calls) >= 3 else loss
 
-    monkeypatch.setattr(train, "micro_batch_loss", poisoned)
+    monkeypatch.setattr(objective.Objective, "loss", poisoned)
     out = tmp_path / "run"
     rc = train.main(args_of(task, out, "--steps", "6", "--save-every", "1", "--max-bad-steps", "2"))
     err = capsys.readouterr().err

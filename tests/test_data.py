@@ -299,7 +299,7 @@ def test_shipped_tiny_steps_model_works_step_by_step_with_headroom():
     chains (about 29 tokens), some right under the task's integer-only rule, far from all."""
     import torch
     from make_tiny_model import greedy_completions
-    from rollout import load_model
+    from checkpoint import load_model
     import verify
     torch.set_num_threads(1)
     model, tok = load_model(str(ROOT / "assets" / "tiny-steps"))

@@ -259,7 +259,8 @@ def test_cli_end_to_end(model_dir, tmp_path):
     # What train.py logs (evaluate() on its own engine) equals what the CLI reports for the same
     # model and settings.
     import torch
-    from rollout import TorchEngine, load_model
+    from checkpoint import load_model
+    from rollout import TorchEngine
     model, tok = load_model(str(model_dir))
     engine = TorchEngine(model, tok, batch_size=ev.Args.batch_size)
     threads = torch.get_num_threads()

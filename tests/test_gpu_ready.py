@@ -14,14 +14,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import checkpoint
 import flags
-import parallel
 import rollout
 import train
 import vllm_engine
 from conftest import cpu_env
 from make_tiny_model import make_model, make_tokenizer
 from rollout import Rollout
+from tiny import update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,18 +49,20 @@ def test_precision_of_each_configuration():
 
 
 @pytest.mark.filterwarnings("ignore:CUDA is not available")       # the wrapper is made, not run
-def test_one_process_cuda_setup_takes_the_bf16_path(tiny_model):
+def test_one_process_cuda_setup_takes_the_bf16_path(monkeypatch):
     """setup() as plain `python train.py` on CUDA makes it (nothing here touches the GPU: the model
-    stays on the CPU, only the configuration is CUDA's): the policy's forward runs under bf16
-    autocast, the engine keeps its own fp32 copy."""
-    model, tok = tiny_model
-    args = flags.Args(engine="torch", replay="none")
-    run = train.setup(args, model, tok, rank=0, world=1, device="cuda", max_len=32)
+    is loaded on the CPU and the device's memory is made up, only the configuration is CUDA's): the
+    policy's forward runs under bf16 autocast, the engine keeps its own fp32 copy."""
+    real = checkpoint.load_model
+    monkeypatch.setattr(checkpoint, "load_model", lambda path, device: real(path, "cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=2 ** 40))
+    args = flags.Args(engine="torch", replay="none", eval_size=8)
+    run = train.setup(args, rank=0, world=1, device="cuda")
     assert run.precision == "autocast-bf16"
     assert "forward" in vars(run.model)             # the autocast wrapper, on the instance
     assert "forward" not in vars(run.engine.model)
-    cpu = train.setup(args, make_model(len(tok), seed=0), tok, rank=0, world=1,
-                      device="cpu", max_len=32)
+    cpu = train.setup(args, rank=0, world=1, device="cpu")
     assert cpu.precision == "fp32" and "forward" not in vars(cpu.model)
 
 
@@ -114,7 +117,7 @@ def test_token_budget_leaves_the_update_alone():
         args = dataclasses.replace(flags.Args(), micro_batch_tokens=tokens, lr=0.5,
                                    max_grad_norm=0.0)
         opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-        m = train.update(model, None, opt, batch, [], args, step=0, pad_id=tok.pad_token_id)
+        m = update(model, None, opt, batch, [], args, step=0, pad_id=tok.pad_token_id)
         pairs = zip(model.parameters(), base.parameters())
         moved.append(torch.cat([(p - q).flatten() for p, q in pairs]))
         assert m.reduce(1)["loss/tokens"] == sum(len(r.completion_ids) for r in batch)
@@ -132,9 +135,10 @@ def test_auto_token_budget_and_the_memory_warning():
     assert flags.micro_batch_tokens(args, model) == flags.AUTO_LOGITS // len(tok)
     assert flags.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
     prompts = [SimpleNamespace(ids=[1, 2, 3])] * 64
-    assert flags.check_sizes(args, model, prompts, 1) == []
-    assert flags.check_sizes(args, model, prompts, 1, device_memory=10 ** 12) == []
-    warning = flags.check_sizes(args, model, prompts, 1, device_memory=1)
+    sizes = flags.sizes(args, model, 1)
+    assert flags.check_sizes(args, model, prompts, sizes) == []
+    assert flags.check_sizes(args, model, prompts, sizes, device_memory=10 ** 12) == []
+    warning = flags.check_sizes(args, model, prompts, sizes, device_memory=1)
     assert len(warning) == 1 and "--micro-batch-tokens" in warning[0]
 
 
@@ -199,21 +203,21 @@ def test_vllm_wakes_only_after_the_trainer_cache_is_freed(monkeypatch):
 RESHARD = """
 import sys, torch, torch.distributed as dist
 sys.path[:0] = [{root!r}, {assets!r}]
-import parallel, train
+import parallel, rollout, train
 from make_tiny_model import make_model, make_tokenizer
 from torch.distributed.tensor import DTensor
 torch.set_num_threads(1)
 rank, world, device = train.setup_distributed()
 tok = make_tokenizer()
 model = train.shard_model(make_model(len(tok), seed=0), device)
-rs = [train.rollout.Rollout(0, [3, 4], [5, 6], [-1.0, -1.0])] * (rank + 1)
+rs = [rollout.Rollout(0, [3, 4], [5, 6], [-1.0, -1.0])] * (rank + 1)
 kind = lambda: type(model.model.embed_tokens.weight).__name__
 with torch.no_grad():
     model(input_ids=torch.ones(1, 3, dtype=torch.long))
 left = kind()                                  # the root keeps its gathered parameters...
 parallel.reshard(model)
 after = kind()                                 # ...until resharded
-parallel.lockstep_logprobs(model, rs, 1, 1.0, tok.pad_token_id, world)
+rollout.lockstep_logprobs(model, rs, 1, 1.0, tok.pad_token_id, world)
 # one write of the whole line: the two ranks share the pipe, and print's pieces could interleave
 sys.stdout.write(f"{{rank}} {{left}} {{after}} {{kind()}}\\n")
 sys.stdout.flush()

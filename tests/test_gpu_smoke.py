@@ -1,7 +1,8 @@
-"""bench/gpu_smoke.sh rehearsed on the CPU: `SMOKE_TOY=1` runs every step of the first GPU session's
-script at toy sizes (CUDA hidden, gloo, a toy-shaped random model for model_05b), and its summary
-lists every step with its status, wall time and numbers. The test that runs it takes about a
-minute of CPU time: one process per train.py run, as on the GPU."""
+"""bench/gpu_smoke.sh (the wrapper that runs bench/gpu_smoke.py) rehearsed on the CPU:
+`SMOKE_TOY=1` runs every step of the first GPU session's script at toy sizes (CUDA hidden, gloo, a
+toy-shaped random model for model_05b), and its summary lists every step with its status, wall
+time and numbers. The test that runs it takes about a minute of CPU time: the same commands as on
+the GPU, at toy sizes."""
 import json
 import os
 import subprocess
@@ -15,8 +16,7 @@ STEPS = ["env", "one_process", "torchrun_one_rank", "fsdp_variants", "model_05b"
 
 
 def smoke(out: Path, **env) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("ONLY", "SMOKE_WORK", "SMOKE_KEEP", "SMOKE_SEPARATE")}
+    e = {k: v for k, v in os.environ.items() if k != "ONLY"}
     e.update(SMOKE_TOY="1", OUT=str(out), PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="",
              OMP_NUM_THREADS="1", SMOKE_BUDGET="900", **env)
     return subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=e, capture_output=True, text=True,

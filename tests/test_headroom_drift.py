@@ -1,6 +1,8 @@
-"""Headroom-Drift (buffer.GroupReplay): the `current` headroom, re-scored in the drift pass's
-forward by self-normalised importance sampling, and the drift gate stated relative to the clip
-range (buffer.drift_limit, train.setup's drift_max from --hd-drift-frac).
+"""Headroom-Drift (buffer.GroupReplay), whole: the `current` headroom, re-scored in the drift pass's
+forward by self-normalised importance sampling; the drift gate stated relative to the clip range
+(buffer.drift_limit, train.setup's drift_max from --hd-drift-frac); the fixed headrooms' ranking,
+what is stored, age eviction and the state round trip; the gate through a real drift pass and its
+bounded cost. Its preset runs with the others (tests/test_presets.py).
 
     python -m pytest -q tests/test_headroom_drift.py
 """
@@ -14,6 +16,7 @@ import torch
 
 import buffer
 import flags
+import rollout
 import train
 from make_tiny_model import make_model, make_tokenizer
 from rollout import Rollout
@@ -143,12 +146,10 @@ def test_the_gate_uses_the_limit_just_above_is_skipped_just_below_replayed():
 
 
 def test_train_setup_gives_the_buffer_the_limit_of_the_flags(cpu_only):
-    tok = make_tokenizer()
     for eps_low, eps_high, frac in ((0.2, 0.2, 0.5), (0.2, 0.28, 0.75)):
         args = flags.Args(engine="torch", replay="headroom-drift", eps_low=eps_low,
-                          eps_high=eps_high, hd_drift_frac=frac)
-        run = train.setup(args, make_model(len(tok), seed=0), tok, rank=0, world=1, device="cpu",
-                          max_len=32)
+                          eps_high=eps_high, hd_drift_frac=frac, eval_size=8)
+        run = train.setup(args, rank=0, world=1, device="cpu")
         assert run.replay.drift_max == buffer.drift_limit(frac, eps_low, eps_high)
     assert not hasattr(flags.Args(), "hd_drift_max")                 # the absolute flag is gone
     assert flags.PRESETS["headroom-drift"][1]["hd_drift_frac"] == 0.5
@@ -181,3 +182,137 @@ def test_state_round_trip_with_current_stores_nothing_new():
         assert other.stats() == ref.stats()
     with pytest.raises(ValueError, match="headroom"):
         plain.load_state_dict(sd)
+
+
+# ---- the fixed headrooms: ranking, storage, age; the drift gate through a real drift pass --------
+
+def graded(pid: int, version: int, rewards: list[float], completion=(5, 6, 7)) -> list[Rollout]:
+    """A stored group with these rewards, advantage r - mean."""
+    mean = sum(rewards) / len(rewards)
+    return [Rollout(prompt_id=pid, prompt_ids=[1, 2], completion_ids=list(completion),
+                    logprobs=[-1.0] * len(completion), reward=r, advantage=r - mean,
+                    version=version) for r in rewards]
+
+
+def own_logprobs(rollouts):
+    """A policy forward that gives each rollout its own behaviour log-probs back: drift 0."""
+    return [list(r.logprobs) for r in rollouts]
+
+
+def test_headroom_ranks_groups_and_all_equal_groups_are_never_stored():
+    g_half, g_quarter, g_three = (graded(0, 0, [1, 1, 0, 0]), graded(1, 1, [1, 0, 0, 0]),
+                                  graded(2, 0, [1, 1, 1, 0]))
+    for headroom, order in [
+            ("variance", [0, 1, 2]),      # p(1-p): .25, then .1875 twice (newer version first)
+            ("failure", [1, 0, 2]),       # 1 - p: .75, .5, .25
+            ("abs-adv", [0, 1, 2])]:      # mean |A|: .5, .375, .375 (newer first)
+        replay = buffer.GroupReplay(tau_max=4, headroom=headroom, groups=2, candidates=8,
+                                    logprobs=own_logprobs)
+        flat = graded(3, 0, [1, 1, 1, 1]) + graded(4, 0, [0, 0, 0, 0])
+        replay.add(g_half + g_three + flat, step=0)
+        assert (replay.stats()["replay/unstored_groups"] == 2
+                and replay.stats()["replay/stored_groups"] == 2)
+        replay.add(g_quarter, step=1)
+        assert [g[0].prompt_id for g in replay.candidates(step=2)] == order, headroom
+        out = replay.sample(2, 0)
+        # whole groups, top 2
+        assert [r.prompt_id for r in out] == [order[0]] * 4 + [order[1]] * 4
+        assert out[0] is (g_half + g_quarter + g_three)[order[0] * 4]  # stored as given, not copied
+    assert buffer.GroupReplay(4).candidates(0) == []
+    assert (len(replay) == 12
+            and all(r.prompt_id not in (3, 4) for g in replay.candidates(9) for r in g))
+
+
+def test_fresh_groups_are_not_candidates_and_age_eviction_at_tau_max():
+    replay = buffer.GroupReplay(tau_max=2)
+    replay.add(graded(0, 0, [1, 0]), step=0)
+    assert replay.candidates(0) == []                           # version == step: the fresh part
+    assert len(replay.candidates(2)) == 1                       # age 2 == tau_max: still replayable
+    assert replay.candidates(3) == [] and len(replay) == 0      # age 3: evicted
+    assert replay.stats()["replay/evicted"] == 1
+
+
+def test_state_round_trip():
+    replay = buffer.GroupReplay(tau_max=3, headroom="failure", groups=1, candidates=2,
+                                logprobs=own_logprobs)
+    for step in range(3):
+        replay.add(graded(step, step, [1, 0, 0]) + graded(10 + step, step, [1, 1, 0]), step)
+    replay.sample(2, 0)
+    sd = replay.state_dict()
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    for loaded in (torch.load(buf, weights_only=True), pickle.loads(pickle.dumps(sd))):
+        other = buffer.GroupReplay(tau_max=3, headroom="failure", groups=1, candidates=2,
+                                   logprobs=own_logprobs)
+        other.load_state_dict(loaded)
+        assert other.stats() == replay.stats()
+        assert other.sample(3, 0) == copy.deepcopy(replay).sample(3, 0)
+    with pytest.raises(ValueError, match="headroom"):
+        buffer.GroupReplay(tau_max=3).load_state_dict(sd)
+
+
+# ---- Drift: gating through the real drift pass, and its bounded cost -----------------------------
+
+def _policy_groups(model, n_groups: int, size: int = 4) -> list[list[Rollout]]:
+    """Groups whose behaviour log-probs are the model's own now (drift 0)."""
+    gs = [graded(p, 0, [1.0, 0.0] * (size // 2), completion=(5 + p % 3, 6, 7))
+          for p in range(n_groups)]
+    flat = [r for g in gs for r in g]
+    for r, lp in zip(flat, rollout.lockstep_logprobs(model, flat, 64, 1.0, 0, 1)):
+        r.logprobs = lp
+    return gs
+
+
+def test_drift_gate_skips_then_replays_when_the_policy_returns_and_candidates_bound_the_forwards():
+    tok = make_tokenizer()
+    model = make_model(len(tok), seed=0).eval()
+    a = flags.Args(micro_batch_size=4, hd_drift_frac=0.25)         # one forward pass per group of 4
+    drift_max = buffer.drift_limit(a.hd_drift_frac, a.eps_low, a.eps_high)   # as train.setup: 0.056
+
+    def policy_logprobs(rollouts):                                # as train.setup gives the buffer
+        return rollout.lockstep_logprobs(model, rollouts, a.micro_batch_size, a.temperature,
+                                         tok.pad_token_id, 1)
+    replay = buffer.GroupReplay(tau_max=9, groups=2, candidates=3, drift_max=drift_max,
+                                logprobs=policy_logprobs)
+    replay.add([r for g in _policy_groups(model, 5) for r in g], step=0)
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+
+    assert len(replay.sample(1, 0)) == 8 and len(calls) == 3    # 5 stored, 3 candidates: 3 forwards
+    s = replay.stats()
+    assert (s["replay/groups"] == 2 and s["replay/drift_candidates"] == 3
+            and s["replay/drift_mean"] < 1e-5)
+    start = copy.deepcopy(model.state_dict())
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(3.0)                           # the policy moves away
+    assert replay.sample(2, 0) == [] and len(calls) == 6    # all candidates gated, still 3 forwards
+    s = replay.stats()
+    assert s["replay/drift_gated_frac"] == 1.0 and s["replay/drift_mean"] > drift_max
+    assert s["replay/groups"] == 0
+    assert len(replay) == 20                                                # skipped, not deleted
+    model.load_state_dict(start)                                            # ... and returns
+    assert len(replay.sample(3, 0)) == 8 and replay.stats()["replay/drift_gated_frac"] == 0.0
+    calls.clear()
+    assert replay.sample(0, 0) == [] and calls == []         # nothing eligible: no forward (1 rank)
+
+
+def test_drift_is_the_mean_over_rollouts_of_the_absolute_mean_log_ratio():
+    """D(g) = mean_i |mean_t (log pi_theta - log pi_behaviour)|, from the `logprobs` forward given
+    at construction: 0 for the rollouts' own log-probs, per group, one forward for all groups."""
+    gs = [graded(0, 0, [1.0, 0.0]), graded(1, 0, [1.0, 0.0, 0.0])]
+    shifts = {id(gs[0][0]): [0.3, 0.3, 0.3], id(gs[0][1]): [-0.6, 0.0, 0.0],      # |.3|, |-.2|
+              id(gs[1][0]): [0.5, -0.5, 0.0], id(gs[1][1]): [0.0] * 3, id(gs[1][2]): [-0.9] * 3}
+    calls = []
+
+    def shifted(rollouts):
+        calls.append(len(rollouts))
+        return [[lp + d for lp, d in zip(r.logprobs, shifts[id(r)])] for r in rollouts]
+    drift = buffer.GroupReplay(tau_max=2, logprobs=shifted).drift_and_headroom(gs)[0]
+    assert drift == [pytest.approx((0.3 + 0.2) / 2), pytest.approx((0.0 + 0.0 + 0.9) / 3)]
+    assert calls == [5]
+    assert buffer.GroupReplay(tau_max=2, logprobs=own_logprobs).drift_and_headroom(gs)[0] == [0.0,
+                                                                                              0.0]
+    with pytest.raises(ValueError, match="logprobs"):
+        buffer.GroupReplay(tau_max=2).sample(1, 0)          # no forward given: no drift gate
+

@@ -6,6 +6,7 @@ own configs stops at EOS.
 Checked on assets/tiny-arith and on a checkpoint written by checkpoint.save (world size 1) from the
 shipped model whose configs had their ids taken out first, as in a model made before they were
 written: save puts them back."""
+import dataclasses
 import json
 import os
 
@@ -16,7 +17,6 @@ import checkpoint
 import data
 import flags
 import parallel
-import rollout
 from tiny import decided_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,12 +28,13 @@ TEXTS = ["1 + 2 = 3", " 7 * 6 = 42 ", "a  b\nc", "x = \\frac{1}{2}, y = 3.5"]
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    model, tok = rollout.load_model(SHIPPED)
+    model, tok = checkpoint.load_model(SHIPPED)
     for cfg in (model.config, model.generation_config):
         cfg.eos_token_id = cfg.pad_token_id = cfg.bos_token_id = None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     root = tmp_path_factory.mktemp("ckpt")
-    return checkpoint.save(str(root), 1, model, opt, tok, flags.Args(model=SHIPPED),
+    return checkpoint.save(str(root), 1, model, opt, tok,
+                           dataclasses.asdict(flags.Args(model=SHIPPED)),
                            guard=parallel.StepGuard(3), replay=None, pos=0, rank=0, world=1)
 
 
@@ -52,7 +53,7 @@ def test_autotokenizer_gives_the_trainers_class_and_keeps_spaces(model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     assert type(tok).__name__ == "Qwen2Tokenizer"
     assert read(model_dir, "tokenizer_config.json")["tokenizer_class"] == "Qwen2Tokenizer"
-    _, trainers = rollout.load_model(model_dir)
+    _, trainers = checkpoint.load_model(model_dir)
     assert type(trainers) is type(tok)
     assert (tok.eos_token_id, tok.pad_token_id) == (EOS, PAD)
     for text in TEXTS:

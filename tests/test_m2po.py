@@ -1,6 +1,6 @@
-"""M2PO's second-moment mask (grpo.m2po_threshold / m2po_keep, train.m2po_keep_masks) by hand and
-through the loop, and the clip fraction by position (grpo's loss/clip_frac_first, _middle, _last)
-by hand and combined over micro-batches."""
+"""M2PO's second-moment mask (grpo.m2po_threshold / m2po_keep, objective.Objective.prepare) by hand
+and through the loop, and the clip fraction by position (grpo's loss/clip_frac_first, _middle,
+_last) by hand and combined over micro-batches."""
 import io
 import json
 import math
@@ -11,11 +11,13 @@ import torch
 
 import flags
 import grpo
+import objective
 import rollout
 import train
 from make_tiny_model import make_model, make_tokenizer
 from metrics import Metrics
 from rollout import Rollout
+from tiny import objective_of, update
 
 # train.main in process, on the CPU whatever the machine has (conftest's cpu_only)
 pytestmark = pytest.mark.usefixtures("cpu_only")
@@ -69,7 +71,13 @@ def test_padding_is_ignored_and_zero_masks_nothing():
     assert grpo.m2po_threshold(torch.zeros(0, dtype=torch.float64), 0.04) == math.inf
 
 
-# ---- through train.py: the step's mask, the loss, the flags --------------------------------------
+# ---- through the objective and the loop: the step's mask, the loss, the flags --------------------
+
+def keep_masks(model, mbs, args, pad_id):
+    """Objective.prepare's mask of each micro-batch (mb["m2po_keep"])."""
+    objective_of(args, pad_id).prepare(model, mbs)
+    return [mb["m2po_keep"] for mb in mbs]
+
 
 def _policy_and_rollouts(offsets):
     """The tiny policy, and rollouts whose behaviour log-probs are the current ones minus
@@ -93,15 +101,15 @@ OFFSETS = [[0.5, -0.3, 0.1], [0.0, 0.02], [-0.4, 0.05, 0.0, 0.3], [0.01]]
 
 @pytest.mark.paths
 def test_step_threshold_is_the_merged_batch_one():
-    """train.m2po_keep_masks over micro-batches of 2 rows and over one micro-batch of all 4: the
+    """Objective.prepare over micro-batches of 2 rows and over one micro-batch of all 4: the
     same kept tokens per rollout, and the same as grpo.m2po_keep on all 10 tokens at once. The two
     shapes round log r differently (~1e-7); OFFSETS keep every partial M2 7e-4 or more from tau."""
     model, tok, rs = _policy_and_rollouts(OFFSETS)
-    a = train.Args(m2po_tau=0.04)
+    a = flags.Args(m2po_tau=0.04)
     kept = []
     for size in (2, 4):
         mbs = rollout.micro_batches(rs, size, tok.pad_token_id, "cpu")
-        masks = train.m2po_keep_masks(model, mbs, a, pad_id=tok.pad_token_id, world=1)
+        masks = keep_masks(model, mbs, a, tok.pad_token_id)
         assert len(mbs) == 4 // size
         by_rollout = {}
         for idx, mb, k in zip(rollout.length_buckets(rs, size), mbs, masks):
@@ -120,11 +128,12 @@ def test_loss_is_the_masked_token_mean_without_clip():
     """One micro-batch with M2PO: L = -(1/N) sum_t M_t r_t A_t, N = every valid token (10), the
     masked one included; ratios far outside [0.8, 1.28] are not clipped (clip_frac 0)."""
     model, tok, rs = _policy_and_rollouts(OFFSETS)
-    a = train.Args(m2po_tau=0.04, eps_low=0.2, eps_high=0.28)
+    a = flags.Args(m2po_tau=0.04, eps_low=0.2, eps_high=0.28)
     mb = rollout.micro_batches(rs, 4, tok.pad_token_id, "cpu")[0]
-    mb["m2po_keep"] = train.m2po_keep_masks(model, [mb], a, pad_id=tok.pad_token_id, world=1)[0]
+    objective = objective_of(a, tok.pad_token_id)
+    objective.prepare(model, [mb])
     m = Metrics()
-    loss = train.micro_batch_loss(model, None, mb, a, 10.0, m)
+    loss = objective.loss(model, mb, 10.0, m)
     order = rollout.length_buckets(rs, 4)[0]
     by_hand = 0.0
     for b, i in enumerate(order):
@@ -162,8 +171,8 @@ def _one_update(rs, tok, size):
     were measured at) over `rs` in micro-batches of `size` rows: the step's masked share."""
     model = make_model(len(tok), seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-    a = train.Args(m2po_tau=0.04, micro_batch_size=size)
-    m = train.update(model, None, opt, rs, [], a, step=0, pad_id=tok.pad_token_id)
+    a = flags.Args(m2po_tau=0.04, micro_batch_size=size)
+    m = update(model, None, opt, rs, [], a, step=0, pad_id=tok.pad_token_id)
     return m.reduce(1)["loss/m2po_masked_frac"]
 
 
@@ -189,11 +198,12 @@ def test_a_micro_batch_threshold_would_fail_that_check(monkeypatch):
     M2 = 0.6025 / 7, without 0.25: 0.3525 / 6 = 0.059 >= 0.04, so 0.16 goes too)."""
     _, tok, rs = _policy_and_rollouts(OFFSETS)
 
-    def per_micro_batch(model, mbs, args, *, pad_id, world):
-        return [real(model, [mb], args, pad_id=pad_id, world=world)[0] for mb in mbs]
+    def per_micro_batch(self, model, mbs):
+        for mb in mbs:
+            real(self, model, [mb])
 
-    real = train.m2po_keep_masks
-    monkeypatch.setattr(train, "m2po_keep_masks", per_micro_batch)
+    real = objective.Objective.prepare
+    monkeypatch.setattr(objective.Objective, "prepare", per_micro_batch)
     assert _one_update(rs, tok, 4) == pytest.approx(0.1, rel=1e-12)    # one: the step's threshold
     assert _one_update(rs, tok, 2) == pytest.approx(0.2, rel=1e-12)    # two: each its own
 

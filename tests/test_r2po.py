@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import cli
 import eval as eval_lib
 import flags
 import grpo
@@ -25,7 +26,10 @@ import train
 import vllm_engine
 from conftest import cpu_env
 from r2po import R2PO, ResidualHead
-from rollout import Prompt, Rollout, Sampling, TorchEngine, load_model
+from checkpoint import load_model
+from data import Prompt
+from rollout import Rollout, Sampling, TorchEngine
+from tiny import score, update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
@@ -48,6 +52,14 @@ def head_of(model, rank=8, std=1e-6):
     return ResidualHead(model.config.hidden_size, model.config.vocab_size, rank, std=std)
 
 
+def r2po_of(head, args, initial=None):
+    """R2PO of `args` (flags.Args), as train.setup builds it."""
+    shared = r2po.Shared(args.eps_low, args.eps_high, args.agg, args.temperature,
+                         args.max_new_tokens, args.micro_batch_size, args.micro_batch_tokens,
+                         args.max_grad_norm, args.group_size)
+    return R2PO(head, cli.part(args, r2po.Flags), shared, initial)
+
+
 def mixed_head_rollouts(model, tok, prompts, args):
     """(a head of std 0.05, 32 rollouts sampled through it, scored by `args`), regrouped into 7
     groups of mixed verdicts (odd completion length = right), not 4 all-equal ones."""
@@ -60,7 +72,7 @@ def mixed_head_rollouts(model, tok, prompts, args):
     for i, r in enumerate(rollouts):
         r.prompt_id = i % 7
         r.correct = float(len(r.completion_ids) % 2)
-    train.score(rollouts, args)
+    score(rollouts, args)
     return head, rollouts
 
 
@@ -150,13 +162,12 @@ def test_head_changes_sampling_and_the_trainer_scores_it_as_the_engine_did(tiny)
 def test_vllm_engine_refuses_the_head_and_flags_say_so():
     with pytest.raises(ValueError, match="--engine torch"):
         vllm_engine.VLLMEngine.generate(object(), [Prompt(0, [1])], 1, Sampling(use_head=True))
-    args = flags.parse(flags.Args, ["--preset", "r2po", "--engine", "vllm"], presets=flags.PRESETS)
+    args = flags.parse(["--preset", "r2po", "--engine", "vllm"])
     with pytest.raises(ValueError, match="needs --engine torch"):
         flags.check_args(args)
     for bad in ("1", "1,0", "a,b", "-1,2"):
         with pytest.raises(ValueError, match="--r2po-schedule"):
-            flags.check_args(flags.parse(flags.Args, ["--preset", "r2po", f"--r2po-schedule={bad}"],
-                                         presets=flags.PRESETS))
+            flags.check_args(flags.parse(["--preset", "r2po", f"--r2po-schedule={bad}"]))
 
 
 def test_head_parameters_stay_under_a_tenth_of_the_model(tiny):
@@ -173,11 +184,11 @@ def test_head_parameters_stay_under_a_tenth_of_the_model(tiny):
 
 def test_phases_follow_the_schedule():
     def phases(args):
-        return R2PO(ResidualHead(4, 4, 1), args)
+        return r2po_of(ResidualHead(4, 4, 1), args)
 
     args = flags.Args(r2po_head="residual", r2po_schedule="2,3")
     assert [phases(args).phase(s) for s in range(7)] == ["head"] * 2 + ["policy"] * 3 + ["head"] * 2
-    assert r2po.make(flags.Args(), None, "cpu") is None
+    assert r2po.make(r2po.Flags(), None, None, "cpu") is None
     assert phases(flags.Args(r2po_head="residual", r2po_schedule="0,1")).phase(5) == "policy"
 
 
@@ -186,7 +197,7 @@ def test_head_phase_moves_only_the_head_and_policy_phase_only_the_base(tiny):
     model.train()
     args = flags.Args(r2po_head="residual", lr=1e-2, r2po_head_lr=1e-2)
     head, rollouts = mixed_head_rollouts(model, tok, prompts, args)
-    method = R2PO(head, args, initial=copy.deepcopy(model).eval().requires_grad_(False))
+    method = r2po_of(head, args, initial=copy.deepcopy(model).eval().requires_grad_(False))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     base0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     head0 = {n: p.detach().clone() for n, p in head.named_parameters()}
@@ -197,7 +208,7 @@ def test_head_phase_moves_only_the_head_and_policy_phase_only_the_base(tiny):
     assert m["r2po/head_groups_used"] > 0 and m["r2po/head_kl"] > 0
 
     head1 = {n: p.detach().clone() for n, p in head.named_parameters()}
-    train.update(model, None, opt, rollouts, [], args, step=1, pad_id=tok.pad_token_id)
+    update(model, None, opt, rollouts, [], args, step=1, pad_id=tok.pad_token_id)
     assert all(torch.equal(p, head1[n]) for n, p in head.named_parameters())
     assert not all(torch.equal(p, base0[n]) for n, p in model.named_parameters())
 
@@ -212,7 +223,7 @@ def test_head_kl_anchor_initial_stays_on_the_loaded_model_current_follows_the_ba
 
     def head_kls(anchor):
         args = flags.Args(r2po_head="residual", r2po_kl_anchor=anchor)
-        method = R2PO(copy.deepcopy(head), args, initial if anchor == "initial" else None)
+        method = r2po_of(copy.deepcopy(head), args, initial if anchor == "initial" else None)
         m = method.head_step(model, rollouts, tok.pad_token_id, 1).reduce(1)
         return m["r2po/head_kl"], m["r2po/head_kl_current"]
 
@@ -238,7 +249,7 @@ def test_head_kl_anchor_initial_stays_on_the_loaded_model_current_follows_the_ba
     # initial, by hand: k3 KL(pi_rollout || pi_initial) over the tokens of the groups used, in
     # one batch (head_step's micro-batches are by length: float32 summation order, rel 1e-5)
     adv = r2po.rarity_advantages(torch.tensor([r.reward for r in rollouts]),
-                                 r2po.group_ids(rollouts)).tolist()
+                                 grpo.group_ids(rollouts)).tolist()
     live = {r.prompt_id for r, a in zip(rollouts, adv) if a != 0}
     batch = rollout.collate([r for r in rollouts if r.prompt_id in live], tok.pad_token_id)
     with torch.no_grad():

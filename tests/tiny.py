@@ -56,7 +56,7 @@ SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "4"
          "--lr", "3e-3", "--replay-ratio", "1", "--tau-max", "2"]
 
 
-# ---- greedy decoding on two paths: where rounding cannot decide -----------------------------------
+# ---- greedy decoding on two paths: where rounding cannot decide ----------------------------------
 
 # Two greedy decoders (a batch and a single row, KV cache and a full forward, another CPU kind's
 # kernels) compute the same logits to about 1e-6; where the top two logits are closer than this,
@@ -75,3 +75,72 @@ def decided_prefix(model, prompt_ids: list[int], completion_ids: list[int],
     top2 = logits.topk(2, dim=-1).values                                           # [T, 2]
     close = ((top2[:, 0] - top2[:, 1]) <= margin).tolist()
     return close.index(True) if True in close else len(completion_ids)
+
+
+# ---- the run's objects from a flat Args, as train.setup binds them (for tests of one piece) ------
+
+def objective_of(args, pad_id: int, ref_model=None, world: int = 1, device: str = "cpu"):
+    """objective.Objective of `args` (flags.Args), as train.setup builds it."""
+    import cli
+    import objective
+    batching = objective.Batching(args.micro_batch_size, args.micro_batch_tokens, pad_id, device)
+    return objective.Objective(cli.part(args, objective.Flags), temperature=args.temperature,
+                               max_len=args.max_new_tokens, batching=batching,
+                               ref_model=ref_model, world=world)
+
+
+def update(model, ref_model, opt, fresh, replayed, args, *, step: int, pad_id: int,
+           world: int = 1, guard=None, per_update=None):
+    """train.update with the objective and the optimisation flags of `args` (flags.Args)."""
+    import cli
+    import flags
+    import train
+    return train.update(model, objective_of(args, pad_id, ref_model, world), opt, fresh, replayed,
+                        cli.part(args, flags.OptimFlags), step=step, seed=args.seed,
+                        pad_id=pad_id, world=world, guard=guard, per_update=per_update)
+
+
+def allocation_of(args, engine, rank: int = 0, world: int = 1):
+    """allocation.Allocation of `args` (flags.Args) on `engine`, as train.setup builds it."""
+    import allocation
+    import cli
+    import flags
+    import train
+    import verify
+    import vigor
+    from rollout import Sampling
+    sizes = flags.Sizes(world, args.prompts_per_step // world, args.group_size,
+                        (args.vigor_budget or args.prompts_per_step * args.group_size) // world
+                        if args.allocation == "vigor" else 0, args.micro_batch_tokens)
+    vig = (vigor.Vigor(cli.part(args, vigor.Flags), sizes.vigor_budget)
+           if args.allocation == "vigor" else None)
+    return allocation.Allocation(
+        cli.part(args, allocation.Flags), engine=engine, group_size=args.group_size,
+        per_rank=sizes.prompts, vigor=vig,
+        sampling=Sampling(args.temperature, args.top_p, args.max_new_tokens,
+                          use_head=args.r2po_head != "none"),
+        seed_of=lambda step, round_: train.sampling_seed(args.seed, rank, step, round_),
+        grader=verify.grader(args.train_data), form=verify.format_rule(args.train_data))
+
+
+def score(rollouts, args):
+    """allocation.score of `args` (flags.Args)."""
+    import allocation
+    import cli
+    import vigor
+    vig = vigor.Vigor(cli.part(args, vigor.Flags), 0) if args.allocation == "vigor" else None
+    return allocation.score(rollouts, cli.part(args, allocation.Flags),
+                            max_len=args.max_new_tokens, vigor=vig)
+
+
+def run_main(argv, out):
+    """train.main in process with its output swallowed: (exit status, the metrics.jsonl rows after
+    step 0, the updates.jsonl rows)."""
+    import io
+    import json
+    from contextlib import redirect_stderr, redirect_stdout
+    import train
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        rc = train.main([*argv, "--out-dir", str(out)])
+    read = lambda name: [json.loads(ln) for ln in open(out / name)]   # noqa: E731
+    return rc, read("metrics.jsonl")[1:], read("updates.jsonl")

@@ -1,0 +1,72 @@
+"""The presets, one per paper (flags.PRESETS): explicit flags win over a preset's, every preset
+names real flags with their types and allowed values, and every preset runs 2 steps end to end (its
+flags saved in args.json).
+
+    python -m pytest -q tests/test_presets.py
+"""
+import dataclasses
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import checkpoint
+import cli
+import flags
+from tiny import run_main
+
+# train.main in process, on the CPU whatever the machine has (conftest's cpu_only): on CUDA it would
+# run another precision and --engine auto would pick vLLM, not the runs these tests pin.
+pytestmark = pytest.mark.usefixtures("cpu_only")
+# as BASE's --threads 1: two cores are shared, and a 0.8M-parameter model needs no more
+torch.set_num_threads(1)
+BASE = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6", "--eval-size", "8",
+        "--threads", "1", "--eval-every", "0"]
+
+
+def test_preset_flags_are_overridden_by_explicit_flags():
+    a = flags.parse(["--preset", "gspo", "--eps-low", "0.1"])
+    assert (a.ratio, a.eps_low, a.eps_high, a.mini_batches) == ("gspo", 0.1, 4e-4, 4)
+    # explicit values equal to the plain defaults win too, in any order
+    a = flags.parse(["--replay", "prioritized", "--preset", "grpo", "--eps-high", "0.28"])
+    assert ((a.replay, a.eps_high, a.eps_low, a.agg)
+            == ("prioritized", 0.28, 0.2, "seq-mean-token-mean"))
+    plain = flags.parse([])
+    assert plain == flags.Args()
+    assert dataclasses.replace(flags.parse(["--preset", "rollout-replay"]),
+                               preset="none") == plain
+
+
+def test_presets_name_real_flags_with_their_types():
+    fields = {f.name: f for f in dataclasses.fields(flags.Args)}
+    for name, (text, values) in flags.PRESETS.items():
+        assert text and "\n" not in text
+        for k, v in values.items():
+            assert k in fields and type(v) is type(fields[k].default), (name, k)
+            choices = cli.choices(flags.Args, k)
+            assert choices is None or v in choices, (name, k, v)
+
+
+SHRINK = {"mu-grpo": ["--mini-batches", "4"],                 # 64 updates > the 32 rollouts of BASE
+          "r2po": ["--r2po-schedule", "1,1"]}                   # a head step, then a policy step
+
+
+@pytest.mark.parametrize("name", list(flags.PRESETS))
+def test_every_preset_runs_end_to_end(name, tmp_path):
+    rc, rows, updates = run_main([*BASE, "--preset", name, "--steps", "2", *SHRINK.get(name, [])],
+                                 tmp_path / "run")
+    assert rc == 0 and len(rows) == 2
+    assert len(updates) == sum(r.get("stage/updates", 0) for r in rows) > 0
+    assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
+    with open(os.path.join(checkpoint.step_dir(str(tmp_path / "run" / "checkpoints"), 2),
+                           "args.json")) as f:
+        saved = json.load(f)
+    assert saved["preset"] == name and all(saved[k] == v for k, v in flags.PRESETS[name][1].items()
+                                           if k not in ("steps", "prompts_per_step", "eval_every",
+                                                        "mini_batches", "r2po_schedule"))
+    if name == "headroom-drift":
+        assert rows[1]["replay/drift_candidates"] > 0 and "replay/headroom_mean" in rows[1]
+        assert "replay/headroom_stored_mean" in rows[1]
+
