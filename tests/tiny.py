@@ -104,19 +104,17 @@ def allocation_of(args, engine, rank: int = 0, world: int = 1):
     """allocation.Allocation of `args` (flags.Args) on `engine`, as train.setup builds it."""
     import allocation
     import cli
-    import flags
     import train
     import verify
     import vigor
     from rollout import Sampling
-    sizes = flags.Sizes(world, args.prompts_per_step // world, args.group_size,
-                        (args.vigor_budget or args.prompts_per_step * args.group_size) // world
-                        if args.allocation == "vigor" else 0, args.micro_batch_tokens)
-    vig = (vigor.Vigor(cli.part(args, vigor.Flags), sizes.vigor_budget)
-           if args.allocation == "vigor" else None)
+    vigor_flags, vig = cli.part(args, vigor.Flags), None
+    if args.allocation == "vigor":
+        budget = vigor_flags.budget(args.prompts_per_step, args.group_size) // world
+        vig = vigor.Vigor(vigor_flags, budget)
     return allocation.Allocation(
         cli.part(args, allocation.Flags), engine=engine, group_size=args.group_size,
-        per_rank=sizes.prompts, vigor=vig,
+        per_rank=args.prompts_per_step // world, vigor=vig,
         sampling=Sampling(args.temperature, args.top_p, args.max_new_tokens,
                           use_head=args.r2po_head != "none"),
         seed_of=lambda step, round_: train.sampling_seed(args.seed, rank, step, round_),
