@@ -17,7 +17,7 @@ or None). Below it nothing reads a flag of another owner, and no step branches o
 
 Each step of `train()` reads top to bottom:
 1. generate  `prompts_per_step` prompts' completions from the rollout engine (behaviour log-probs
-             kept), each graded by the task's rule: `allocation.generate_and_score` (fixed groups,
+             kept), each graded by the task's rule: `Allocation.generate_and_score` (fixed groups,
              VIGOR's variance-guided sizes, DAPO's refill rounds);
 2. score     the shaped reward, then one advantage per rollout from its own group (grpo.py), set
              once (the same call);
