@@ -333,7 +333,8 @@ class GroupReplay:
         by_key: dict = {}
         for r in rollouts:
             by_key.setdefault((r.prompt_id, r.version), []).append(r)
-        kept = [g for g in by_key.values() if not _flat(g)]
+        groups = list(by_key.values())
+        kept = [g for g, flat in zip(groups, _flat(groups)) if not flat]
         self._groups += kept
         self._last["replay/unstored_groups"] = len(by_key) - len(kept)
 
@@ -434,10 +435,14 @@ class GroupReplay:
         self._last = dict(sd["last"])
 
 
-def _flat(group: list[Rollout]) -> bool:
-    """grpo's flat-group rule for one group of rollouts: every advantage in it is 0."""
-    rewards = torch.tensor([r.reward for r in group], dtype=torch.float64)
-    return bool(grpo.flat_groups(rewards, grpo.group_ids(group))[0])
+def _flat(groups: list[list[Rollout]]) -> list[bool]:
+    """grpo's flat-group rule for each group (every advantage in it is 0), in one call."""
+    if not groups:
+        return []
+    rewards = torch.tensor([r.reward for g in groups for r in g], dtype=torch.float64)   # [B]
+    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g])                    # [B]
+    first = torch.tensor([0] + [len(g) for g in groups[:-1]]).cumsum(0)          # [n_groups]
+    return grpo.flat_groups(rewards, ids)[first].tolist()
 
 
 def _empty_group_stats() -> dict:

@@ -6,11 +6,12 @@
     row = m.reduce(world)                    # {key: weighted mean | sum | max | min} over all ranks
 
 Each component reports its own metrics, with the weight or kind that says how they combine, and
-its own fields of the step's log line (a function row -> ["label value", ...]): the objective
-(objective.py: grpo.policy_loss's token means), the replay buffers (buffer.py), VIGOR's allocation
-(vigor.py), R²PO (r2po.py), the evaluation (eval.py), the verifier's error counts (verify.py), the
-rollouts of the step (`rollout_metrics` and `rollout_fields`, here). Nothing here knows another
-module's key names: `log_line` joins the fields it is handed. docs/metrics.md lists every key.
+its own fields of the step's log line (`LOG` format strings over its keys, or a function where the
+keys vary): the objective (objective.py: grpo.policy_loss's token means), the replay buffers
+(buffer.py), VIGOR's allocation (vigor.py), R²PO (r2po.py), the evaluation (eval.py), the
+verifier's error counts (verify.py), the rollouts of the step (`rollout_metrics` and `LOG`, here).
+Nothing here knows another module's key names: `log_line` fills in the fields it is handed.
+docs/metrics.md lists every key.
 
 Files (rank 0, under --out-dir): metrics.jsonl (one JSON object per step), samples.jsonl (a few
 decoded rollouts per step), updates.jsonl (one line per optimizer step), and with --tensorboard the
