@@ -13,9 +13,10 @@ what they are worth. Steps 1 (generate) and 2 (score) of the loop.
 - How they are graded: the task's grader and answer form (verify.grader, verify.format_rule of
   --train-data), resolved once in train.setup; each rollout's r.correct and r.formatted are set
   once, here.
-- What they are worth: the shaped reward r.reward (`shaped_reward`: the verdict, the answer form's
-  term, DAPO's soft overlong penalty), then one advantage r.advantage per rollout from its own
-  group (grpo.ADVANTAGES, the GRPO group key grpo.group_ids), set once.
+- What they are worth: the shaped reward r.reward (`shaped_reward`: the verdict or, with --reward
+  partial, the long task's partial credit; the answer form's term; DAPO's soft overlong penalty),
+  then one advantage r.advantage per rollout from its own group (grpo.ADVANTAGES, the GRPO group
+  key grpo.group_ids), set once.
 """
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -28,12 +29,20 @@ from metrics import Metrics
 from rollout import Sampling
 
 
+# --reward: the verdict's term (correct: the 1/0 verdict; partial: its partial credit), then
+# "+format": the answer form's term added
+REWARDS = ("correct", "correct+format", "partial", "partial+format")
+
+
 @dataclass(frozen=True)
 class Flags:
     # ---- reward ----------------------------------------------------------------------------------
-    reward: Literal["correct", "correct+format"] = "correct"
+    reward: Literal[REWARDS] = "correct"
     """reward: correct (--reward-right / --reward-wrong by the verdict) | correct+format (plus
-    --format-ok when the response is in the task's answer form, else --format-bad)"""
+    --format-ok when the response is in the task's answer form, else --format-bad) | partial (the
+    long task's partial credit: the verdict v replaced by (v + the share of the response's "="
+    steps of the gold value) / 2, so 1 only for a right chain of right steps, at most 1/2 for a
+    wrong answer) | partial+format (that plus the format term)"""
     reward_right: float = 1.0
     """reward of a correct response"""
     reward_wrong: float = 0.0
@@ -69,17 +78,33 @@ def grade(rollouts, grader=verify.grade, form=verify.integer_form) -> None:
 def shaped_reward(rollouts, flags: Flags, max_len: int) -> torch.Tensor:
     """r_i, the reward the advantage is computed from [B]:
 
-        --reward correct:          r = right if correct else wrong
-        --reward correct+format:   r = (right if correct else wrong) + (ok if formatted else bad)
+        --reward correct:          r = wrong + (right - wrong) v,   v = r.correct (1 / 0)
+        --reward partial:          r = wrong + (right - wrong) c,   c = (v + share) / 2
+        "+format" (correct+format, partial+format): + (ok if formatted else bad)
         then, with --overlong-buffer, + DAPO's soft overlong penalty (L_max = max_len)
 
     right, wrong, ok, bad = --reward-right, --reward-wrong, --format-ok, --format-bad (defaults 1,
     0, 1.25, -1: the verdict alone is 1 / 0; R²PO's official reward is right 1, wrong -1 with its
-    format term, four outcome classes)."""
+    format term, four outcome classes). partial's share = verify.step_share(r.text, r.answer),
+    the share of the response's "=" steps whose value is the gold's. So the credit c is 1 exactly
+    when the verdict is right and every step keeps the value. A right answer scores c >= 1/2 (>
+    1/2 under the long task's grader, whose right final step keeps the value), a wrong one c =
+    share / 2 <= 1/2: the grader's order is kept, and the partial credit orders the responses
+    within each verdict. A chain of right steps left unreduced ("61-6-1=55-1": not the task's
+    plain integer) gets 1/2, one wrong at step k of K that carries the error on (k - 1) / 2K,
+    garbage and "" 0. It replaces the verdict's term only: r.correct stays the grader's 1 / 0
+    (dynamic sampling, VIGOR and the metrics read it). Meant for the step-by-step task
+    (builtin_steps), whose answers are "="-chains of integers; on a benchmark's \\boxed{} answers
+    the share is mostly 0 and c = v / 2. A known weakness, not yet closed: a response that only
+    restates the question keeps its value, so it scores 1/2 like a right chain left unreduced (the
+    question is not at hand here to tell the two apart); --reward partial has had no run yet."""
     f = flags
-    correct = torch.tensor([r.correct for r in rollouts])                            # [B]
-    rewards = correct * (f.reward_right - f.reward_wrong) + f.reward_wrong
-    if f.reward == "correct+format":
+    credit = torch.tensor([r.correct for r in rollouts])                             # [B] v
+    if f.reward.startswith("partial"):
+        share = torch.tensor([verify.step_share(r.text, r.answer) for r in rollouts])  # [B]
+        credit = (credit + share) / 2
+    rewards = credit * (f.reward_right - f.reward_wrong) + f.reward_wrong
+    if f.reward.endswith("+format"):
         formatted = torch.tensor([r.formatted for r in rollouts])                    # [B]
         rewards = rewards + torch.where(formatted, f.format_ok, f.format_bad)
     if f.overlong_buffer:

@@ -20,6 +20,11 @@ with a fixed seed, split by the same crc32 rule. Its answer rule (STEPS_NAMES, v
 a plain integer final answer scores, the text after the completion's last "=" must be an integer
 literal equal to the gold, so a chain stopped early ("4-1+1*4=" answered "4-1+4", of the right
 value) scores 0.
+The third (`builtin_mixed`, a difficulty spread): 2 to 6 single-digit operands (the step-by-step
+task's "*" rule), 2,000 distinct expressions of each count (all 300 of 2 operands), answered
+directly and graded by value, so that per-prompt success spans 0..1; the same crc32 split.
+Chat models get every built-in task through the instruct template (`apply_template`): the chat
+template over a direct instruction, "What is 4*5-7+1? Reply with only the number.".
 
 Benchmarks (`load_benchmark(name)`; files read in place from `data_dir`, default ../shared/data, in
 the layouts they are published in; a row without a gold answer is an error naming the file and line,
@@ -31,6 +36,8 @@ never a silent skip), each as name: file | question | gold answer:
 - builtin_steps: (generated) | 5-6 operands | its value; STEPS_TEST_SIZE test examples, seed 0
 - builtin_steps_dev: (generated) | same | STEPS_DEV_SIZE dev examples, seed 0
 - builtin_steps_train: (generated) | same | STEPS_TRAIN_SIZE train examples, seed 0
+- builtin_mixed, builtin_mixed_dev, builtin_mixed_train: (generated) | 2-6 operands | its value;
+  MIXED_TEST_SIZE, MIXED_DEV_SIZE, MIXED_TRAIN_SIZE examples, seed 0
 - gsm8k, gsm8k_test / gsm8k_train: gsm8k_test.jsonl / gsm8k_train.jsonl | question |
   after "#### " in answer, commas removed
 - math500: math500.jsonl | problem | answer
@@ -63,7 +70,10 @@ SPLITS = ("train", "dev", "test")
 DEFAULT_DATA_DIR = "../shared/data"
 # The base-model instruction of the RLVR papers (Qwen2.5-Math evaluation, SimpleRL-Zoo, Dr. GRPO).
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-TEMPLATES = ("plain", "chat", "builtin")
+# The built-in tasks' instruction to a chat model: a direct question and the answer form it must
+# take (verify.format_rule: the reply is the number alone).
+DIRECT_INSTRUCTION = "What is {question}? Reply with only the number."
+TEMPLATES = ("plain", "chat", "builtin", "instruct")
 
 
 @dataclass
@@ -97,15 +107,24 @@ def _all_expressions() -> list[str]:
     return two + [e + o + c for e in two for o in OPERATORS for c in digits]
 
 
+def _drawn(pool, split: str, n: int | None, seed: int, task: str) -> list[str]:
+    """The expressions of `pool` in `split` (_split), shuffled by random.Random("[task-]split-seed")
+    (each task's own order), of which the first n are asked for (all if None): at least n must
+    exist."""
+    _check_split(split)
+    exprs = [e for e in pool if _split(e) == split]
+    random.Random(f"{task}-{split}-{seed}" if task else f"{split}-{seed}").shuffle(exprs)
+    if n is not None and n > len(exprs):
+        name = f"{task} {split}" if task else split
+        raise ValueError(f"the built-in {name} split has {len(exprs)} examples, "
+                         f"{n} were asked for")
+    return exprs
+
+
 def arithmetic_examples(split: str, n: int | None = None, seed: int = 0) -> list[Example]:
     """The first n examples (all if n is None) of the split ("train", "dev" or "test") in an
     order shuffled by seed."""
-    _check_split(split)
-    exprs = [e for e in _all_expressions() if _split(e) == split]
-    random.Random(f"{split}-{seed}").shuffle(exprs)
-    if n is not None and n > len(exprs):
-        raise ValueError(f"the built-in {split} split has {len(exprs)} examples, "
-                         f"{n} were asked for")
+    exprs = _drawn(_all_expressions(), split, n, seed, "")
     # Only digits and + - * reach eval here: strings this module built itself, never model output.
     return [Example(question=e, answer=str(eval(e))) for e in exprs[:n]]
 
@@ -151,12 +170,12 @@ def worked_solution(expr: str) -> str:
     return "=".join(steps)
 
 
-def _steps_draw(rng: random.Random) -> str:
-    """One expression: an operand count from STEPS_OPERANDS, each operator uniform over + - * and
+def _steps_draw(rng: random.Random, counts: tuple[int, ...] = STEPS_OPERANDS) -> str:
+    """One expression: an operand count from `counts`, each operator uniform over + - * and
     drawn again (all of them) while more than STEPS_MAX_PRODUCTS are "*" or two "*" are neighbours,
     digits uniform 0-9. Every product is then digit x digit, every intermediate value within
     -171..180."""
-    k = rng.choice(STEPS_OPERANDS)
+    k = rng.choice(counts)
     while True:
         ops = [rng.choice(OPERATORS) for _ in range(k - 1)]
         if ops.count("*") <= STEPS_MAX_PRODUCTS and "**" not in "".join(ops):
@@ -174,22 +193,12 @@ def _steps_pool() -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _steps_expressions(split: str) -> list[str]:
-    """The pool's expressions of one split, by the arithmetic task's rule (_split)."""
-    return [e for e in _steps_pool() if _split(e) == split]
-
-
 def arithmetic_chain_examples(split: str, n: int | None = None, seed: int = 0) -> list[Example]:
     """The step-by-step task: the first n examples (all if None) of the split in an order shuffled
     by seed. The question is the expression ("7+6*9-3*2-1", prompt "7+6*9-3*2-1=" under the builtin
     template), the gold answer its value ("54"); a completion scores when its last "=" is followed
     by that integer alone (the task's rule, at STEPS_NAMES), as worked_solution(question) does."""
-    _check_split(split)
-    exprs = _steps_expressions(split)
-    random.Random(f"steps-{split}-{seed}").shuffle(exprs)
-    if n is not None and n > len(exprs):
-        raise ValueError(f"the built-in steps {split} split has {len(exprs)} examples, "
-                         f"{n} were asked for")
+    exprs = _drawn(_steps_pool(), split, n, seed, "steps")
     golds = _steps_golds()
     return [Example(question=e, answer=golds[e]) for e in exprs[:n]]
 
@@ -200,19 +209,66 @@ def _steps_golds() -> dict[str, str]:
     return {e: worked_solution(e).rsplit("=", 1)[-1] for e in _steps_pool()}
 
 
-# The built-in prompt sets, each with its train split (what --train-data NAME should train on) and
-# template builtin.
-BUILTIN_TRAIN_SPLITS = {BUILTIN: "builtin_train", STEPS: "builtin_steps_train"}
+# ---- the third built-in task: a difficulty spread, 2 to 6 operands answered directly -------------
+
+MIXED = "builtin_mixed"      # its test split's name; builtin_mixed_dev, _train the others
+MIXED_NAMES = (MIXED, "builtin_mixed_dev", "builtin_mixed_train")
+MIXED_OPERANDS = (2, 3, 4, 5, 6)
+MIXED_PER_COUNT = 2000       # distinct expressions of each operand count (2 operands: all 300)
+MIXED_POOL_SEED = "mixed-pool"
+MIXED_TEST_SIZE = 500        # of 840 test expressions
+MIXED_DEV_SIZE = 500         # of 821 dev expressions
+MIXED_TRAIN_SIZE = 6639      # the whole train split
 
 
-BUILTIN_NAMES = (BUILTIN, "builtin_dev", "builtin_train", *STEPS_NAMES)
+@functools.lru_cache(maxsize=1)
+def _mixed_pool() -> tuple[str, ...]:
+    """MIXED_PER_COUNT distinct expressions of each operand count in MIXED_OPERANDS (all 300 of 2
+    operands), drawn as the step-by-step task draws (_steps_draw's rule: at most two "*", never side
+    by side, so every value is within -171..180) with seed MIXED_POOL_SEED, whatever the caller's
+    seed; in the order first drawn, the counts one after another."""
+    rng, pool = random.Random(MIXED_POOL_SEED), {}
+    for k in MIXED_OPERANDS:
+        want = len(pool) + min(MIXED_PER_COUNT, 3 * MAX_OPERAND ** 2 if k == 2 else MIXED_PER_COUNT)
+        while len(pool) < want:
+            pool.setdefault(_steps_draw(rng, (k,)), None)
+    return tuple(pool)
+
+
+def mixed_examples(split: str, n: int | None = None, seed: int = 0) -> list[Example]:
+    """The difficulty-spread task: the first n examples (all if None) of the split, shuffled by
+    seed; per-prompt success spans 0..1 (a model that answers 2 operands well rarely answers 6).
+    The question is the expression ("4*5-7+1", prompt "4*5-7+1=" under the builtin template), the
+    gold its value ("14"), graded by value (verify.grade). Split by the crc32 rule of the other
+    built-in tasks (_split), so an expression is in the same split in every task that has it: no
+    test or dev expression of any built-in task is ever trained on."""
+    exprs = _drawn(_mixed_pool(), split, n, seed, "mixed")
+    return [Example(question=e, answer=worked_solution(e).rsplit("=", 1)[-1]) for e in exprs[:n]]
+
+
+def operands(question: str) -> int:
+    """The operand count of a built-in expression ("4*5-7+1" -> 4): the difficulty of a prompt."""
+    return sum(ch.isdigit() and (i == 0 or not question[i - 1].isdigit())
+               for i, ch in enumerate(question))
+
+
+# The built-in prompt sets, each with its train split (what --train-data NAME should train on).
+BUILTIN_TRAIN_SPLITS = {BUILTIN: "builtin_train", STEPS: "builtin_steps_train",
+                        MIXED: "builtin_mixed_train"}
+
+
+BUILTIN_NAMES = (BUILTIN, "builtin_dev", "builtin_train", *STEPS_NAMES, *MIXED_NAMES)
 
 
 def builtin_split(train_data: str, split: str, n: int | None = None) -> list[Example]:
     """A split of the built-in task a run trains on: the step-by-step one for
-    builtin_steps[_train|_dev], the arithmetic one otherwise."""
-    steps = train_data in STEPS_NAMES
-    return (arithmetic_chain_examples if steps else arithmetic_examples)(split, n)
+    builtin_steps[_train|_dev], the difficulty spread for builtin_mixed[_train|_dev], the
+    arithmetic one otherwise."""
+    if train_data in STEPS_NAMES:
+        return arithmetic_chain_examples(split, n)
+    if train_data in MIXED_NAMES:
+        return mixed_examples(split, n)
+    return arithmetic_examples(split, n)
 
 
 def builtin_test(train_data: str, n: int | None = None) -> list[Example]:
@@ -241,10 +297,12 @@ def builtin_prompt(question: str) -> str:
 def apply_template(example_or_question, template: str, tokenizer=None) -> str:
     """The prompt text for one question.
 
-    plain:   question + "\\n" + BOXED_INSTRUCTION (the base-model template of the RLVR papers)
-    chat:    the tokenizer's chat template over one user turn holding the plain text, with the
-             generation prompt
-    builtin: builtin_prompt(question), "3+4*2="
+    plain:    question + "\\n" + BOXED_INSTRUCTION (the base-model template of the RLVR papers)
+    chat:     the tokenizer's chat template over one user turn holding the plain text, with the
+              generation prompt
+    builtin:  builtin_prompt(question), "3+4*2="
+    instruct: the chat template over DIRECT_INSTRUCTION, "What is 3+4*2? Reply with only the
+              number." (the built-in tasks for a chat model)
     """
     q = (example_or_question.question if isinstance(example_or_question, Example)
          else example_or_question)
@@ -253,28 +311,36 @@ def apply_template(example_or_question, template: str, tokenizer=None) -> str:
     plain = f"{q}\n{BOXED_INSTRUCTION}"
     if template == "plain":
         return plain
-    if template == "chat":
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError("prompt template 'chat' needs a tokenizer with a chat template; "
-                             "this one has none (use --prompt-template plain)")
-        return tokenizer.apply_chat_template([{"role": "user", "content": plain}], tokenize=False,
+    if template in ("chat", "instruct"):
+        if not has_chat_template(tokenizer):
+            raise ValueError(f"prompt template {template!r} needs a tokenizer with a chat "
+                             "template; this one has none (use --prompt-template plain or builtin)")
+        text = plain if template == "chat" else DIRECT_INSTRUCTION.format(question=q)
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
     raise ValueError(f"unknown prompt template {template!r}; choose one of {', '.join(TEMPLATES)}")
 
 
-def template_for(name: str, choice: str = "auto") -> str:
+def has_chat_template(tokenizer) -> bool:
+    return bool(tokenizer is not None and getattr(tokenizer, "chat_template", None))
+
+
+def template_for(name: str, choice: str = "auto", tokenizer=None) -> str:
     """The template of prompt set `name` (the one rule for training and evaluation): `choice` unless
-    it is auto; auto = builtin for the built-in task's splits, plain for every other set."""
+    it is auto; auto = for the built-in tasks' splits instruct when the tokenizer has a chat
+    template (an instruct model) and builtin otherwise, plain for every other set."""
     if choice != "auto":
         return choice
-    return "builtin" if name in BUILTIN_NAMES else "plain"
+    if name in BUILTIN_NAMES:
+        return "instruct" if has_chat_template(tokenizer) else "builtin"
+    return "plain"
 
 
 def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prompt]:
     """The token ids of each templated question. A chat template already holds its special tokens,
     so none are added to it."""
     texts = [apply_template(ex, template, tokenizer) for ex in examples]
-    special = template != "chat"
+    special = template not in ("chat", "instruct")
     if callable(tokenizer) and texts:  # a Hugging Face tokenizer: one batched call, the same ids
         ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
     else:
@@ -450,6 +516,10 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
         return arithmetic_chain_examples("dev", STEPS_DEV_SIZE, seed=0)
     if name_or_path == "builtin_steps_train":
         return arithmetic_chain_examples("train", STEPS_TRAIN_SIZE, seed=0)
+    if name_or_path in MIXED_NAMES:
+        split = {MIXED: "test", "builtin_mixed_dev": "dev"}.get(name_or_path, "train")
+        size = {"test": MIXED_TEST_SIZE, "dev": MIXED_DEV_SIZE, "train": MIXED_TRAIN_SIZE}[split]
+        return mixed_examples(split, size, seed=0)
     if name_or_path in BENCHMARKS:
         file, qkey, answer_of = BENCHMARKS[name_or_path]
         path = resolve_data_dir(data_dir) / file

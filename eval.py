@@ -187,22 +187,27 @@ def log_fields(row: dict) -> list[str]:
 
 
 def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float, template: str,
-                    data_dir: str, train_data: str = data.BUILTIN, dev_size: int = 0) -> dict:
+                    data_dir: str, train_data: str = data.BUILTIN, dev_size: int = 0,
+                    tokenizer=None) -> dict:
     """train.py's periodic eval: {key: (examples, template, k, temperature, grader)} for the first
     eval_size prompts of the built-in task's test split ("accuracy", greedy; data.builtin_test;
     none when 0), the first dev_size of its dev split ("dev_accuracy", greedy; data.builtin_dev;
-    none when 0) and each comma-separated benchmark ("<bench>/mean@k"); each graded by its set's
-    rule (verify.grader: builtin_steps' integer answers)."""
+    none when 0), both in the template the run trains with, and each comma-separated benchmark
+    ("<bench>/mean@k"); templates from `template` (--prompt-template; auto: data.template_for with
+    `tokenizer`), each set graded by its rule under its template (verify.grader)."""
     import verify
-    sets, builtin = {}, verify.grader(train_data)
+    sets = {}
+    own = data.template_for(data.train_split(train_data), template, tokenizer)
+    builtin = verify.grader(train_data, own)
     if eval_size:
-        sets["accuracy"] = (data.builtin_test(train_data, eval_size), "builtin", 1, 0.0, builtin)
+        sets["accuracy"] = (data.builtin_test(train_data, eval_size), own, 1, 0.0, builtin)
     if dev_size:
-        sets["dev_accuracy"] = (data.builtin_dev(train_data, dev_size), "builtin", 1, 0.0, builtin)
+        sets["dev_accuracy"] = (data.builtin_dev(train_data, dev_size), own, 1, 0.0, builtin)
     for name in filter(None, (n.strip() for n in benchmarks.split(","))):
+        bench_template = data.template_for(name, template, tokenizer)
         sets[f"{data.bench_label(name)}/mean@{k}"] = (
-            data.load_benchmark(name, data_dir), data.template_for(name, template), k, temperature,
-            verify.grader(name))
+            data.load_benchmark(name, data_dir), bench_template, k, temperature,
+            verify.grader(name, bench_template))
     return sets
 
 
@@ -246,8 +251,9 @@ class Args:
     """output directory for <bench>.jsonl, summary.json and summary.md"""
     data_dir: str = data.DEFAULT_DATA_DIR
     """where named benchmarks are read from"""
-    prompt_template: Literal["auto", "plain", "chat", "builtin"] = "auto"
-    """auto = builtin for the built-in task, plain otherwise"""
+    prompt_template: Literal["auto", *data.TEMPLATES] = "auto"
+    """auto = for the built-in tasks instruct (a chat model: its chat template over a direct
+    question) or builtin (a model without a chat template), plain for every other set"""
     question_key: str = ""
     """question field of a generic data file (dotted for nested)"""
     answer_key: str = ""
@@ -287,9 +293,7 @@ def load_inputs(args: Args):
     for name in [b.strip() for b in args.benchmarks.split(",") if b.strip()]:
         exs = data.load_benchmark(name, args.data_dir, args.question_key or None,
                                   args.answer_key or None)
-        benches[data.bench_label(name)] = (exs[:args.limit] if args.limit > 0 else exs,
-                                           data.template_for(name, args.prompt_template),
-                                           verify.grader(name))
+        benches[data.bench_label(name)] = (exs[:args.limit] if args.limit > 0 else exs, name)
     if not benches:
         raise ValueError("--benchmarks is empty")
     baseline = load_baseline(args.baseline, benches) if args.baseline else None
@@ -298,6 +302,9 @@ def load_inputs(args: Args):
         raise FileNotFoundError(f"model directory not found: {args.model}")
     from checkpoint import load_model
     model, tokenizer = load_model(model_dir, device=args.device)
+    for label, (exs, name) in benches.items():       # templates need the tokenizer (auto)
+        template = data.template_for(name, args.prompt_template, tokenizer)
+        benches[label] = (exs, template, verify.grader(name, template))
     os.makedirs(args.out, exist_ok=True)
     return benches, baseline, model, tokenizer
 

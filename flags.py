@@ -93,10 +93,12 @@ class RunFlags:
     model: str = os.path.join(HERE, "assets", "tiny-arith")
     """local Hugging Face model directory (the default is the built-in tiny model)"""
     train_data: str = "builtin"
-    """prompt set: 'builtin' (synthetic arithmetic), a benchmark name (gsm8k_train, math500, ...) or
-    a JSONL path"""
+    """prompt set: 'builtin' (synthetic arithmetic, 2-3 operands), builtin_steps (5-6 operands,
+    worked step by step), builtin_mixed (2-6 operands), a benchmark name (gsm8k_train, ...) or a
+    JSONL path"""
     prompt_template: Literal["auto", *data.TEMPLATES] = "auto"
-    """plain | chat | builtin; auto = builtin for the built-in task, plain otherwise"""
+    """plain | chat | builtin | instruct (data.apply_template); auto = for the built-in tasks
+    instruct when the tokenizer has a chat template, else builtin; plain for any other set"""
     out_dir: str = "runs/default"
     """where metrics.jsonl, samples.jsonl and checkpoints/ go (final -> the last checkpoint)"""
     seed: int = 0
@@ -139,6 +141,11 @@ class OptimFlags:
     the run"""
     grad_checkpointing: bool = False
     """recompute each layer's activations in backward: less memory, about a third more compute"""
+    precision: Literal["auto", "bf16"] = "auto"
+    """the forward's precision: auto = bf16 on CUDA (autocast in one process, FSDP2's policy under
+    torchrun), fp32 on the CPU; bf16 = bf16 autocast on the CPU too, for the trainer and
+    TorchEngine alike (fp32 weights, gradients and AdamW; SmolLM2-135M's forward + backward 2.4x
+    faster on AVX-512 BF16, its log-probs moved by ~0.05: docs/smollm2.md)"""
     epochs: int = 1
     """passes over each step's batch"""
     mini_batches: int = 1
@@ -147,7 +154,8 @@ class OptimFlags:
     """rollouts per forward/backward (memory only: does not change the gradient)"""
     micro_batch_tokens: int = 0
     """padded tokens (rows x longest row) per forward/backward at most, beside --micro-batch-size
-    (memory only); 0 = auto: 2^28 / vocabulary size, about 1 GiB of fp32 logits"""
+    (memory only); 0 = auto: what fits 2 GiB of activations and logits on the CPU (an eighth of
+    the GPU's memory on CUDA), at most 2^28 / vocabulary size (flags.micro_batch_tokens)"""
 
     AT_LEAST_1 = ("micro_batch_size", "epochs", "mini_batches", "max_bad_steps")
     AT_LEAST_0 = ("micro_batch_tokens", "lr", "weight_decay", "max_grad_norm")
@@ -229,6 +237,11 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
 
 # ---- what the flags derive: computed once, checked, printed at start -----------------------------
 
+AUTO_LOGITS = 2 ** 28        # --micro-batch-tokens 0: logits per micro-batch (1 GiB in fp32)
+AUTO_ACTIVATIONS = 2 ** 31   # --micro-batch-tokens 0: a micro-batch's activations and logits
+GiB = 2 ** 30
+
+
 class Sizes(NamedTuple):
     """The sizes the flags imply on one rank, computed once at start (`sizes`) and printed."""
     world: int
@@ -246,13 +259,15 @@ class Sizes(NamedTuple):
                 f"most {self.micro_batch_tokens} padded tokens")
 
 
-def sizes(args, model, world: int) -> Sizes:
-    """The per-rank sizes of `args` for `model` at `world` ranks."""
+def sizes(args, model, world: int, bytes_per_value: int = 4,
+          memory_budget: int = AUTO_ACTIVATIONS) -> Sizes:
+    """The per-rank sizes of `args` for `model` at `world` ranks (activations kept in
+    `bytes_per_value`: 4 in fp32, 2 in bf16; a micro-batch's `memory_budget`: activation_budget)."""
     budget = 0
     if args.allocation == "vigor":
         budget = cli.part(args, vigor.Flags).budget(args.prompts_per_step, args.group_size) // world
     return Sizes(world, args.prompts_per_step // world, args.group_size, budget,
-                 micro_batch_tokens(args, model))
+                 micro_batch_tokens(args, model, bytes_per_value, memory_budget))
 
 
 def changed(args) -> dict:
@@ -264,33 +279,128 @@ def changed(args) -> dict:
             if getattr(args, f.name) != getattr(base, f.name)}
 
 
-AUTO_LOGITS = 2 ** 28        # --micro-batch-tokens 0: logits per micro-batch (1 GiB in fp32)
+def token_bytes(config, bytes_per_value: int = 4, checkpointing: bool = False) -> int:
+    """Bytes one padded token of a micro-batch holds from its forward to its backward, measured on
+    SmolLM2-135M in fp32 on the CPU (peak resident memory of one forward and backward at 512 to
+    2,048 tokens: 1.69 MB a token without logits, 98 d bytes a layer; +0.43 MB with the logits, 8.8
+    V): 100 d bytes a layer in fp32 (25 d values: the attention and SwiGLU inputs and outputs, the
+    norms, the residual), half in bf16; with --grad-checkpointing each layer keeps only its input
+    (d values) and one layer is recomputed at a time; plus the logits, their log-softmax and
+    gradient (12 V bytes, fp32 whatever the forward's precision: grpo.token_logprobs)."""
+    d, layers = config.hidden_size, config.num_hidden_layers
+    per_layer = 25 * d * bytes_per_value
+    kept = layers * d * bytes_per_value + per_layer if checkpointing else layers * per_layer
+    return kept + 12 * config.vocab_size
 
 
-def micro_batch_tokens(args, model) -> int:
-    """--micro-batch-tokens, with 0 resolved to AUTO_LOGITS / the vocabulary size."""
-    return args.micro_batch_tokens or max(AUTO_LOGITS // model.config.vocab_size, 1)
-
-
-def update_memory(args, model, longest_prompt: int) -> int:
-    """Bytes an optimizer step needs, roughly: weights, gradients and AdamW's two moments in fp32
-    (16 bytes a parameter), plus one micro-batch's activations: per padded token, the fp32 logits
-    with their gradient and log-softmax (12 V bytes) and about 34 d bytes a layer in 16 bits
-    (Korthikanti et al. 2022, without attention scores)."""
+def micro_batch_tokens(args, model, bytes_per_value: int = 4,
+                       budget: int = AUTO_ACTIVATIONS) -> int:
+    """--micro-batch-tokens, with 0 resolved to what fits `budget` bytes (token_bytes) and
+    AUTO_LOGITS / the vocabulary size, whichever is fewer (SmolLM2-135M in fp32 on the CPU, 2 GiB:
+    926 tokens; the built-in tiny model: 41,001, no bound in practice). The budget: AUTO_ACTIVATIONS
+    on the CPU, an eighth of the GPU's memory on CUDA (activation_budget)."""
+    if args.micro_batch_tokens:
+        return args.micro_batch_tokens
     c = model.config
-    rows = args.micro_batch_size * (longest_prompt + args.max_new_tokens)
-    tokens = min(micro_batch_tokens(args, model), rows)
-    per_token = 12 * c.vocab_size + 34 * c.hidden_size * c.num_hidden_layers
+    per_token = token_bytes(c, bytes_per_value, args.grad_checkpointing)
+    return max(min(AUTO_LOGITS // c.vocab_size, budget // per_token), 1)
+
+
+def activation_budget(device: str) -> int:
+    """The bytes one micro-batch may hold under --micro-batch-tokens 0: AUTO_ACTIVATIONS on the CPU
+    (the same on every machine, so a run's micro-batches, and its rounding, do not depend on the
+    RAM), max(AUTO_ACTIVATIONS, an eighth of the GPU's memory) on CUDA (an H200: 17.6 GB)."""
+    import torch
+    if torch.device(device).type != "cuda":
+        return AUTO_ACTIVATIONS
+    return max(AUTO_ACTIVATIONS, torch.cuda.get_device_properties(device).total_memory // 8)
+
+
+class Memory(NamedTuple):
+    """What a run holds at its peak on one rank, in bytes (update_memory): the parts of the
+    message when it does not fit."""
+    training: int         # the policy's weights, gradients and AdamW's two moments
+    copies: int           # the engine's copy of the weights, the frozen reference / R²PO anchor
+    micro_batch: int      # one micro-batch's activations and logits (token_bytes)
+    runtime: int          # the interpreter, torch and transformers themselves
+
+    @property
+    def total(self) -> int:
+        return sum(self)
+
+    def line(self) -> str:
+        return (f"{self.total / GiB:.1f} GiB (weights, gradients and AdamW "
+                f"{self.training / GiB:.1f}, copies of the weights {self.copies / GiB:.1f}, one "
+                f"micro-batch {self.micro_batch / GiB:.1f}, the runtime {self.runtime / GiB:.1f})")
+
+
+RUNTIME_BYTES = 700 * 2 ** 20   # python, torch, transformers and a tokenizer, resident (measured)
+
+
+def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_copy: bool = True,
+                  bytes_per_value: int = 4, budget: int = AUTO_ACTIVATIONS) -> Memory:
+    """The run's peak memory on one rank, roughly (Memory): 16 bytes a parameter for the
+    weights, gradients and AdamW's two moments in fp32 (sharded over `world` ranks by FSDP2), 4 for
+    each full copy (TorchEngine's; the frozen reference of --kl-coef or R²PO's anchor), one
+    micro-batch's tokens (the fewer of --micro-batch-tokens and --micro-batch-size rows of the
+    longest prompt + --max-new-tokens) at token_bytes each, and the runtime."""
+    c = model.config
     n_params = sum(p.numel() for p in model.parameters())
-    return 16 * n_params + tokens * per_token
+    rows = args.micro_batch_size * (longest_prompt + args.max_new_tokens)
+    tokens = min(micro_batch_tokens(args, model, bytes_per_value, budget), rows)
+    frozen = args.kl_coef > 0 or cli.part(args, r2po.Flags).needs_initial
+    copies = 4 * n_params * (int(engine_copy) + int(frozen))
+    return Memory(16 * n_params // world, copies,
+                  tokens * token_bytes(c, bytes_per_value, args.grad_checkpointing),
+                  RUNTIME_BYTES)
 
 
-def check_sizes(args, model, prompts: list, sizes: Sizes, device_memory: int | None = None) -> list:
+def machine_memory(device: str) -> tuple[int, int, str]:
+    """(total, available, what) bytes of the memory a run on `device` lives in: the GPU's on CUDA
+    (all of it counted available: this process is its only user at start), else the machine's RAM
+    (/proc/meminfo's MemTotal and MemAvailable; where there is none, the physical pages, all
+    counted available)."""
+    import torch
+    if torch.device(device).type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return total, total, "GPU memory"
+    try:
+        info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+        total, available = (int(info[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable"))
+    except (OSError, KeyError, ValueError):
+        total = available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total, available, "RAM"
+
+
+def check_memory(need: Memory, per_token: int, *, checkpointing: bool, total: int,
+                 available: int, what: str, ranks_here: int = 1) -> str | None:
+    """The run against the machine, at start: a ValueError naming the flag that fixes it when
+    `ranks_here` ranks of `need` exceed the `total` memory (a run that cannot fit is killed
+    mid-step, or takes the machine down with it); a warning when they exceed what is `available`
+    now (other processes hold the rest); else None. `per_token`: token_bytes of the run;
+    `checkpointing`: --grad-checkpointing is on already."""
+    if ranks_here * need.total <= total:
+        if ranks_here * need.total > available:
+            return (f"the run may need about {ranks_here} x {need.line()}, more than the "
+                    f"{available / GiB:.1f} GiB of {what} available now")
+        return None
+    room = (0.9 * total / ranks_here - (need.total - need.micro_batch)) // per_token
+    if room < 64:
+        fix = ("the weights and the optimizer alone do not fit: a machine with more memory, or "
+               "more ranks (FSDP2 shards them)")
+    else:
+        fix = f"set --micro-batch-tokens {int(room)}"
+        if not checkpointing:
+            fix += " (or --grad-checkpointing: about a third more compute)"
+    raise ValueError(f"the run needs about {ranks_here} x {need.line()}, more than this "
+                     f"machine's {total / GiB:.1f} GiB of {what}: {fix}")
+
+
+def check_sizes(args, model, prompts: list, sizes: Sizes) -> None:
     """Bounds that need the sizes, the model and the data: every optimizer step must hold a fresh
     rollout, a prompt must not appear twice in one step (its two groups would share a prompt_id and
     be merged), the test and dev splits must hold --eval-size and --dev-size prompts, and the
-    longest prompt plus --max-new-tokens must fit the model's positions. Returns warnings: an
-    update that may not fit `device_memory` bytes (update_memory's estimate)."""
+    longest prompt plus --max-new-tokens must fit the model's positions. (Memory: check_memory.)"""
     world, fresh = sizes.world, sizes.prompts * sizes.group_size
     if args.mini_batches > fresh:
         raise ValueError(f"--mini-batches ({args.mini_batches}) exceeds the {fresh} fresh "
@@ -309,9 +419,3 @@ def check_sizes(args, model, prompts: list, sizes: Sizes, device_memory: int | N
     if limit and longest + args.max_new_tokens > limit:
         raise ValueError(f"--max-new-tokens ({args.max_new_tokens}) plus the longest prompt "
                          f"({longest} tokens) exceeds the model's {limit} positions")
-    need = update_memory(args, model, longest)
-    if device_memory is not None and need > device_memory:
-        return [f"the update may need about {need / 2**30:.1f} GiB (weights, gradients, AdamW "
-                f"and one micro-batch), more than the device's {device_memory / 2**30:.1f} GiB: "
-                f"lower --micro-batch-tokens or --micro-batch-size, or use more GPUs"]
-    return []

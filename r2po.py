@@ -69,7 +69,7 @@ import grpo
 import parallel
 from metrics import Metrics, distinct_answers
 from data import Prompt
-from rollout import Sampling, forward_logprobs, micro_batches
+from rollout import Sampling, completion_logits, forward_logprobs, micro_batches
 
 HEADS = ("none", "residual")
 KL_ANCHORS = ("initial", "current")   # the head's KL to: the model at step 0 | the current base
@@ -165,11 +165,10 @@ def head_forward(model, head: ResidualHead, batch: dict,
     """(log pi_base [b, T], log pi_rollout [b, T]) of a collated batch's tokens: the base model runs
     without gradient (the head phase freezes it), the head on top of it with."""
     with torch.no_grad():
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    output_hidden_states=True)
-    logits = out.logits[:, :-1]
-    ids = batch["input_ids"][:, 1:]
-    head_logits = logits.float() + head(out.hidden_states[-1][:, :-1])
+        out, logits = completion_logits(model, batch, output_hidden_states=True)   # [b, T, V]
+    T = logits.shape[1]
+    ids = batch["input_ids"][:, -T:]
+    head_logits = logits.float() + head(out.hidden_states[-1][:, -(T + 1):-1])
     base_logp = grpo.token_logprobs(logits, ids, temperature)
     return base_logp, grpo.token_logprobs(head_logits, ids, temperature)
 

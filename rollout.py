@@ -70,8 +70,11 @@ def collate(rollouts: list[Rollout], pad_id: int,
             old_logprobs: list[list[float]] | None = None) -> dict:
     """Right-padded tensors for a forward pass over prompt + completion.
 
-    Every per-token tensor is aligned with `input_ids[:, 1:]` (the token each position predicts), so
-    T = L - 1: `completion_mask[b, t]` is 1 where input_ids[b, t + 1] is a completion token,
+    Every per-token tensor covers only the positions a completion token can be predicted from: from
+    s = (the shortest prompt) - 1 on, aligned with `input_ids[:, s + 1:]` (the token each position
+    predicts), so T = L - 1 - s, and the forward computes logits there alone (forward_logprobs):
+    no [B, L, V] logits over the prompts (SmolLM2's 49,152-word vocabulary: 0.2 MB a position).
+    `completion_mask[b, t]` is 1 where input_ids[b, s + t + 1] is a completion token,
     `behaviour_logprobs[b, t]` its behaviour log-prob (the engine's, at generation). `old_logprobs`
     (the ratio's denominator) is the same tensor unless other per-rollout log-probs are given
     (train.py's --tis-cap: recomputed by the trainer; R²PO's head step: the head's at generation).
@@ -81,24 +84,38 @@ def collate(rollouts: list[Rollout], pad_id: int,
     """
     B = len(rollouts)
     L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+    s = first_predicting(rollouts)
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
     attention_mask = torch.zeros(B, L, dtype=torch.long)
-    completion_mask = torch.zeros(B, L - 1)
-    behaviour = torch.zeros(B, L - 1)
-    old = behaviour if old_logprobs is None else torch.zeros(B, L - 1)
+    completion_mask = torch.zeros(B, L - 1 - s)
+    behaviour = torch.zeros(B, L - 1 - s)
+    old = behaviour if old_logprobs is None else torch.zeros(B, L - 1 - s)
     for b, r in enumerate(rollouts):   # one slice copy per sequence, not per token
         P, T = len(r.prompt_ids), len(r.completion_ids)
         input_ids[b, :P + T] = torch.tensor(r.prompt_ids + r.completion_ids)
         attention_mask[b, :P + T] = 1
-        completion_mask[b, P - 1:P - 1 + T] = 1
-        behaviour[b, P - 1:P - 1 + T] = torch.tensor(r.logprobs, dtype=torch.float)
+        t0 = P - 1 - s                 # where its completion starts in the per-token tensors
+        completion_mask[b, t0:t0 + T] = 1
+        behaviour[b, t0:t0 + T] = torch.tensor(r.logprobs, dtype=torch.float)
         if old_logprobs is not None:
-            old[b, P - 1:P - 1 + T] = torch.tensor(old_logprobs[b], dtype=torch.float)
+            old[b, t0:t0 + T] = torch.tensor(old_logprobs[b], dtype=torch.float)
     advantages = torch.tensor([r.advantage for r in rollouts], dtype=torch.float)  # [B]
     truncated = torch.tensor([r.truncated for r in rollouts], dtype=torch.bool)     # [B]
     return dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
                 behaviour_logprobs=behaviour, old_logprobs=old, advantages=advantages,
                 truncated=truncated)
+
+
+def first_predicting(rollouts: list[Rollout]) -> int:
+    """s of `collate`: the first position any completion token of `rollouts` is predicted from (the
+    shortest prompt's last token)."""
+    return min(len(r.prompt_ids) for r in rollouts) - 1
+
+
+def completion_slice(r: Rollout, s: int) -> slice:
+    """Where rollout r's completion tokens sit in the per-token tensors of a batch collated from
+    position s (first_predicting)."""
+    return slice(len(r.prompt_ids) - 1 - s, len(r.prompt_ids) - 1 - s + len(r.completion_ids))
 
 
 def mini_batches(n_fresh: int, n_replayed: int, parts: int,
@@ -153,12 +170,31 @@ def micro_batches(rollouts: list[Rollout], size: int, pad_id: int, device, *,
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _keeps_logits(model_class) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do: the lm_head
+    then runs on the last positions only)."""
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+
+
+def completion_logits(model, batch: dict, **kwargs):
+    """(the model's output, logits [B, T, V] at the positions of the batch's per-token tensors:
+    the last T + 1 positions but the very last, collate's s .. L - 2). The lm_head runs only there
+    when the model takes logits_to_keep; a model that does not computes all and is sliced."""
+    T = batch["completion_mask"].shape[1]
+    keep = {"logits_to_keep": T + 1} if _keeps_logits(type(model)) else {}
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **keep,
+                **kwargs)
+    return out, out.logits[:, -(T + 1):-1]
+
+
 def forward_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [B, T, V], log pi of each next token [B, T]) of a collated batch, aligned with its
-    masks: the one forward through which the trainer (loss, TIS, drift, canary) scores rollouts."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    logits = out.logits[:, :-1]
-    return logits, grpo.token_logprobs(logits, batch["input_ids"][:, 1:], temperature)
+    masks: the one forward through which the trainer (loss, TIS, drift, canary) scores rollouts.
+    Logits only where a completion token is predicted (collate)."""
+    _, logits = completion_logits(model, batch)
+    T = logits.shape[1]
+    return logits, grpo.token_logprobs(logits, batch["input_ids"][:, -T:], temperature)
 
 
 @torch.no_grad()
@@ -175,9 +211,9 @@ def lockstep_logprobs(model, rollouts: list, size: int, temperature: float, pad_
     # to the end: the padding passes too
     for j, mb in enumerate(parallel.forward_passes(mbs, model, pad_id, world)):
         logp = forward_logprobs(model, mb, temperature)[1]                       # [b, T]
+        s = first_predicting([rollouts[i] for i in buckets[j]])
         for b, i in enumerate(buckets[j]):
-            P, T = len(rollouts[i].prompt_ids), len(rollouts[i].completion_ids)
-            out[i] = logp[b, P - 1:P - 1 + T].tolist()
+            out[i] = logp[b, completion_slice(rollouts[i], s)].tolist()
     return out
 
 

@@ -162,12 +162,13 @@ def shard_model(model, device: str):
     return model
 
 
-def precision(device: str, distributed: bool) -> str:
+def precision(device: str, distributed: bool, choice: str = "auto") -> str:
     """How the trainer's forward computes: "fsdp-bf16" under torchrun on CUDA (shard_model's
     policy), "autocast-bf16" in one process on CUDA (bf16 matmuls, fp32 weights and AdamW: the same
-    precision without a process group), "fp32" on CPU."""
+    precision without a process group), "fp32" on CPU; --precision bf16 on the CPU:
+    "autocast-bf16" there too (and TorchEngine's copy under the same autocast: build)."""
     if torch.device(device).type != "cuda":
-        return "fp32"
+        return "autocast-bf16" if choice == "bf16" else "fp32"
     return "fsdp-bf16" if distributed else "autocast-bf16"
 
 
@@ -215,9 +216,14 @@ def load_inputs(run: flags.RunFlags, data_dir: str, *, needs: tuple, world: int,
     resume = checkpoint.resolve(run.resume, run.out_dir, world, needs)
     model, tok = checkpoint.load_model(resume or run.model, device)   # resuming: its weights
     name = data.train_split(run.train_data)  # the built-in tasks: their train splits
-    template = data.template_for(name, run.prompt_template)
-    prompts = data.make_prompts(data.load_benchmark(name, data_dir), template, tok)
+    prompts = data.make_prompts(data.load_benchmark(name, data_dir), train_template(run, tok), tok)
     return resume, model, tok, prompts
+
+
+def train_template(run: flags.RunFlags, tok) -> str:
+    """The template the training prompts are written in (--prompt-template; auto: data.template_for
+    of the train split with this tokenizer), which the task's grader and answer form follow."""
+    return data.template_for(data.train_split(run.train_data), run.prompt_template, tok)
 
 
 def load_evals(run: flags.RunFlags, evals: eval_lib.TrainFlags, tok, prompts: list):
@@ -225,7 +231,7 @@ def load_evals(run: flags.RunFlags, evals: eval_lib.TrainFlags, tok, prompts: li
     --max-new-tokens)."""
     eval_sets = eval_lib.train_eval_sets(evals.eval_size, evals.eval_benchmarks, evals.eval_k,
                                          evals.eval_temperature, run.prompt_template,
-                                         evals.data_dir, run.train_data, evals.dev_size)
+                                         evals.data_dir, run.train_data, evals.dev_size, tok)
     eval_prompts = [q for examples, template, *_ in eval_sets.values()
                     for q in data.make_prompts(examples, template, tok)]
     max_len = run.max_new_tokens + max(len(p.ids) for p in prompts + eval_prompts)
@@ -245,17 +251,19 @@ def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
     run_flags, eval_flags = cli.part(args, flags.RunFlags), cli.part(args, eval_lib.TrainFlags)
     resume, model, tok, prompts = load_inputs(run_flags, args.data_dir, needs=needs, world=world,
                                               device=device)
-    sizes = flags.sizes(args, model, world)
+    forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
+    value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
+    budget = flags.activation_budget(device)
+    sizes = flags.sizes(args, model, world, value_bytes, budget)
     args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens)   # 0 resolved
-    cuda = torch.device(device).type == "cuda"
-    memory = torch.cuda.get_device_properties(device).total_memory if cuda else None
-    for warning in flags.check_sizes(args, model, prompts, sizes, memory):
-        parallel.print0(f"warning: {warning}")
+    flags.check_sizes(args, model, prompts, sizes)
+    need = check_memory(args, model, prompts, world=world, device=device, value_bytes=value_bytes,
+                        budget=budget)
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
-    forward = precision(device, dist.is_initialized())     # before vLLM starts a process group
     shown = json.dumps(changed) if changed else "the defaults"
     parallel.print0(f"flags: {shown} (every flag: args.json in each checkpoint)\n"
-                    f"{sizes.line()} | device {device} | {forward}")
+                    f"{sizes.line()} | device {device} | {forward} | memory about "
+                    f"{need.total / flags.GiB:.1f} GiB a rank")
     torch.manual_seed(torch_seed(args.seed))
     order = list(range(len(prompts)))
     random.Random(order_seed(args.seed)).shuffle(order)
@@ -266,6 +274,26 @@ def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
                         parts[metrics_lib.LogFlags])
     return Run(settings, *objects, forward, tok, prompts, order[rank::world], eval_sets, resume,
                dataclasses.asdict(args), rank, world, device)
+
+
+def check_memory(args: Args, model, prompts: list, *, world: int, device: str,
+                 value_bytes: int, budget: int) -> flags.Memory:
+    """The run's memory (flags.update_memory) against the machine's (flags.machine_memory: RAM on
+    the CPU, shared by the ranks of this node; the GPU's own on CUDA): a ValueError naming the flag
+    that fixes it when it cannot fit, a printed warning when it may not fit what is free now."""
+    longest = max(len(p.ids) for p in prompts)
+    need = flags.update_memory(args, model, longest, world, engine_copy=args.engine == "torch",
+                               bytes_per_value=value_bytes, budget=budget)
+    cuda = torch.device(device).type == "cuda"
+    ranks_here = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    total, available, what = flags.machine_memory(device)
+    per_token = flags.token_bytes(model.config, value_bytes, args.grad_checkpointing)
+    warning = flags.check_memory(need, per_token, checkpointing=args.grad_checkpointing,
+                                 total=total, available=available, what=what,
+                                 ranks_here=ranks_here)
+    if warning:
+        parallel.print0(f"warning: {warning}")
+    return need
 
 
 def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
@@ -285,8 +313,10 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
     if optim.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = shard_model(model, device).train()
-    if forward == "autocast-bf16":
-        model = autocast_bf16(model)               # one GPU: bf16, as torchrun's policy gives
+    if forward == "autocast-bf16":                 # one GPU: bf16, as torchrun's policy gives
+        model = autocast_bf16(model, torch.device(device).type)
+        if torch.device(device).type == "cpu" and engine is not None:
+            autocast_bf16(engine.model, "cpu")     # --precision bf16: sample as the trainer scores
     if engine is None:
         engine = vllm_engine.start_vllm(model, tok, run.model, device,
                                         seed=replay_seed(run.seed, rank), max_model_len=max_len,
@@ -322,7 +352,8 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
         sampling=Sampling(run.temperature, run.top_p, run.max_new_tokens,
                           use_head=r2po is not None),
         seed_of=lambda step, round_: sampling_seed(run.seed, rank, step, round_),
-        grader=verify.grader(run.train_data), form=verify.format_rule(run.train_data))
+        grader=verify.grader(run.train_data, train_template(run, tok)),
+        form=verify.format_rule(run.train_data, train_template(run, tok)))
     return engine, model, opt, alloc, objective, replay, r2po
 
 

@@ -568,11 +568,36 @@ def grade_integer(response: str, gold: str) -> bool:
     return bool(readable) and int(tail) == int(gold)
 
 
-def grader(name: str):
-    """The grader of prompt set `name` (data.py's names, a run's --train-data), (response, gold) ->
-    bool: grade_integer on the step-by-step task's splits (data.STEPS_NAMES: its answer rule),
-    grade (value equality) for every other set."""
-    return grade_integer if name in data.STEPS_NAMES else grade
+def grade_number(response: str, gold: str) -> bool:
+    """The instruct template's rule (a chat model asked for "only the number" of a built-in
+    expression): the response's stated final answer (extract_answer: the last \\boxed{}, else "the
+    answer is ...", else the final value of a chain, "1 + 4 = 5" -> "5"), stripped of a final
+    ".", must be an integer literal -?[0-9]+ equal to the gold integer. Restating the question is
+    not an answer: "The answer is 0+3-1." and "2 + 8 + 7 = 2 + 8 + 7" grade False, though grade's
+    value equality takes them (on SmolLM2-135M-Instruct's real completions, 5 of 56 greedy replies
+    are such echoes: tests/data/smollm2_completions.jsonl). Counted in stats() as grade is."""
+    answer = extract_answer(response) if isinstance(response, str) else None
+    answer = (answer or "").strip().rstrip(".").strip()
+    gold = str(gold).strip()
+    readable = _plain_integer(answer) and _plain_integer(gold)
+    _count("graded")
+    if not readable:
+        _count("unparseable")
+    return bool(readable) and int(answer) == int(gold)
+
+
+def grader(name: str, template: str | None = None):
+    """The grader of prompt set `name` (data.py's names, a run's --train-data) under `template`
+    (data.template_for's; None: the set's own, builtin for the built-in tasks), (response, gold) ->
+    bool: grade_number on the built-in tasks under the instruct template (a chat model's replies:
+    "4 * 5 = 20", "The answer is 20.", "\\boxed{20}" all read 20; an echo of the question does not),
+    grade_integer on the step-by-step task's splits under the builtin template (data.STEPS_NAMES:
+    its answer rule), grade (value equality of the stated final answer) for every other set and
+    template."""
+    template = template or data.template_for(name)
+    if template == "instruct" and name in data.BUILTIN_NAMES:
+        return grade_number
+    return grade_integer if name in data.STEPS_NAMES and template == "builtin" else grade
 
 
 # ---- the answer format: what --reward correct+format pays for ----------------------------------
@@ -591,11 +616,77 @@ def boxed_form(response: str) -> bool:
     return bool(inner and inner.strip())
 
 
-def format_rule(name: str):
-    """The answer form of prompt set `name`, (response) -> bool: integer_form on the built-in
-    tasks (data.BUILTIN_NAMES: their prompts end in "=" and the answer is "= <int>"), boxed_form on
-    every other set."""
-    return integer_form if name in data.BUILTIN_NAMES else boxed_form
+def number_form(response: str) -> bool:
+    """The instruct template's answer form (data.DIRECT_INSTRUCTION: "Reply with only the number"):
+    the whole reply, stripped, is one plain integer -?[0-9]+ ("20", " -4\\n"; not "4*5 = 20",
+    "20.", "The answer is 20")."""
+    return isinstance(response, str) and _plain_integer(response.strip())
+
+
+# The step-by-step task's partial credit, what --reward partial pays for beside the verdict.
+
+MAX_STEP_CHARS = 200           # a "=" step longer than this is not read (the task's longest: 41)
+_OPERAND = re.compile(r"\s*(-?[0-9]+)")
+_OPERATOR = re.compile(r"\s*([-+*])")
+
+
+def step_value(step: str) -> int | None:
+    """The value of one step of a chain: integer literals -?[0-9]+ joined by + - *, spaces allowed
+    between tokens, * before + and -, left to right:
+
+        step = term (("+" | "-") term)*,   term = int ("*" int)*,   int = -?[0-9]+
+
+    ("7+54-3*2-1" -> 54, "-17 + 3" -> -14, "5--3" -> 8). None when it is not one: empty, any other
+    character, two operators or two numbers side by side, a leading + or a trailing operator, over
+    MAX_STEP_CHARS characters. A hand-written scanner: nothing of the text is evaluated but its
+    integers' + - * (a value has at most MAX_STEP_CHARS digits)."""
+    if not isinstance(step, str) or len(step) > MAX_STEP_CHARS:
+        return None
+    total, term, sign, pos = 0, None, 1, 0
+    while True:
+        m = _OPERAND.match(step, pos)
+        if m is None:
+            return None
+        term = int(m.group(1)) if term is None else term * int(m.group(1))
+        pos = m.end()
+        m = _OPERATOR.match(step, pos)
+        if m is None:
+            break
+        pos = m.end()
+        if m.group(1) != "*":                    # a term ends: add it, the next one's sign
+            total += sign * term
+            term = None
+            sign = 1 if m.group(1) == "+" else -1
+    return total + sign * term if not step[pos:].strip() else None
+
+
+def step_share(response: str, gold: str) -> float:
+    """The share of a response's steps that keep the gold value, what --reward partial adds to the
+    verdict (allocation.shaped_reward):
+
+        share = #{s in steps : step_value(s) == int(gold)} / #steps,   steps = response.split("=")
+
+    Every step of a right chain keeps the value ("7+54-3*2-1=7+54-6-1=61-6-1=55-1=54" for gold 54:
+    5 of 5); one wrong at step k of K that carries the error on keeps it k - 1 times. No "=": one
+    step; a trailing "=" leaves an empty, wrong last step. 0 for an empty response, a gold that is
+    not a plain integer, a response over MAX_RESPONSE_CHARS (not read) or not a string."""
+    if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
+        return 0.0
+    gold = str(gold).strip()
+    if not _plain_integer(gold):
+        return 0.0
+    value = int(gold)
+    steps = response.split("=")
+    return sum(step_value(s) == value for s in steps) / len(steps)
+
+
+def format_rule(name: str, template: str | None = None):
+    """The answer form of prompt set `name` under `template` (None: the set's own, as grader),
+    (response) -> bool: what the prompt asks for. The builtin template (prompts end in "=", the
+    answer is "= <int>"): integer_form; instruct: number_form; plain and chat (they ask for a
+    \\boxed{}): boxed_form."""
+    template = template or data.template_for(name)
+    return {"builtin": integer_form, "instruct": number_form}.get(template, boxed_form)
 
 
 def grade_batch(responses: list[str], golds: list[str]) -> list[bool]:

@@ -15,9 +15,16 @@ accuracy tied with screening twice the prompts; ties go to the first listed). vi
 own defaults (variance, prior 0) are the first reading, kept for its tests. Why the readings
 matter: with prior 0 and n_init 2 a prompt's variance is 0 with probability >= 1/2 even at p =
 1/2, and such a prompt never gets another completion; with most prompts excluded, `top` ranks
-nothing and the budget goes in large groups to a few prompts (28 on the built-in task).
+nothing and the budget goes in large groups to a few prompts (28 on the built-in task). The
+opposite failure, with prior 1: a hopeless prompt (0 right of n) keeps sigma^2 = (n + 1) / (n +
+2)^2, 3/16 at n = 2 against 1/4 at p = 1/2, so marginal spreads a 0/1 reward's budget nearly
+evenly (tests/test_vigor.py: 7 hopeless prompts of 10 take 61% of it). Two readings concentrate
+without starving anyone (every prompt keeps its n_init): a weak prior, --vigor-prior 0.1 to 0.5
+(smoothed_variance), and --vigor-rank topk (by_top_k: the highest-variance prompts each brought to
+--vigor-full completions, in one round); neither has been compared on the dev split yet.
 """
 import collections
+import functools
 import heapq
 from dataclasses import dataclass
 from typing import Literal
@@ -28,7 +35,7 @@ from data import Prompt
 from rollout import Rollout
 
 ALLOCATIONS = ("fixed", "vigor")
-RANKS = ("variance", "marginal")
+RANKS = ("variance", "marginal", "topk")
 WEIGHTS = ("rollout", "prompt")
 
 
@@ -48,11 +55,18 @@ class Flags:
     largest gain"""
     vigor_rank: Literal[RANKS] = "marginal"
     """VIGOR: variance (the top prompts by reward variance) | marginal (the largest drop in sum_q
-    sigma_q^2 / n_q per completion: Neyman allocation, n_q ∝ sigma_q); the defaults of --vigor-*
-    are the dev split's choice (bench/results/vigor)"""
+    sigma_q^2 / n_q per completion: Neyman allocation, n_q ∝ sigma_q) | topk (one round: prompts
+    in order of sigma_q^2 each brought to --vigor-full completions until the budget is spent, the
+    rest keep --vigor-n-init); the defaults of --vigor-* are the dev split's choice
+    (bench/results/vigor)"""
     vigor_prior: float = 1.0
     """VIGOR: a Beta(a, a) prior on each prompt's success rate, so 2 agreeing completions are not a
-    verdict of variance 0 (0 = the empirical rate, the first reading)"""
+    verdict of variance 0 (0 = the empirical rate, the first reading); a weak prior (0.1 to 0.5)
+    leaves a prompt with 0 right of n a variance a (n + a) / (n + 2a)^2 (0.043 at a = 0.1, n = 2,
+    against 3/16 at a = 1): the budget concentrates on the prompts with signal"""
+    vigor_full: int = 0
+    """VIGOR: with --vigor-rank topk, the completions a chosen prompt gets in all (0 = twice the
+    mean, 2 x budget / prompts, rounded down; at least budget / prompts, rounded up)"""
     vigor_weight: Literal[WEIGHTS] = "rollout"
     """VIGOR: rollout (a prompt weighs as many rollouts as it got) | prompt (advantages x n_mean /
     n_q: every prompt's group weighs as one prompt)"""
@@ -61,12 +75,15 @@ class Flags:
     allocation's)"""
 
     AT_LEAST_1 = ("vigor_n_init", "vigor_n_step", "vigor_top")
-    AT_LEAST_0 = ("vigor_budget", "vigor_prior")
+    AT_LEAST_0 = ("vigor_budget", "vigor_prior", "vigor_full")
 
     def rules(self) -> list[tuple[bool, str]]:
         vigor = self.allocation == "vigor"
         return [(vigor and self.vigor_n_init < 2,
-                 "--vigor-n-init must be >= 2 (a group needs a baseline)")]
+                 "--vigor-n-init must be >= 2 (a group needs a baseline)"),
+                (vigor and self.vigor_rank == "topk" and 0 < self.vigor_full <= self.vigor_n_init,
+                 "--vigor-full must exceed --vigor-n-init (or be 0): a chosen prompt must get "
+                 "more than every prompt's first completions")]
 
     def budget(self, prompts_per_step: int, group_size: int) -> int:
         """Completions per step over all ranks: --vigor-budget, or the fixed allocation's."""
@@ -87,7 +104,7 @@ class Vigor:
         out, _ = vigor_generate(engine, prompts, sampling_for, version, grade,
                                 n_init=f.vigor_n_init, n_step=f.vigor_n_step, top=f.vigor_top,
                                 budget=self.budget, rank=f.vigor_rank, prior=f.vigor_prior,
-                                metrics=metrics)
+                                full=f.vigor_full, metrics=metrics)
         return out
 
     def weigh(self, adv: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
@@ -105,7 +122,10 @@ def smoothed_variance(rollouts: list[Rollout], prior: float) -> tuple[dict, dict
         p_q = (s_q + prior) / (n_q + 2 prior)   (the posterior mean),   sigma_q^2 = p_q (1 - p_q)
 
     so 0 right of 2 with prior 1 is p = 1/4, sigma^2 = 3/16, not a verdict of 0; prior 0 is the
-    empirical p(1 - p), the population variance of 0/1 verdicts."""
+    empirical p(1 - p), the population variance of 0/1 verdicts. The prior sets how far a hopeless
+    prompt (0 right of n: p = a / (n + 2a), sigma^2 = a (n + a) / (n + 2a)^2) trails one at p = 1/2
+    (sigma^2 = 1/4), by the factor (n + 2a)^2 / (4 a (n + a)): 4/3 at a = 1, n = 2; 1.8 at a = 0.5;
+    5.8 at a = 0.1."""
     n, s = collections.Counter(), collections.Counter()
     for r in rollouts:
         n[r.prompt_id] += 1
@@ -150,6 +170,23 @@ def by_marginal_gain(prompts, n, var, top: int, n_step: int, left: int) -> list[
     return [prompts[i] for i in sorted(chosen)]      # one engine call, grouped by prompt
 
 
+def by_top_k(prompts, n, var, full: int, left: int) -> list[Prompt]:
+    """--vigor-rank topk: the prompts in order of sigma_q^2 (highest first, every prompt, 0
+    included; ties: prompt order), each brought up to `full` completions,
+
+        extra_q = min(max(full - n_q, 0), left - (the extras of the prompts ranked above q))
+
+    so the first k prompts get full - n_q each, the next one the rest of `left` (cut to fit), and
+    the others none: they keep what they have (n_init, the floor). Returned grouped by prompt, in
+    prompt order (one engine call)."""
+    ranked = sorted(range(len(prompts)), key=lambda i: -var[prompts[i].prompt_id])
+    extra, given = {}, 0
+    for i in ranked:
+        extra[i] = min(max(full - n[prompts[i].prompt_id], 0), left - given)
+        given += extra[i]
+    return [prompts[i] for i in sorted(extra) for _ in range(extra[i])]
+
+
 def prompt_weights(rollouts: list[Rollout]) -> list[float]:
     """--vigor-weight prompt: each rollout's weight n_mean / n_q (n_q its prompt's group size,
     n_mean the mean group size), so every prompt's rollouts weigh n_mean in all, as a fixed group
@@ -161,9 +198,26 @@ def prompt_weights(rollouts: list[Rollout]) -> list[float]:
     return [mean / count[r.prompt_id] for r in rollouts]
 
 
+def allocator(rank: str, *, top: int, n_step: int, full: int, budget: int, n_prompts: int):
+    """--vigor-rank's round, (prompts, n, var, left=...) -> the round's extra prompts: by_variance
+    or by_marginal_gain (top, n_step), or by_top_k bringing each chosen prompt to
+
+        N = max(full or 2 budget // P, ceil(budget / P))      (P = n_prompts)
+
+    (--vigor-full, 0 = twice the mean group size; N >= budget / P, so N P >= budget: the budget
+    can always be spent)."""
+    if rank not in RANKS:
+        raise ValueError(f"VIGOR: rank must be one of {', '.join(RANKS)}, got {rank!r}")
+    if rank == "topk":
+        return functools.partial(by_top_k, full=max(full or 2 * budget // n_prompts,
+                                                    -(-budget // n_prompts)))
+    by_rank = by_variance if rank == "variance" else by_marginal_gain
+    return functools.partial(by_rank, top=top, n_step=n_step)
+
+
 def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, grade, *, n_init: int,
                    n_step: int, top: int, budget: int, rank: str = "variance", prior: float = 0.0,
-                   metrics=None) -> tuple[list[Rollout], dict]:
+                   full: int = 0, metrics=None) -> tuple[list[Rollout], dict]:
     """VIGOR's variance-guided allocation. The paper was not available; this is the reading of its
     abstract ("begins with a small number of rollouts for all examples in a batch and iteratively
     allocates additional rollouts to those with the highest group reward variance until a fixed
@@ -174,9 +228,12 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
                   Beta(prior, prior) prior on its success rate; prior 0 = the empirical one),
                   --vigor-rank variance: the `top` prompts of highest sigma^2 (> 0 only) get
                   n_step more each (by_variance); marginal: top x n_step completions go one by one
-                  to the largest gain in sum_q sigma_q^2 / n_q (by_marginal_gain); in one engine
-                  call; the last round is cut to fit, so exactly `budget` completions are generated
-                  in all (fewer only when every sigma^2 is 0, possible only with prior 0).
+                  to the largest gain in sum_q sigma_q^2 / n_q (by_marginal_gain); topk: the
+                  prompts in order of sigma^2 each brought to N completions (by_top_k; N:
+                  `allocator`), all that is left in this one round; in one engine call; the last
+                  round is cut to fit, so exactly `budget` completions are generated in all (fewer
+                  only when every sigma^2 is 0 under variance or marginal, possible only with
+                  prior 0). Every prompt keeps its n_init: none is starved.
 
     The readings and the defaults: the module docstring.
 
@@ -185,18 +242,17 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
     whole variable-size group is one GRPO group. Returns (rollouts grouped by prompt in prompt
     order, stats); with `metrics` (a metrics.Metrics) the stats are also reported there, each with
     how it combines over ranks."""
-    if rank not in RANKS:
-        raise ValueError(f"VIGOR: rank must be one of {', '.join(RANKS)}, got {rank!r}")
+    allocate = allocator(rank, top=top, n_step=n_step, full=full, budget=budget,
+                         n_prompts=len(prompts))
     if budget < n_init * len(prompts):
         raise ValueError(f"VIGOR: budget {budget} < n_init {n_init} x {len(prompts)} prompts")
     out = engine.generate(prompts, n_init, sampling_for(0), version=version)
     grade(out)
     zero_before = sum(v == 0 for v in smoothed_variance(out, 0.0)[1].values()) / len(prompts)
-    allocate = by_variance if rank == "variance" else by_marginal_gain
     rounds = 0
     while len(out) < budget:
         n, var = smoothed_variance(out, prior)
-        extra = allocate(prompts, n, var, top, n_step, budget - len(out))
+        extra = allocate(prompts, n, var, left=budget - len(out))
         if not extra:
             break
         rounds += 1

@@ -20,26 +20,37 @@ The protocol, the same for every experiment and every arm:
    is highest (ties: the first listed), among those that keep `Setting.band` (a metric's largest
    value over every step of those sweep runs under a stated bound) when there is one; only that
    one is reported (choose_reading).
-3. **Report.** The arm at its chosen lr with fresh seeds REPORT_SEEDS, evaluated on the test split
-   only. Then EXTRA_SEEDS for every arm whose final accuracy is within 2 standard errors of the
-   baseline's (and for the baseline): at least 5 seeds where arms are within the noise.
+3. **Report.** Every reported arm at its chosen lr with the same fresh seeds REPORT_SEEDS (5,
+   fixed before any test result is seen; --quick: the first one), evaluated on the test split only.
+4. **Compare.** Each arm against the baseline (and each `Setting.claims` entry against its own
+   reference): Δ of the final test accuracy (a run's final accuracy: the mean of its last two
+   evaluations after step 0) with its standard error, degrees of freedom and 95% CI, paired over
+   seeds where the two arms share the prompt stream (equal --prompts-per-step and --seed in the
+   argv.json each run records), else Welch's (bench/stats.py); x to a target, censored at a run's
+   budget where it is not reached (time_to_target); accuracy at fixed budgets (BUDGETS of the
+   baseline's x-range); the verdict word, by code (verdict, VERDICT_RULE).
 
 Outputs in OUT/<setting>/ (OUT = bench/results/NAME by default; one setting per task an
-experiment runs on): results.md (the table:
-final test accuracy mean ± std over seeds, the difference to the baseline with its standard error,
-x to a target and its ratio to the baseline, completion length at the start and the end, the
-diagnostics), sweep.md (every arm x lr: final dev accuracy per seed, the chosen one marked),
-accuracy.png (test accuracy against the setting's x-axis and wall time: mean over seeds, band
-min..max), sweep.png and summary.json; OUT/README.md collects the experiment's claim, what it
-holds equal and every setting's table. The runs go to RUNS/<setting>/{sweep,report}/ARM/lr-LR/
-seed-S/ (RUNS = runs/experiments/NAME by default, OUT/runs with --out); a run keeps its run.log,
-argv.json, metrics.jsonl, updates.jsonl and samples.jsonl (its checkpoints are deleted once it is
-done). Runs are `python train.py ...` in subprocesses (in-process `train.main` under --quick); a
-finished run (its `done` file) is reused when its recorded flags are the same.
+experiment runs on): results.md (the table: final test accuracy mean ± std over seeds, Δ to the
+baseline with SE, df, 95% CI and the pairing, x and wall time to a target with reached k/n and the
+ratio to the baseline (a bound where seeds are censored), accuracy at each budget with its Δ and
+CI, the verdict, completion length at the start and the end, the diagnostics; then every claim's
+verdict and VERDICT_RULE), sweep.md (every arm x lr: final dev accuracy per seed, the chosen one
+marked), accuracy.png (test accuracy against the setting's x-axis and wall time: mean over seeds,
+band min..max), sweep.png and summary.json (the runs and every number of the tables: analyse());
+OUT/README.md collects the experiment's claim, what it holds equal, the verdict rule and every
+setting's table. `python bench/experiments.py --headline` prints the README's headline table from
+every bench/results/*/**/summary.json (headline_table). The runs go to
+RUNS/<setting>/{sweep,report}/ARM/lr-LR/seed-S/ (RUNS = runs/experiments/NAME by default,
+OUT/runs with --out); a run keeps its run.log, argv.json, metrics.jsonl, updates.jsonl and
+samples.jsonl (its checkpoints are deleted once it is done). Runs are `python train.py ...` in
+subprocesses (in-process `train.main` under --quick); a finished run (its `done` file) is reused
+when its recorded flags are the same.
 """
+import argparse
 import contextlib
 import json
-import math
+import operator
 import shutil
 import statistics
 import subprocess
@@ -48,16 +59,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stats import mean_std  # noqa: E402  (bench/stats.py, shared with compare.py)
+from stats import Comparison, mean_std, paired, welch  # noqa: E402  (bench/stats.py)
 
 LR_GRID = (3e-4, 1e-4, 3e-5)
 SWEEP_SEEDS = (0, 1)
-REPORT_SEEDS = (100, 101, 102)
-EXTRA_SEEDS = (103, 104)
+REPORT_SEEDS = (100, 101, 102, 103, 104)   # every reported arm, fixed before any test result
 QUICK_GRID = (3e-4, 3e-5)
 EXTEND = 2                     # at most this many lrs past the grid's edge (past_edge)
 QUICK_EVAL = 16               # --quick: dev and test prompts per eval
@@ -67,6 +78,25 @@ QUICK_EVAL = 16               # --quick: dev and test prompts per eval
 class Arm:
     name: str
     flags: tuple[str, ...]     # train.py flags: a preset and what this arm sets
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the paper claims about one arm against another, and how to tell whether the arm's
+    mechanism acted here (verdict). A reported arm with no claim against the baseline gets
+    Claim(arm): better than the baseline on the final accuracy, no diagnostic.
+
+    direction: +1 the paper claims the arm is better (higher), -1 worse, 0 on par (within
+    ±PAR_MARGIN), None no claim (no verdict). against: the reference arm ("": the setting's
+    baseline). metric: "final" (final test accuracy), "at 25%" / "at 50%" / "at 75%" /
+    "at 100%" (accuracy at that budget, BUDGETS) or a metrics key of Setting.finals (its last
+    value per run). acted: (metrics key, "AGG OP RHS"), e.g. ("loss/veto_frac", "max > 0"), on
+    the arm's reported runs (mechanism_acted); false: "not testable here"."""
+    arm: str
+    direction: int | None = 1
+    against: str = ""
+    metric: str = "final"
+    acted: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +114,8 @@ class Setting:
     band: tuple[str, float] | None = None      # (metrics key, max over steps) a reading must keep
     report_flags: tuple[str, ...] = ()         # extra flags for the reported runs (e.g. mean@k)
     finals: tuple[tuple[str, str], ...] = ()   # (column, metrics key): its last value, per run
-    min_seeds: int = 3                         # reported seeds at least (5: REPORT + EXTRA_SEEDS)
+    min_seeds: int = 5                         # reported seeds at least (all of REPORT_SEEDS: 5)
+    claims: tuple[Claim, ...] = ()             # the paper's claims; unlisted arms: Claim(arm)
 
 
 @dataclass(frozen=True)
@@ -370,8 +401,10 @@ def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool)
 
 
 def load(run_dir: Path, metric: str, keys: tuple[str, ...]) -> dict:
-    """A run's curve [(step, fresh, updates, wall, accuracy)] and its aggregates: response length
-    at the first and last step, time split, loop steps, and the mean over steps of each key."""
+    """A run's curve [(step, fresh, updates, wall, accuracy)] and its aggregates: the final
+    accuracy (final_accuracy: the mean of the last two evaluations), response length at the first
+    and last step, time split, loop steps, and per key its mean, largest and smallest value over
+    the steps and its last value."""
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if line.strip()]
     fresh = updates = 0
     wall = gen = upd = 0.0
@@ -390,12 +423,14 @@ def load(run_dir: Path, metric: str, keys: tuple[str, ...]) -> dict:
              else None for k in keys}
     maxima = {k: max(r[k] for r in steps if k in r) if any(k in r for r in steps) else None
               for k in keys}
+    minima = {k: min(r[k] for r in steps if k in r) if any(k in r for r in steps) else None
+              for k in keys}
     last = {k: next((r[k] for r in reversed(rows) if k in r), None) for k in keys}
-    return {"curve": curve, "final": curve[-1][4], "start": curve[0][4],
+    return {"curve": curve, "final": final_accuracy(curve), "start": curve[0][4],
             "len_start": steps[0].get("response/len_mean"), "len_end":
             steps[-1].get("response/len_mean"), "refreshes": len(steps), "updates": updates,
             "fresh": fresh, "wall": wall, "gen": gen, "upd": upd, "means": means,
-            "maxima": maxima, "last": last}
+            "maxima": maxima, "minima": minima, "last": last}
 
 
 def choose(sweep: dict[float, list[float]]) -> float:
@@ -426,16 +461,6 @@ def past_edge(sweep: dict[float, list[float]]) -> float | None:
     return float(f"{lr:.0e}")
 
 
-def within_noise(a: list[float], b: list[float]) -> bool:
-    """|mean a - mean b| < 2 standard errors of the difference (unequal variances)."""
-    return abs(statistics.mean(a) - statistics.mean(b)) < 2 * se_diff(a, b)
-
-
-def se_diff(a: list[float], b: list[float]) -> float:
-    var = lambda x: statistics.variance(x) if len(x) > 1 else 0.0     # noqa: E731
-    return math.sqrt(var(a) / len(a) + var(b) / len(b))
-
-
 @dataclass
 class Plan:
     """Where a setting's runs go and how they run."""
@@ -458,10 +483,12 @@ class Plan:
 
 
 def run_setting(s: Setting, plan: Plan) -> dict:
-    """Sweep, choose, report (and extra seeds within the noise) for one setting; its summary."""
+    """Sweep, choose, report (every arm on all of REPORT_SEEDS) for one setting; its summary."""
     grid = QUICK_GRID if plan.quick else LR_GRID
     sweep_seeds = SWEEP_SEEDS[:1] if plan.quick else SWEEP_SEEDS
     report_seeds = REPORT_SEEDS[:1] if plan.quick else REPORT_SEEDS
+    if not plan.quick and len(report_seeds) < s.min_seeds:
+        raise ValueError(f"{s.label}: min_seeds {s.min_seeds} > REPORT_SEEDS {REPORT_SEEDS}")
     dev = test = str(QUICK_EVAL if plan.quick else s.eval_size)
     base = plan.out / s.label
 
@@ -475,6 +502,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         return run_dir(base, "sweep", arm.name, lr, seed)
 
     keys = tuple(k for _, k in s.diagnostics + s.finals) + ((s.band[0],) if s.band else ())
+    keys += tuple(k for c in s.claims if c.acted for k in predicate_keys(*c.acted))
     sweep = {a.name: {} for a in s.arms}
     swept = {}                                             # (arm, lr) -> its sweep runs, loaded
     todo = [(a, lr) for a in s.arms for lr in grid]
@@ -499,85 +527,388 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     def report_dir(arm, seed):
         return run_dir(base, "report", arm.name, chosen[arm.name], seed)
 
-    first = list(report_seeds) + (list(EXTRA_SEEDS) if s.min_seeds > 3 and not plan.quick else [])
-    seeds = {a.name: list(first) for a in arms}
-
-    def report(names):
-        plan.run_all([(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
-                      for a in arms if a.name in names for sd in seeds[a.name]])
-        return {a.name: [load(report_dir(a, sd), "eval/accuracy", keys) for sd in seeds[a.name]]
-                for a in arms}
-
-    runs = report(set(seeds))
-    finals = {name: [r["final"] for r in rs] for name, rs in runs.items()}
-    close = [n for n in finals if n != s.baseline and within_noise(finals[n], finals[s.baseline])]
-    if close and not plan.quick and s.min_seeds <= 3:
-        for name in [*close, s.baseline]:
-            seeds[name] += list(EXTRA_SEEDS)
-        runs = report(set(close) | {s.baseline})
+    plan.run_all([(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
+                  for a in arms for sd in report_seeds])
+    runs = {a.name: [{**load(report_dir(a, sd), "eval/accuracy", keys), "seed": sd,
+                      "stream": stream(json.loads((report_dir(a, sd) / "argv.json").read_text()))}
+                     for sd in report_seeds] for a in arms}
     return {"setting": s, "grid": grid, "sweep_seeds": sweep_seeds, "sweep": sweep,
             "chosen": chosen, "runs": runs, "picked": picked, "band": band}
 
 
-# ---- the tables and plots ---------------------------------------------------------------------
+# ---- the statistics, the verdicts and the tables ----------------------------------------------
 
 TARGET_FRAC = 0.9
+BUDGETS = (0.25, 0.5, 0.75, 1.0)   # accuracy at these fractions of the baseline's x-range
+PAR_MARGIN = 0.02                  # "on par": the 95% CI of Δ inside ±2 accuracy points
+X_COL = {"fresh": 1, "updates": 2, "wall": 3}   # a curve point's column of each x
+VERDICT_RULE = (
+    "**Verdict** (bench/experiments.py `verdict`, one rule for every claim, fixed before the "
+    "runs, as the seeds are: every arm on all of REPORT_SEEDS): Δ = the arm's metric minus its "
+    "reference's, with its 95% CI (paired over the seeds both ran where the two share the prompt "
+    "stream, equal --prompts-per-step and --seed; else Welch's). \"not testable here\" when the "
+    "claim's mechanism diagnostic (a metrics key and a predicate on the arm's reported runs, e.g. "
+    "loss/veto_frac max > 0) says the mechanism never acted, checked first; else, for a claim "
+    "that the arm is better (worse) than its reference: \"reproduced\" when the CI lies above "
+    "(below) 0, \"contradicted\" when it lies below (above) 0; for a claim that the two are on "
+    f"par: \"reproduced\" when the CI lies inside ±{100 * PAR_MARGIN:g} points (PAR_MARGIN), "
+    "\"contradicted\" when it lies outside them; otherwise \"inconclusive (95% CI [lo, hi])\", "
+    "in points. A CI with an end on 0 does not exclude 0; one with an end on the margin lies "
+    "inside it.")
 
 
-def to_target(runs: list[dict], target: float, x: str) -> tuple[float | None, float | None, int]:
-    """(mean x, mean wall seconds, seeds reaching) at the first eval after step 0 >= target."""
-    col = {"fresh": 1, "updates": 2}[x]
-    hits = [next(((p[col], p[3]) for p in r["curve"] if p[0] > 0 and p[4] >= target), None)
-            for r in runs]
-    hits = [h for h in hits if h is not None]
-    if not hits:
-        return None, None, 0
-    return statistics.mean(h[0] for h in hits), statistics.mean(h[1] for h in hits), len(hits)
+def final_accuracy(curve: list) -> float:
+    """A run's final accuracy: the mean of its last two evaluations after step 0 (the last one
+    alone where there is one; the step-0 one where there is no other)."""
+    after = [p[4] for p in curve if p[0] > 0]
+    return statistics.mean(after[-2:]) if after else curve[-1][4]
+
+
+def value_at(curve: list, col: int, x: float) -> float | None:
+    """A run's accuracy at x (curve column col): linearly interpolated between the evaluations
+    around it, a = a_{j-1} + (x - x_{j-1}) / (x_j - x_{j-1}) (a_j - a_{j-1}) for
+    x_{j-1} < x <= x_j (a_j where x_j = x_{j-1}); None past the run's last evaluation."""
+    pts = [(p[col], p[4]) for p in curve]
+    if x > pts[-1][0] + 1e-9 * max(1.0, abs(pts[-1][0])):
+        return None
+    for j, (xj, aj) in enumerate(pts):
+        if xj >= x:
+            if j == 0 or xj == pts[j - 1][0]:
+                return aj
+            x0, a0 = pts[j - 1]
+            return a0 + (x - x0) / (xj - x0) * (aj - a0)
+    return pts[-1][1]
+
+
+def time_to_target(curve: list, col: int, target: float) -> tuple[float, bool]:
+    """(x, reached): the x (curve column col) at which the run first reaches target, linearly
+    interpolated between the two evaluations that bracket the crossing, a_{j-1} < target <= a_j:
+    x = x_{j-1} + (target - a_{j-1}) / (a_j - a_{j-1}) (x_j - x_{j-1}); a run that never reaches
+    it is censored at its budget: (x of its last evaluation, False), a lower bound on its time."""
+    pts = [(p[col], p[4]) for p in curve]
+    for j, (xj, aj) in enumerate(pts):
+        if aj >= target:
+            if j == 0:
+                return xj, True
+            x0, a0 = pts[j - 1]
+            return x0 + (target - a0) / (aj - a0) * (xj - x0), True
+    return pts[-1][0], False
+
+
+class ToTarget(NamedTuple):
+    """The mean over seeds of the time to target, censored seeds at their budget (so a lower
+    bound on the true mean when reached < n); reached of n seeds reached it."""
+    mean: float
+    reached: int
+    n: int
+
+
+def to_target(runs: list[dict], target: float, x: str) -> ToTarget:
+    """time_to_target of every run on x (fresh | updates | wall), averaged over the runs."""
+    times = [time_to_target(r["curve"], X_COL[x], target) for r in runs]
+    return ToTarget(statistics.mean(t for t, _ in times), sum(ok for _, ok in times), len(times))
+
+
+def ratio_bound(arm: ToTarget, base: ToTarget) -> tuple[float | None, str]:
+    """(arm.mean / base.mean, relation to the true ratio). A censored time is a lower bound on
+    the true one, so the ratio is exact ("=") where no seed is censored, a lower bound (">=")
+    where only the arm's are, an upper bound ("<=") where only the baseline's are, and no bound
+    ("?", ratio None) where both have censored seeds."""
+    arm_cut, base_cut = arm.reached < arm.n, base.reached < base.n
+    if (arm_cut and base_cut) or not base.mean:
+        return None, "?"
+    return arm.mean / base.mean, ">=" if arm_cut else "<=" if base_cut else "="
+
+
+def stream(argv: list[str]) -> list:
+    """The prompt stream a run saw: [--prompts-per-step, --seed], each the last value in argv
+    (argparse's rule; None where absent: train.py's default). Runs with equal streams draw the
+    same prompts in the same order with the same sampling seeds: paired."""
+    def last(name):
+        return next((argv[i + 1] for i in range(len(argv) - 2, -1, -1) if argv[i] == name), None)
+    return [last("--prompts-per-step"), last("--seed")]
+
+
+def _seed_streams(s: Setting, name: str, runs: list[dict]) -> list[tuple[object, list]]:
+    """(seed, stream) of each run: as recorded by run_setting (the run's argv.json); for runs
+    without them (hand-made), the position and the stream of the setting's and arm's flags."""
+    arm = next((a for a in s.arms if a.name == name), Arm(name, ()))
+    out = []
+    for i, r in enumerate(runs):
+        seed = r.get("seed", i)
+        out.append((seed, r.get("stream") or stream([*s.flags, *arm.flags, "--seed", str(seed)])))
+    return out
+
+
+def metric_value(run: dict, metric: str, col: int, x_range: float) -> float | None:
+    """A run's value of a claim's metric: "final" (final_accuracy), "at P%" (value_at P% of
+    x_range) or a metrics key (its last value, Setting.finals)."""
+    if metric == "final":
+        return final_accuracy(run["curve"])
+    if metric.startswith("at ") and metric.endswith("%"):
+        return value_at(run["curve"], col, float(metric[3:-1]) / 100 * x_range)
+    return run.get("last", {}).get(metric)
+
+
+def compare_runs(s: Setting, runs: dict, arm: str, ref: str, metric: str = "final",
+                 x_range: float = 0.0) -> Comparison | None:
+    """Δ = arm - ref on metric: stats.paired over the seeds both ran where every such seed's
+    prompt stream is the same in both (stream), else stats.welch over each one's values; None
+    where either has no value."""
+    col = X_COL[s.x]
+
+    def values(name):
+        pairs = zip(_seed_streams(s, name, runs[name]), runs[name])
+        return {seed: (v, st) for (seed, st), r in pairs
+                if (v := metric_value(r, metric, col, x_range)) is not None}
+    a, b = values(arm), values(ref)
+    if not a or not b:
+        return None
+    common = [k for k in a if k in b]
+    if common and all(a[k][1] == b[k][1] for k in common):
+        return paired([a[k][0] for k in common], [b[k][0] for k in common])
+    return welch([v for v, _ in a.values()], [v for v, _ in b.values()])
+
+
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+       "==": operator.eq, "!=": operator.ne}
+AGGREGATES = {"max": "maxima", "min": "minima", "mean": "means", "last": "last"}   # load()'s
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def predicate_keys(key: str, predicate: str) -> tuple[str, ...]:
+    """The metrics keys a diagnostic reads: key, and the right-hand side where it is a key."""
+    rhs = predicate.split()[-1]
+    return (key,) if _number(rhs) is not None else (key, rhs)
+
+
+def aggregate(runs: list[dict], agg: str, key: str) -> float | None:
+    """Over an arm's runs: max (the largest value at any step of any run), min (the smallest),
+    mean (the mean over runs of each run's mean over steps), last (the mean over runs of each
+    run's last value); None where the key was never logged."""
+    vals = [v for r in runs if (v := r.get(AGGREGATES[agg], {}).get(key)) is not None]
+    if not vals:
+        return None
+    return max(vals) if agg == "max" else min(vals) if agg == "min" else statistics.mean(vals)
+
+
+def mechanism_acted(runs: list[dict], key: str, predicate: str) -> bool:
+    """Whether predicate "AGG OP RHS" holds for metrics key on the arm's runs: AGG one of max,
+    min, mean, last (aggregate), OP one of > >= < <= == !=, RHS a number or another metrics key
+    (aggregated the same way); e.g. ("loss/veto_frac", "max > 0"), ("replay/headroom_mean",
+    "mean != replay/headroom_stored_mean"). False where a key was never logged."""
+    agg, op, rhs = predicate.split()
+    left = aggregate(runs, agg, key)
+    right = _number(rhs)
+    right = aggregate(runs, agg, rhs) if right is None else right
+    return left is not None and right is not None and OPS[op](left, right)
+
+
+def verdict(direction: int | None, c: Comparison | None, acted: bool = True) -> str:
+    """VERDICT_RULE: "not testable here" where the mechanism did not act (checked first); "—"
+    where there is no claim (direction None); for direction +1 / -1: "reproduced" where the CI
+    [lo, hi] excludes 0 on the claimed side (direction x lo > 0 and direction x hi > 0),
+    "contradicted" where it excludes it on the other; for direction 0: "reproduced" where
+    -PAR_MARGIN <= lo and hi <= PAR_MARGIN, "contradicted" where lo > PAR_MARGIN or
+    hi < -PAR_MARGIN; else "inconclusive (95% CI [lo, hi])" in points (x 100)."""
+    if not acted:
+        return "not testable here"
+    if direction is None:
+        return "—"
+    if c is None or c.lo is None:
+        return "inconclusive (95% CI undefined: fewer than 2 seeds)"
+    lo, hi = c.lo, c.hi
+    if direction == 0:
+        if -PAR_MARGIN <= lo and hi <= PAR_MARGIN:
+            return "reproduced"
+        if lo > PAR_MARGIN or hi < -PAR_MARGIN:
+            return "contradicted"
+    elif direction * lo > 0 and direction * hi > 0:
+        return "reproduced"
+    elif direction * lo < 0 and direction * hi < 0:
+        return "contradicted"
+    return f"inconclusive (95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}])"
+
+
+def claims_of(s: Setting, runs: dict) -> list[Claim]:
+    """The claims to judge: Setting.claims whose arm and reference were reported (a claim on a
+    reading not chosen is dropped), and Claim(arm) for every other reported arm with no claim
+    against the baseline; in the order of s.arms."""
+    explicit = [c for c in s.claims if c.arm in runs and (c.against or s.baseline) in runs]
+    default = [Claim(a.name) for a in s.arms if a.name in runs and a.name != s.baseline
+               and not any(c.arm == a.name and (c.against or s.baseline) == s.baseline
+                           for c in s.claims)]
+    order = {a.name: i for i, a in enumerate(s.arms)}
+    return sorted(default + explicit, key=lambda c: order.get(c.arm, len(order)))
+
+
+def comparison_json(c: Comparison | None) -> dict | None:
+    return None if c is None else {"delta": c.delta, "se": c.se, "df": c.df, "ci": [c.lo, c.hi],
+                                   "n": c.n, "paired": c.paired}
+
+
+def analyse(summary: dict) -> dict:
+    """Every number of a setting's tables, from its reported runs: start (the mean step-0
+    accuracy), target (start + TARGET_FRAC x the baseline's gain in final accuracy; None where it
+    did not gain), the budgets (BUDGETS x x_range, x_range = the smallest last x of the
+    baseline's runs), per arm its final accuracy, Δ to the baseline (compare_runs), x and wall
+    time to target with reached k/n and the ratio bound, accuracy at each budget with its Δ; and
+    per claim (claims_of) its Δ, CI, pairing, diagnostic and verdict. JSON-ready."""
+    s, runs = summary["setting"], summary["runs"]
+    col = X_COL[s.x]
+    start = statistics.mean(r["curve"][0][4] for rs in runs.values() for r in rs)
+    base = statistics.mean(final_accuracy(r["curve"]) for r in runs[s.baseline])
+    target = start + TARGET_FRAC * (base - start) if base > start else None
+    x_range = min(r["curve"][-1][col] for r in runs[s.baseline])
+    budgets = [{"label": f"at {100 * q:g}%", "x": q * x_range} for q in BUDGETS]
+    base_t = {x: to_target(runs[s.baseline], target, x) for x in (s.x, "wall")} if target else {}
+    arms = {}
+    for name, rs in runs.items():
+        finals = [final_accuracy(r["curve"]) for r in rs]
+        acc, std = mean_std(finals)
+        entry = {"seeds": [seed for seed, _ in _seed_streams(s, name, rs)],
+                 "final": {"mean": acc, "std": std, "per_seed": finals},
+                 "delta": None if name == s.baseline else
+                 comparison_json(compare_runs(s, runs, name, s.baseline))}
+        for x, field_name in ((s.x, "to_target"), ("wall", "wall_to_target")):
+            if target is None:
+                entry[field_name] = None
+                continue
+            t = to_target(rs, target, x)
+            ratio, bound = ratio_bound(t, base_t[x])
+            entry[field_name] = {"mean": t.mean, "reached": t.reached, "n": t.n,
+                                 "lower_bound": t.reached < t.n, "ratio": ratio, "bound": bound}
+        entry["at"] = {}
+        for b in budgets:
+            vals = [v for r in rs if (v := value_at(r["curve"], col, b["x"])) is not None]
+            entry["at"][b["label"]] = {
+                "mean": statistics.mean(vals) if vals else None, "n": len(vals),
+                "delta": None if name == s.baseline else comparison_json(
+                    compare_runs(s, runs, name, s.baseline, b["label"], x_range))}
+        arms[name] = entry
+    comparisons = []
+    for c in claims_of(s, runs):
+        ref = c.against or s.baseline
+        cmp = compare_runs(s, runs, c.arm, ref, c.metric, x_range)
+        acted = mechanism_acted(runs[c.arm], *c.acted) if c.acted else True
+        comparisons.append({
+            "arm": c.arm, "against": ref, "metric": c.metric, "direction": c.direction,
+            "diagnostic": c.acted and {"key": c.acted[0], "predicate": c.acted[1],
+                                       "acted": acted},
+            **(comparison_json(cmp) or {"delta": None, "se": None, "df": None,
+                                        "ci": [None, None], "n": 0, "paired": None}),
+            "verdict": verdict(c.direction, cmp, acted)})
+    return {"start": start, "target": target, "x": s.x, "x_range": x_range, "budgets": budgets,
+            "arms": arms, "comparisons": comparisons}
 
 
 def fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def table(summary: dict) -> str:
-    """results.md of one setting."""
+def points(c: dict | None) -> str:
+    """Δ [95% CI] of a comparison_json, in percentage points."""
+    if c is None or c["delta"] is None:
+        return "—"
+    lo, hi = c["ci"]
+    ci = "—" if lo is None else f"{100 * lo:+.1f}, {100 * hi:+.1f}"
+    return f"{100 * c['delta']:+.1f} [{ci}]"
+
+
+def pairing(c: dict | None) -> str:
+    return "—" if c is None or c["paired"] is None else (
+        "paired" if c["paired"] else "unpaired (Welch)")
+
+
+def claim_words(direction: int | None) -> str:
+    return {1: "better", -1: "worse", 0: f"on par (±{100 * PAR_MARGIN:g})", None: "no claim"}[
+        direction]
+
+
+def time_cell(t: dict | None, spec: str) -> str:
+    """x to target: the mean (≥ where seeds are censored: a lower bound) and reached k/n."""
+    if t is None:
+        return "—"
+    bound = "≥ " if t["lower_bound"] else ""
+    return f"{bound}{format(t['mean'], spec)} ({t['reached']}/{t['n']})"
+
+
+def ratio_cell(t: dict | None) -> str:
+    if t is None or t["ratio"] is None:
+        return "—"
+    return {"=": "", ">=": "≥ ", "<=": "≤ "}[t["bound"]] + f"{t['ratio']:.2f}"
+
+
+def table(summary: dict, analysis: dict | None = None) -> str:
+    """The tables of one setting's results.md: the arms, then every claim's verdict."""
     s, runs, chosen = summary["setting"], summary["runs"], summary["chosen"]
-    finals = {n: [r["final"] for r in rs] for n, rs in runs.items()}
-    start = statistics.mean(r["start"] for rs in runs.values() for r in rs)
-    base = statistics.mean(finals[s.baseline])
-    target = start + TARGET_FRAC * (base - start) if base > start else None
-    b_x, b_wall, _ = to_target(runs[s.baseline], target, s.x) if target else (None, None, 0)
+    a_ = analysis or analyse(summary)
+    start, target = a_["start"], a_["target"]
     x_name = {"fresh": "fresh rollouts", "updates": "updates"}[s.x]
+    verdicts = {c["arm"]: c for c in reversed(a_["comparisons"]) if c["against"] == s.baseline}
     head = (f"start (step 0, every run) {100 * start:.1f}%; target = start + {TARGET_FRAC:g} x "
-            f"({s.baseline}'s gain) = {fmt(target and 100 * target, '.1f')}%")
-    cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} ± SE", f"{x_name} to "
-            "target", "ratio", "wall s to target", "ratio", "length start → end",
-            "refreshes (= syncs)",
-            "updates", "generate / update s", *(f"final {c}" for c, _ in s.finals),
-            *(c for c, _ in s.diagnostics)]
+            f"({s.baseline}'s gain) = {fmt(target and 100 * target, '.1f')}%. Final test acc: "
+            "each run's mean of its last two evaluations, mean ± std over seeds. Δ: paired over "
+            "the seeds both arms ran where they share the prompt stream (SE = sd(d) / sqrt(n), "
+            "df = n - 1), else Welch's; 95% CI = Δ ± t(0.975, df) SE, in points. To target: per "
+            "seed, where its curve first reaches the target (interpolated between evaluations); "
+            "a seed that never does counts at its budget (censored), so the mean is a lower bound "
+            "(≥) and the ratio to the baseline a bound (≥ where only the arm's seeds are "
+            "censored, ≤ where only the baseline's, — where both). Accuracy at a budget: "
+            f"interpolated at {', '.join(f'{100 * q:g}%' for q in BUDGETS)} of the baseline's "
+            f"x-range ({a_['x_range']:,.0f} {x_name}), — past a run's end; Δ [95% CI] as above.")
+    cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} [95% CI]", "SE", "df",
+            "pairing", f"{x_name} to target (reached)", "ratio", "wall s to target (reached)",
+            "ratio", *(f"acc {b['label']} ({b['x']:,.0f})" for b in a_["budgets"]), "verdict",
+            "length start → end", "refreshes (= syncs)", "updates", "generate / update s",
+            *(f"final {c}" for c, _ in s.finals), *(c for c, _ in s.diagnostics)]
     out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for a in (a for a in s.arms if a.name in runs):         # a reading not chosen is not reported
-        rs, f = runs[a.name], finals[a.name]
-        acc, std = mean_std(f)
-        x, wall, n = to_target(rs, target, s.x) if target else (None, None, 0)
-        diff = "—" if a.name == s.baseline else (
-            f"{100 * (acc - base):+.1f} ± {100 * se_diff(f, finals[s.baseline]):.1f}")
-        ratio = lambda v, b: fmt(v / b if v is not None and b else None, ".2f")   # noqa: E731
-        avg = lambda key: statistics.mean(r[key] for r in rs if r[key] is not None) \
-            if any(r[key] is not None for r in rs) else None                   # noqa: E731
+        rs, e = runs[a.name], a_["arms"][a.name]
+        d = e["delta"]
+        avg = lambda key: statistics.mean(r[key] for r in rs if r.get(key) is not None) \
+            if any(r.get(key) is not None for r in rs) else None                  # noqa: E731
         diag = [fmt(statistics.mean(r["means"][k] for r in rs) if all(
-            r["means"][k] is not None for r in rs) else None, ".3g") for _, k in s.diagnostics]
+            r["means"].get(k) is not None for r in rs) else None, ".3g")
+            for _, k in s.diagnostics]
         lasts = []
         for _, k in s.finals:
-            vals = [r["last"][k] for r in rs if r["last"][k] is not None]
+            vals = [r["last"][k] for r in rs if r["last"].get(k) is not None]
             lasts.append(f"{100 * mean_std(vals)[0]:.1f} ± {100 * mean_std(vals)[1]:.1f}"
                          if vals else "—")
-        cells = [a.name, f"{chosen[a.name]:g}", str(len(rs)), f"{100 * acc:.1f} ± {100 * std:.1f}",
-                 diff, f"{fmt(x, ',.0f')} ({n}/{len(rs)})", ratio(x, b_x), fmt(wall, ".1f"),
-                 ratio(wall, b_wall), f"{fmt(avg('len_start'), '.1f')} → "
-                 f"{fmt(avg('len_end'), '.1f')}", f"{avg('refreshes'):.0f}",
-                 f"{avg('updates'):.0f}", f"{avg('gen'):.1f} / {avg('upd'):.1f}", *lasts, *diag]
+        at = []
+        for b in a_["budgets"]:
+            cell = e["at"][b["label"]]
+            at.append(fmt(cell["mean"] and 100 * cell["mean"], ".1f") + (
+                f" ({points(cell['delta'])})" if cell["delta"] else ""))
+        v = verdicts.get(a.name)
+        word = "—" if v is None else v["verdict"] + (
+            f" ({v['metric']})" if v["metric"] != "final" else "")
+        cells = [a.name, f"{chosen[a.name]:g}", str(len(rs)),
+                 f"{100 * e['final']['mean']:.1f} ± {100 * e['final']['std']:.1f}",
+                 points(d), fmt(d and d["se"] and 100 * d["se"], ".2f"),
+                 fmt(d and d["df"], ".3g"), pairing(d),
+                 time_cell(e["to_target"], ",.0f"), ratio_cell(e["to_target"]),
+                 time_cell(e["wall_to_target"], ".1f"), ratio_cell(e["wall_to_target"]), *at,
+                 word, f"{fmt(avg('len_start'), '.1f')} → {fmt(avg('len_end'), '.1f')}",
+                 fmt(avg("refreshes"), ".0f"), fmt(avg("updates"), ".0f"),
+                 f"{fmt(avg('gen'), '.1f')} / {fmt(avg('upd'), '.1f')}", *lasts, *diag]
         out.append("| " + " | ".join(cells) + " |")
+    out += ["", "Verdicts:", "", "| claim | metric | the paper claims | Δ [95% CI] | SE | df | "
+            "pairing | mechanism acted | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in a_["comparisons"]:
+        g = c["diagnostic"]
+        acted = "—" if not g else f"{g['key']} {g['predicate']}: {'yes' if g['acted'] else 'no'}"
+        out.append(f"| {c['arm']} vs {c['against']} | {c['metric']} | "
+                   f"{claim_words(c['direction'])} | {points(c)} | "
+                   f"{fmt(c['se'] and 100 * c['se'], '.2f')} | {fmt(c['df'], '.3g')} | "
+                   f"{pairing(c)} | {acted} | {c['verdict']} |")
     return "\n".join(out) + "\n"
 
 
@@ -663,23 +994,31 @@ def plots(summary: dict, out: Path) -> bool:
     return True
 
 
-def write_setting(summary: dict, out: Path) -> str:
+def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> str:
+    """OUT/<setting>/: results.md (the flags, the tables, VERDICT_RULE, the sweep), sweep.md,
+    summary.json (the runs and analyse()'s every number, with the experiment's name and paper)
+    and the plots; returns the text for the experiment's README (results.md less the rule)."""
     out.mkdir(parents=True, exist_ok=True)
     s = summary["setting"]
+    analysis = analyse(summary)
     text = (f"## {s.label}\n\nCommon flags: `{' '.join(s.flags)}`"
             + (f"; sweep runs add `{' '.join(s.sweep)}`" if s.sweep else "") + "\n\n"
             + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
-            + table(summary) + "\nThe sweep:\n\n" + sweep_table(summary))
-    (out / "results.md").write_text(text)
+            + table(summary, analysis))
+    sweep = "\nThe sweep:\n\n" + sweep_table(summary)
+    (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n" + sweep)
     (out / "sweep.md").write_text(sweep_table(summary))
-    data = {"chosen": summary["chosen"], "picked": {" | ".join(g): p for g, p in
+    data = {"experiment": exp and exp.name, "paper": exp and exp.paper, "setting": s.label,
+            "baseline": s.baseline, "verdict_rule": VERDICT_RULE, "par_margin": PAR_MARGIN,
+            **analysis,
+            "chosen": summary["chosen"], "picked": {" | ".join(g): p for g, p in
                                                     summary["picked"].items()},
             "band": summary["band"], "sweep": {n: {str(k): v for k, v in d.items()}
                                                    for n, d in summary["sweep"].items()},
             "runs": summary["runs"]}
     (out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
     plots(summary, out)
-    return text
+    return text + sweep
 
 
 def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: int = 1,
@@ -689,14 +1028,16 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
     exp = EXPERIMENTS[name](quick)
     plan = Plan(runs, jobs, threads, quick)
     t0 = time.perf_counter()
-    parts = [write_setting(run_setting(s, plan), out / s.label) for s in exp.settings]
+    parts = [write_setting(run_setting(s, plan), out / s.label, exp) for s in exp.settings]
     took = sum(float((d / "done").read_text().split()[0]) for d in set(plan.ran))
     head = (f"# {exp.name}: {exp.paper}\n\n**Claim** (words in quotes are the paper's): "
             f"{exp.claim}\n\n**Held equal**: "
             f"{exp.held_equal}. {exp.notes}\n\n**Protocol**: bench/experiments.py's docstring "
             f"(lr grid {', '.join(f'{x:g}' for x in (QUICK_GRID if quick else LR_GRID))}, the "
             f"best mean final dev accuracy, ties to the larger lr, up to {EXTEND} more past an "
-            f"edge; reported seeds fresh, test split).\n\n"
+            f"edge; reported: every arm on the same fresh seeds "
+            f"{', '.join(map(str, REPORT_SEEDS[:1] if quick else REPORT_SEEDS))}, test split)."
+            f"\n\n{VERDICT_RULE}\n\n"
             f"`python bench/compare.py --experiment {name}"
             f"{' --quick' if quick else ''} --jobs {jobs}`: {len(set(plan.ran))} runs, "
             f"{took:.0f} s of runs ("
@@ -707,3 +1048,67 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
     text = head + "\n".join(parts)
     (out / "README.md").write_text(text)
     return text
+
+
+# ---- the README's headline table --------------------------------------------------------------
+
+def headline_rows(results_dir: Path) -> tuple[list[list[str]], list[Path]]:
+    """(rows, skipped): a row [paper, setting, arm vs reference, the paper's claim, Δ [95% CI],
+    pairing, verdict] per claim with a direction in every RESULTS_DIR/*/**/summary.json (the
+    experiments in EXPERIMENTS' order, then by path); skipped: the summary.json files without
+    comparisons (written before verdicts were)."""
+    order = {name: i for i, name in enumerate(EXPERIMENTS)}
+    paths = sorted(Path(results_dir).glob("*/**/summary.json"),
+                   key=lambda p: (order.get(p.relative_to(results_dir).parts[0], len(order)), p))
+    rows, skipped = [], []
+    for path in paths:
+        data = json.loads(path.read_text())
+        if "comparisons" not in data:
+            skipped.append(path)
+            continue
+        for c in data["comparisons"]:
+            if c["direction"] is None:
+                continue
+            metric = "" if c["metric"] == "final" else f" ({c['metric']})"
+            rows.append([data.get("paper") or path.parent.parent.name, data["setting"],
+                         f"{c['arm']} vs {c['against']}{metric}", claim_words(c["direction"]),
+                         points(c), pairing(c), c["verdict"]])
+    return rows, skipped
+
+
+def headline_table(results_dir: Path) -> str:
+    """The README's headline table (markdown) from the experiments' summary.json files: paper,
+    setting, arm vs baseline, what the paper claims, Δ [95% CI] in points (final test accuracy
+    unless the claim names another metric), paired or unpaired (Welch), the verdict."""
+    return headline_markdown(headline_rows(results_dir)[0])
+
+
+def headline_markdown(rows: list[list[str]]) -> str:
+    out = ["| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | paired? | "
+           "verdict |", "|---|---|---|---|---|---|---|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    """`python bench/experiments.py --headline [RESULTS_DIR]`; the experiments themselves run
+    through `python bench/compare.py --experiment NAME`."""
+    p = argparse.ArgumentParser(description="The README's headline table from the experiments' "
+                                "summary.json files (run them with bench/compare.py "
+                                "--experiment NAME).")
+    p.add_argument("--headline", nargs="?", const=str(ROOT / "bench" / "results"),
+                   metavar="RESULTS_DIR", help="print the headline table (default bench/results)")
+    args = p.parse_args(argv)
+    if not args.headline:
+        p.print_help()
+        return 2
+    rows, skipped = headline_rows(Path(args.headline))
+    print(headline_markdown(rows), end="")
+    for path in skipped:
+        print(f"skipped {path}: no comparisons (written before verdicts; run it again)",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,6 +3,9 @@
     python bench/step_time.py                  # the built-in default (64 prompts x 8, replay 0.5)
     python bench/step_time.py --repeats 5 -- \\
         --prompts-per-step 16 --threads 1      # train.py's flags after --
+    python bench/step_time.py --warmup 1 --repeats 2 --hf-generate -- \\
+        --model assets/smollm2-135m-instruct --train-data builtin_mixed --prompts-per-step 8 \\
+        --max-new-tokens 16 --threads 2        # a real model; against model.generate too
 
 Everything runs through train.py's own objects and functions (train.setup, the allocation's
 generate_and_score, the replay buffer, train.update, parallel.full_parameters +
@@ -22,8 +25,10 @@ then tokens/s (generated completion tokens per second of `generate`; real and pa
 second of `update`), the share of padded tokens in the update's forward passes (from the attention
 masks of the micro-batches that the objective collates for it: length-bucketed,
 rollout.length_buckets), and a bare forward + backward of the same model over the same micro-batches
-(logits.sum().backward(), no loss, no optimizer: the machine's limit for this model and these
-shapes).
+(the logits at the completion positions, as the update computes them, summed and backpropagated;
+no loss, no optimizer: the machine's limit for this model and these shapes). `--hf-generate` also
+times transformers' `model.generate` on the same prompts at the same settings and length limit:
+TorchEngine's completion tokens/s against it.
 
 `--consecutive` also measures the layout before length bucketing: the same rollouts cut into
 consecutive micro-batches in batch order. It checks that the gradient of the objective's loss
@@ -51,8 +56,9 @@ from metrics import Metrics  # noqa: E402
 
 PARTS = ("generate", "score", "sample+store", "update", "sync")
 # the update's targets on the built-in default: at most 15% padded forward positions, at most
-# 1.15x a bare forward + backward of the same micro-batches
-TARGET_PAD, TARGET_RATIO = 0.15, 1.15
+# 1.15x a bare forward + backward of the same micro-batches; generation (--hf-generate): at least
+# 1.3x model.generate's completion tokens/s
+TARGET_PAD, TARGET_RATIO, TARGET_GENERATE = 0.15, 1.15, 1.3
 
 
 class TimedEngine:
@@ -89,14 +95,35 @@ def padding(mbs: list[dict]) -> tuple[int, int]:
 
 def bare_forward_backward(model, mbs: list[dict]) -> float:
     """Seconds of forward + backward of the model over the micro-batches, nothing else (gradients
-    dropped)."""
+    dropped): the logits where the update computes them (rollout.completion_logits: the
+    completion positions), summed, no loss, no optimizer."""
     t0 = time.perf_counter()
     for mb in mbs:
-        model(input_ids=mb["input_ids"],
-              attention_mask=mb["attention_mask"]).logits.sum().backward()
+        rollout.completion_logits(model, mb)[1].sum().backward()
     seconds = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     return seconds
+
+
+@torch.no_grad()
+def hf_generate(run, prompts: list, n: int) -> tuple[float, int]:
+    """(seconds, completion tokens) of transformers' `model.generate` on the engine's own weights
+    over the same prompts (n samples each, left-padded, one batch as TorchEngine makes it), at the
+    run's temperature, top-p and --max-new-tokens: the reference TorchEngine's tokens/s is compared
+    with. Tokens counted up to and including EOS, as the engine counts them."""
+    engine, s = run.engine, run.allocation.sampling
+    flat = [p for p in prompts for _ in range(n)]
+    ids, mask = engine._left_padded(flat)
+    sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} \
+        if s.temperature > 0 else {"do_sample": False}
+    t0 = time.perf_counter()
+    out = engine.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=s.max_new_tokens,
+                                pad_token_id=engine.pad_id, eos_token_id=engine.eos_id, **sample)
+    seconds = time.perf_counter() - t0
+    tokens = 0
+    for row in out[:, ids.shape[1]:].tolist():
+        tokens += row.index(engine.eos_id) + 1 if engine.eos_id in row else len(row)
+    return seconds, tokens
 
 
 def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=None, max_tokens=0):
@@ -129,9 +156,10 @@ def build(argv: list[str]) -> "train.Run":
 
 
 def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
-            consecutive: bool = False) -> dict:
+            consecutive: bool = False, generate: bool = False) -> dict:
     """Time `repeats` steps after `warmup` steps of the run train.py would make with flags `argv`;
-    medians."""
+    medians. `generate`: also transformers' model.generate on each timed step's prompts
+    (hf_generate)."""
     run = build(argv)
     engine, model, opt, replay = run.engine, run.model, run.opt, run.replay
     optim = run.settings.optim
@@ -143,10 +171,16 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
         t = {}
         timed.seconds, timed.tokens = 0.0, 0
         t0 = time.perf_counter()
+        start = pos
         fresh, generated, pos = run.allocation.generate_and_score(run.prompts, mine, pos,
                                                                   step=step, metrics=Metrics())
         t1 = time.perf_counter()
         t["generate"], t["score"] = timed.seconds, (t1 - t0) - timed.seconds
+        if generate and step >= warmup:                  # the same prompts, the same lengths
+            prompts = [run.prompts[mine[i % len(mine)]] for i in range(start, pos)]
+            t["hf_generate"], t["hf_gen_tokens"] = hf_generate(run, prompts,
+                                                               run.allocation.group_size)
+            t1 = time.perf_counter()                       # not a part of the step
         replayed = []
         if replay is not None:
             replayed = replay.sample(step, len(fresh))             # as train.train_step
@@ -225,6 +259,12 @@ def report(m: dict) -> str:
         f"target <= {100 * TARGET_PAD:.0f}%: {'met' if pad <= TARGET_PAD else 'NOT met'}",
         f"bare fwd+bwd {1e3 * m['bare_fwd_bwd']:9.1f} ms per epoch; update / bare = {ratio:.2f}x; "
         f"target <= {TARGET_RATIO}x: {'met' if ratio <= TARGET_RATIO else 'NOT met'}"]
+    if "hf_generate" in m:
+        ours, theirs = m["gen_tokens"] / m["generate"], m["hf_gen_tokens"] / m["hf_generate"]
+        lines.append(f"model.generate {theirs:8.0f} completion tokens/s on the same prompts "
+                     f"({m['hf_gen_tokens']:.0f} tokens); TorchEngine / model.generate = "
+                     f"{ours / theirs:.2f}x tokens/s; target >= {TARGET_GENERATE}x: "
+                     f"{'met' if ours / theirs >= TARGET_GENERATE else 'NOT met'}")
     if "consec_update" in m:
         ctotal = m["real_tokens"] + m["consec_padded_tokens"]
         lines += [
@@ -255,8 +295,11 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, train_flags = ((argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv
                          else (argv, []))
+    p.add_argument("--hf-generate", action="store_true",
+                   help="also time transformers' model.generate on the same prompts and lengths")
     args = p.parse_args(ours)
-    print(report(measure(train_flags, args.warmup, args.repeats, args.consecutive)), flush=True)
+    print(report(measure(train_flags, args.warmup, args.repeats, args.consecutive,
+                         args.hf_generate)), flush=True)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""Run under `torchrun --nproc-per-node 2 tests/dist_update.py OUT.json` (tests/test_distributed.py
-does).
+"""Run under `torchrun --nproc-per-node 2 tests/dist_update.py OUT.json [MODEL_DIR]`
+(tests/test_distributed.py does, on the tiny model; with MODEL_DIR, any Hugging Face model
+directory, e.g. assets/smollm2-135m-instruct: the same comparison on a real model).
 
 One call of train.update() (through tiny.update) on 2 ranks (FSDP2, gloo), each rank holding its own
 share of a fixed list of 8 rollouts (3 on rank 0, 5 on rank 1: unequal token counts and micro-batch
@@ -106,12 +107,16 @@ def live_diff(named_a, named_b, grads: dict) -> tuple[float, float]:
     return max(diffs), live / total
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, model_dir: str | None = None) -> None:
     torch.set_num_threads(1)
     rank, world, device = train.setup_distributed()
     assert world == 2, "run with torchrun --nproc-per-node 2"
-    tok = make_tokenizer()
-    base = make_model(len(tok), seed=0)
+    if model_dir:
+        from checkpoint import load_model
+        base, tok = load_model(model_dir, "cpu")
+    else:
+        tok = make_tokenizer()
+        base = make_model(len(tok), seed=0)
     batch = rollouts(len(tok))
     local = batch[:3] if rank == 0 else batch[3:]
     results = {}
@@ -163,4 +168,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -28,20 +28,17 @@ def test_choose_takes_the_best_mean_and_ties_go_to_the_larger_lr():
     assert experiments.choose({3e-4: [0.0, 0.1], 1e-4: [0.3, 0.3], 3e-5: [0.3, 0.3]}) == 1e-4
 
 
-def test_within_noise_is_two_standard_errors_of_the_difference():
-    a, b = [0.50, 0.52, 0.54], [0.40, 0.42, 0.44]     # se = sqrt(2 * 0.0004 / 3) = 0.0163
-    assert experiments.se_diff(a, b) == pytest.approx((2 * 0.0004 / 3) ** 0.5)
-    assert not experiments.within_noise(a, b)             # 0.10 apart: 6 se
-    assert experiments.within_noise(a, [0.49, 0.51, 0.53])
-
-
-def test_to_target_reads_the_first_eval_at_or_above_the_target():
+def test_to_target_interpolates_the_crossing_and_censors_at_the_budget():
     runs = [{"curve": [(0, 0, 0, 0.0, 0.5), (1, 10, 4, 1.0, 0.55), (2, 20, 8, 2.0, 0.7)]},
             {"curve": [(0, 0, 0, 0.0, 0.5), (1, 10, 4, 1.5, 0.65), (2, 20, 8, 3.0, 0.8)]},
             {"curve": [(0, 0, 0, 0.0, 0.5), (1, 10, 4, 1.0, 0.5)]}]
-    assert experiments.to_target(runs, 0.6, "fresh") == (15, 1.75, 2)
-    assert experiments.to_target(runs, 0.6, "updates") == (6, 1.75, 2)
-    assert experiments.to_target(runs, 0.9, "fresh") == (None, None, 0)
+    # 10 + (0.6 - 0.55) / 0.15 x 10 = 13.33; 0 + 0.1 / 0.15 x 10 = 6.67; never: censored at 10
+    t = experiments.to_target(runs, 0.6, "fresh")
+    assert t.mean == pytest.approx(10.0) and (t.reached, t.n) == (2, 3)
+    t = experiments.to_target(runs, 0.6, "updates")          # 5.33, 2.67, 4
+    assert t.mean == pytest.approx(4.0) and (t.reached, t.n) == (2, 3)
+    t = experiments.to_target(runs, 0.9, "fresh")            # every run at its budget
+    assert t.mean == pytest.approx(50 / 3) and t.reached == 0
 
 
 @pytest.mark.parametrize("quick", [False, True])

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import io
 import os
+import re
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -128,23 +129,78 @@ def test_token_budget_leaves_the_update_alone():
     assert (moved[0] - moved[1]).abs().max() <= 1e-4 * scale
 
 
-def test_auto_token_budget_and_the_memory_warning():
+SMOLLM2 = SimpleNamespace(vocab_size=49_152, hidden_size=576, num_hidden_layers=30)
+
+
+def test_auto_token_budget_from_activations_and_logits():
+    """--micro-batch-tokens 0: the fewer of AUTO_LOGITS / V and AUTO_ACTIVATIONS / token_bytes.
+    SmolLM2-135M's shape by hand: fp32 25 * 576 * 4 * 30 + 12 * 49,152 = 2,317,824 bytes a token,
+    2^31 // that = 926 tokens; bf16 (halved activations) 1,453,824 -> 1,477; fp32 with
+    --grad-checkpointing 30 * 576 * 4 + 25 * 576 * 4 + 589,824 = 716,544 -> 2,997. The tiny model
+    (d 128, 4 layers, V 98): 51,200 + 1,176 = 52,376 bytes, 41,001 tokens (its logits: 2.7M)."""
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0)
     args = flags.Args()
-    assert flags.micro_batch_tokens(args, model) == flags.AUTO_LOGITS // len(tok)
+    assert flags.micro_batch_tokens(args, model) == 41_001 < flags.AUTO_LOGITS // len(tok)
     assert flags.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
+    smol = SimpleNamespace(config=SMOLLM2)
+    assert flags.token_bytes(SMOLLM2) == 2_317_824
+    assert flags.micro_batch_tokens(args, smol) == 926
+    assert flags.micro_batch_tokens(args, smol, bytes_per_value=2) == 1477
+    ckpt = dataclasses.replace(args, grad_checkpointing=True)
+    assert flags.token_bytes(SMOLLM2, checkpointing=True) == 716_544
+    assert flags.micro_batch_tokens(ckpt, smol) == 2997
+    assert flags.sizes(args, smol, 1).micro_batch_tokens == 926               # what a run prints
+    assert flags.sizes(args, smol, 1, 2, 4 * flags.AUTO_ACTIVATIONS).micro_batch_tokens == 5_461
+    vigor = dataclasses.replace(args, allocation="vigor")
+    assert flags.sizes(vigor, smol, 1).micro_batch_tokens == 926              # VIGOR's budget apart
     prompts = [SimpleNamespace(ids=[1, 2, 3])] * 64
-    sizes = flags.sizes(args, model, 1)
-    assert flags.check_sizes(args, model, prompts, sizes) == []
-    assert flags.check_sizes(args, model, prompts, sizes, device_memory=10 ** 12) == []
-    warning = flags.check_sizes(args, model, prompts, sizes, device_memory=1)
-    assert len(warning) == 1 and "--micro-batch-tokens" in warning[0]
+    flags.check_sizes(args, model, prompts, flags.sizes(args, model, 1))      # no error
+
+
+def test_memory_check_names_the_flag_that_fixes_it():
+    """SmolLM2's shape, 134.5M parameters: 16 bytes each for training (2.0 GiB), a 4-byte engine
+    copy (0.5 GiB), 926 auto-sized tokens (2.0 GiB), the runtime: about 5.2 GiB. On a 4 GiB machine
+    an error that says --micro-batch-tokens N with N what fits 90% of it; with 1 GiB the weights
+    alone do not fit; on a 24 GiB machine nothing, or a warning when little is free now."""
+    class Params:                                   # numel without allocating the weights
+        def numel(self):
+            return 134_515_008
+
+    model = SimpleNamespace(config=SMOLLM2, parameters=lambda: [Params()])
+    args = flags.Args(max_new_tokens=64, micro_batch_size=64)
+    need = flags.update_memory(args, model, longest_prompt=44)
+    assert need.training == 16 * 134_515_008 and need.copies == 4 * 134_515_008
+    assert need.micro_batch == 926 * 2_317_824
+    assert 5.0 < need.total / flags.GiB < 5.4
+    per_token = flags.token_bytes(SMOLLM2)
+    gib = flags.GiB
+
+    def check(need, total, available, ranks_here=1):
+        return flags.check_memory(need, per_token, checkpointing=False, total=total * gib,
+                                  available=available * gib, what="RAM", ranks_here=ranks_here)
+
+    assert check(need, 24, 20) is None
+    assert "available now" in check(need, 24, 3)
+    with pytest.raises(ValueError, match=r"--micro-batch-tokens (\d+)") as e:
+        check(need, 4, 4)
+    fits = int(re.search(r"--micro-batch-tokens (\d+)", str(e.value)).group(1))
+    small = flags.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44)
+    assert small.total <= 0.9 * 4 * gib < small.total + per_token
+    assert "--grad-checkpointing" in str(e.value)
+    with pytest.raises(ValueError, match="alone do not fit"):
+        check(need, 1, 1)
+    # two ranks of one CPU node share its RAM: FSDP2 halves the training state, not the copies
+    two = flags.update_memory(args, model, 44, world=2)
+    assert two.training == need.training // 2 and two.copies == need.copies
+    with pytest.raises(ValueError, match="2 x"):
+        check(two, 8, 8, ranks_here=2)
 
 
 def test_memory_estimate_of_a_05b_model_is_in_range():
-    """Qwen2.5-0.5B's shape, 512 new tokens: weights + AdamW (~7.4 GiB) and one auto-sized
-    micro-batch (1,766 tokens at ~2.5 MB each, ~4 GiB): about 11 GiB, not the 650 GB of 256 rows."""
+    """Qwen2.5-0.5B's shape, 512 new tokens, bf16 activations (a GPU): weights + AdamW (~7.4 GiB),
+    its engine copy, and one auto-sized micro-batch (2 GiB): about 12 GiB, not the 650 GB of 256
+    rows."""
     class Params:                                   # numel without allocating half a billion floats
         def numel(self):
             return 494_032_768
@@ -152,8 +208,8 @@ def test_memory_estimate_of_a_05b_model_is_in_range():
     config = SimpleNamespace(vocab_size=151_936, hidden_size=896, num_hidden_layers=24)
     model = SimpleNamespace(config=config, parameters=lambda: [Params()])
     args = flags.Args(max_new_tokens=512)
-    need = flags.update_memory(args, model, longest_prompt=150)
-    assert 8 * 2 ** 30 < need < 20 * 2 ** 30
+    need = flags.update_memory(args, model, longest_prompt=150, bytes_per_value=2)
+    assert 8 * 2 ** 30 < need.total < 20 * 2 ** 30
 
 
 # ---- start-up and the vLLM engine's memory -------------------------------------------------------
@@ -236,3 +292,28 @@ def test_fsdp_reshards_after_no_grad_passes(tmp_path):
     lines = sorted(line for line in proc.stdout.splitlines() if line[:2] in ("0 ", "1 "))
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert lines == ["0 Parameter DTensor DTensor", "1 Parameter DTensor DTensor"]
+
+
+def test_cpu_bf16_precision_runs_trainer_and_engine_under_autocast(tmp_path):
+    """--precision bf16 on the CPU: the trainer's forward and TorchEngine's copy both under bf16
+    autocast (fp32 weights), the run's line says so, and two steps train with the canary (engine
+    against trainer, both bf16 but in other shapes: bf16 rounding, ~1e-2) under its limit and the
+    floor (what bf16 alone moves a log-prob) logged beside it."""
+    args = flags.Args(precision="bf16", steps=2, eval_size=8, check_every=1,
+                      out_dir=str(tmp_path / "run"), prompts_per_step=8, replay="none")
+    run = train.setup(args, rank=0, world=1, device="cpu")
+    assert run.precision == "autocast-bf16"
+    assert "forward" in vars(run.model) and "forward" in vars(run.engine.model)
+    assert train.setup(dataclasses.replace(args, precision="auto"), rank=0, world=1,
+                       device="cpu").precision == "fp32"
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        assert train.main(["--precision", "bf16", "--steps", "2", "--eval-size", "8",
+                           "--check-every", "1", "--prompts-per-step", "8", "--replay", "none",
+                           "--out-dir", str(tmp_path / "main")]) == 0
+    assert "autocast-bf16" in out.getvalue()
+    import json
+    rows = [json.loads(line) for line in open(tmp_path / "main" / "metrics.jsonl")]
+    diffs = [r["rollout/logprob_diff"] for r in rows if "rollout/logprob_diff" in r]
+    floors = [r["rollout/logprob_floor"] for r in rows if "rollout/logprob_floor" in r]
+    assert diffs and floors and max(diffs) < args.max_logprob_diff

@@ -90,7 +90,6 @@ def _policy_and_rollouts(offsets):
                     [0.0] * len(off), advantage=(-1.0) ** k * (k + 1) / 4)
         with torch.no_grad():
             lp = rollout.forward_logprobs(model, rollout.collate([r], tok.pad_token_id), 1.0)[1][0]
-        lp = lp[len(r.prompt_ids) - 1:]
         r.logprobs = [x - o for x, o in zip(lp.tolist(), off)]
         rs.append(r)
     return model, tok, rs

@@ -120,3 +120,108 @@ def test_grade_sets_the_verdict_and_score_the_shaped_reward():
     assert [r.reward for r in rs] == rewards and [r.correct for r in rs] == verdicts.tolist()
     allocation.score(rs, allocation.Flags(), max_len=4)            # no penalty: reward = verdict
     assert [r.reward for r in rs] == [r.correct for r in rs]
+
+
+# ---- --reward partial: the long task's partial credit (verify.step_share, shaped_reward) ---------
+
+@pytest.mark.parametrize("step, value", [
+    ("7+54-3*2-1", 54), ("61-6-1", 54), ("54", 54), (" 54 ", 54), ("2*3*4-5*6", -6),
+    ("-17+3", -14), ("-17 + 3", -14), ("5--3", 8), ("2*-3", -6), ("1-9*2+3", -14), ("0*7", 0),
+    ("007", 7), ("", None), ("  ", None), ("+54", None), ("54+", None), ("5 4", None),
+    ("5**3", None), ("5/3", None), ("(5)", None), ("5+ +3", None), ("5---3", None),
+    ("54.0", None), ("x", None), ("\u0663", None), ("__import__('os')", None), ("1" * 201, None),
+    ("1+" * 100 + "1", None), ("1+" * 99 + "1", 100),
+])
+def test_step_value_by_hand(step, value):
+    """Integers -?[0-9]+ joined by + - *, * first, spaces between tokens; anything else None (an
+    Arabic-Indic digit too); a step over MAX_STEP_CHARS = 200 characters is not read (201 "1"s,
+    and 1+1+...+1 of 201 characters; of 199 it is 100)."""
+    assert verify.step_value(step) == value
+
+
+# (completion, gold, share of steps of the gold value, the verdict by grade_integer)
+CHAINS = [
+    ("7+54-3*2-1=7+54-6-1=61-6-1=55-1=54", "54", 5 / 5, 1.0),    # all right (the worked solution)
+    ("7+54-3*2-1=7+54-6-1=60-6-1=54-1=53", "54", 2 / 5, 0.0),    # wrong at step 3, carried on
+    ("7+54-3*2-1=7+54-6-1=61-6-1", "54", 3 / 3, 0.0),            # right steps, unreduced final
+    ("7+54-3*2-1=99=54", "54", 2 / 3, 1.0),                      # right answer through a bad step
+    ("54", "54", 1.0, 1.0),                                      # no "=": one step
+    ("7+47", "54", 1.0, 0.0),                                    # one unreduced step
+    ("54=", "54", 1 / 2, 0.0),                                   # a trailing "=": an empty step
+    ("1-18+3=-17+3=-14", "-14", 1.0, 1.0),                       # negative numbers
+    ("1-18+3=-17+3=-15", "-14", 2 / 3, 0.0),                     # wrong at the last step
+    ("7 + 54 - 6 - 1 = 61 - 6 - 1 = 55 - 1 = 54 ", "54", 1.0, 1.0),   # spaces
+    ("7+54-6-1=61-6-1=5 4", "54", 2 / 3, 0.0),                  # a space inside a number
+    ("hello=world", "54", 0.0, 0.0), ("the answer is 54", "54", 0.0, 0.0),   # garbage
+    ("54.0", "54", 0.0, 0.0), ("+54", "54", 0.0, 0.0), ("", "54", 0.0, 0.0),
+    ("54", "x", 0.0, 0.0),                                       # a gold that is not an integer
+    ("1" * 5000, "54", 0.0, 0.0),                                # one overlong step: not read
+    ("54=" * 3000 + "54", "54", 1.0, 1.0),                       # 3,001 right steps: all read
+    ("=" * 1000, "54", 0.0, 0.0),
+    ("54=" * 70_000 + "54", "54", 0.0, 1.0),   # over MAX_RESPONSE_CHARS: its steps are not read
+]
+
+
+@pytest.mark.parametrize("text, gold, share, verdict", CHAINS)
+def test_step_share_on_hand_written_chains(text, gold, share, verdict):
+    assert verify.step_share(text, gold) == pytest.approx(share)
+    assert float(verify.grade_integer(text, gold)) == verdict
+
+
+def test_partial_reward_by_hand():
+    """--reward partial: c = (v + share) / 2 on CHAINS, v = grade_integer's verdict: 1 (all right),
+    2/5 / 2 = 0.2 (wrong at step 3 of 5: (k - 1) / 2K), 1/2 (unreduced), (1 + 2/3) / 2 = 5/6 (a
+    right answer through a wrong step), ... 0 (garbage, empty, overlong), 1/2 (over
+    MAX_RESPONSE_CHARS, right: v alone). c = 1 exactly where the verdict is right and every step
+    keeps the value; a wrong answer scores at most 1/2, a right one at least 1/2 and more when its
+    steps are read (its last step keeps the value). With right 1, wrong -1: r = -1 + 2c; with
+    partial+format, the form's term on top."""
+    texts = [t for t, *_ in CHAINS]
+    rs = _rollouts(texts, [g for _, g, *_ in CHAINS])
+    credit = [(v + s) / 2 for _, _, s, v in CHAINS]
+    assert credit[:4] == pytest.approx([1.0, 0.2, 0.5, 5 / 6])
+    got = allocation.shaped_reward(rs, allocation.Flags(reward="partial"), max_len=8).tolist()
+    assert got == pytest.approx(credit)
+    assert [c == 1.0 for c in got] == [s == 1.0 and v == 1.0 for _, _, s, v in CHAINS]
+    right = [c for c, r in zip(got, rs) if r.correct == 1.0]
+    wrong = [c for c, r in zip(got, rs) if r.correct == 0.0]
+    assert min(right) == 0.5 == max(wrong)            # the unread right one; the unreduced chain
+    assert min(c for c, r in zip(got, rs) if r.correct == 1.0 and len(r.text) < 10_000) > 0.5
+    two_sided = allocation.Flags(reward="partial", reward_right=1.0, reward_wrong=-1.0)
+    assert allocation.shaped_reward(rs, two_sided, max_len=8).tolist() == pytest.approx(
+        [-1 + 2 * c for c in credit])
+    official = allocation.Flags(reward="partial+format", reward_wrong=-1.0)   # ok 1.25, bad -1
+    form = [1.25 if verify.integer_form(t) else -1.0 for t in texts]
+    assert allocation.shaped_reward(rs, official, max_len=8).tolist() == pytest.approx(
+        [-1 + 2 * c + b for c, b in zip(credit, form)])
+
+
+def test_partial_reward_shapes_only_the_reward_not_the_verdict():
+    """score with --reward partial sets r.reward to the credit and leaves r.correct the grader's
+    1/0 (what it returns, what dynamic sampling reads); --reward correct gives the verdict as
+    before. A group of all-wrong answers (0 signal under the verdict) gets advantages."""
+    texts = ["61-6-1=55-1=54", "61-6-1=55-1", "61-6-1=56-1=55", "xyz"]
+    rs = _rollouts(texts, ["54"] * 4)
+    verdicts = allocation.score(rs, allocation.Flags(reward="partial"), max_len=8)
+    assert verdicts.tolist() == [1.0, 0.0, 0.0, 0.0] == [r.correct for r in rs]
+    assert [r.reward for r in rs] == pytest.approx([1.0, 0.5, 1 / 6, 0.0])
+    allocation.score(rs, allocation.Flags(), max_len=8)
+    assert [r.reward for r in rs] == [1.0, 0.0, 0.0, 0.0]
+    wrong = _rollouts(texts[1:], ["54"] * 3)
+    allocation.score(wrong, allocation.Flags(reward="partial"), max_len=8)
+    assert len({r.advantage for r in wrong}) == 3
+
+
+def test_partial_credit_of_every_worked_solution_is_1():
+    """data.worked_solution's chains, the task's own answers: every step keeps the value, the
+    verdict is right, c = 1."""
+    import data
+    for ex in data.arithmetic_chain_examples("dev", 300):
+        chain = data.worked_solution(ex.question)
+        assert verify.step_share(chain, ex.answer) == 1.0 and verify.grade_integer(chain, ex.answer)
+
+
+def test_partial_reward_flag():
+    a = flags.parse(["--reward", "partial"])
+    assert a.reward == "partial" and flags.Args().reward == "correct"    # the default unchanged
+    assert flags.parse(["--reward", "partial+format"]).reward == "partial+format"

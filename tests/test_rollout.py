@@ -4,11 +4,10 @@ import types
 import pytest
 import torch
 
-import grpo
 from make_tiny_model import make_model, make_tokenizer
 from checkpoint import load_model
 from data import Prompt
-from rollout import Rollout, Sampling, TorchEngine, collate
+from rollout import Rollout, Sampling, TorchEngine, collate, forward_logprobs
 from tiny import decided_prefix
 
 
@@ -34,6 +33,28 @@ def test_collate_aligns_completion_with_next_token_positions():
     assert b["completion_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
     assert b["old_logprobs"].tolist() == [[0, 0, -0.5, -0.25], [-1.0, -2.0, -3.0, 0]]
     assert b["advantages"].tolist() == [1.5, -1.0]
+
+
+def test_collate_keeps_only_positions_that_predict_a_completion_token(tiny):
+    """Prompts of 3 and 2 tokens: the per-token tensors start at s = 2 - 1 (the shortest prompt's
+    last token), and forward_logprobs computes logits there alone, equal to the full forward's
+    (lm_head on fewer rows: float32 rounding of one matmul, ~1e-7)."""
+    from rollout import completion_slice, first_predicting
+    model, tok = tiny
+    r1 = Rollout(0, [5, 6, 7], [8, 9], [-0.5, -0.25])
+    r2 = Rollout(1, [5, 6], [4, 3, 2], [-1.0, -2.0, -3.0])
+    b = collate([r1, r2], pad_id=tok.pad_token_id)
+    assert first_predicting([r1, r2]) == 1
+    assert b["completion_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert b["behaviour_logprobs"][0, completion_slice(r1, 1)].tolist() == [-0.5, -0.25]
+    assert b["behaviour_logprobs"][1, completion_slice(r2, 1)].tolist() == [-1.0, -2.0, -3.0]
+    with torch.no_grad():
+        logits, logp = forward_logprobs(model, b, 1.0)
+        full = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+    assert logits.shape == (2, 3, full.shape[-1])
+    assert torch.allclose(logits, full[:, 1:-1], atol=1e-5)
+    want = full[:, 1:-1].log_softmax(-1).gather(-1, b["input_ids"][:, 2:, None])[..., 0]
+    assert torch.allclose(logp, want, atol=1e-5)
 
 
 def _mixed_lengths():
@@ -71,12 +92,12 @@ def test_micro_batches_group_rollouts_by_length():
 def test_lockstep_logprobs_come_back_in_input_order(tiny):
     """rollout.lockstep_logprobs runs length-bucketed micro-batches but returns each rollout's
     completion log-probs at its own index: the same as a forward of that rollout alone."""
-    from rollout import forward_logprobs, lockstep_logprobs
+    from rollout import lockstep_logprobs
     model, tok = tiny
     rs = _mixed_lengths()
     got = lockstep_logprobs(model, rs, 2, 0.7, tok.pad_token_id, 1)
     with torch.no_grad():
-        alone = [forward_logprobs(model, collate([r], tok.pad_token_id), 0.7)[1][0, 1:].tolist()
+        alone = [forward_logprobs(model, collate([r], tok.pad_token_id), 0.7)[1][0].tolist()
                  for r in rs]
     assert [len(g) for g in got] == [len(r.completion_ids) for r in rs]
     # a bucket of 2 rows against one row: another padded shape, float32 rounding (~1e-6 on
@@ -99,8 +120,7 @@ def test_engine_logprobs_equal_trainer_logprobs(tiny, temperature):
     assert len(rs) == 12 and [r.prompt_id for r in rs] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     b = collate(rs, tok.pad_token_id)
     with torch.no_grad():
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
-    logp = grpo.token_logprobs(logits, b["input_ids"][:, 1:], temperature)
+        logp = forward_logprobs(model, b, temperature)[1]
     diff = ((logp - b["old_logprobs"]) * b["completion_mask"]).abs().max().item()
     # KV cache and left padding against one right-padded forward: float32 rounding, ~1e-6; a
     # wrong position or temperature is off by ~1e-2 or more

@@ -13,7 +13,6 @@ import torch
 
 import allocation
 import flags
-import grpo
 import rollout
 import train
 import vigor
@@ -72,9 +71,7 @@ def test_veto_uses_behaviour_logprobs_under_tis():
     a = flags.Args(veto_scope="suffix", veto_threshold=1e-4, tis_cap=2.0)
     mb = rollout.micro_batches([r], 256, tok.pad_token_id, "cpu")[0]
     with torch.no_grad():
-        logits = model(input_ids=mb["input_ids"],
-                       attention_mask=mb["attention_mask"]).logits[:, :-1]
-        current = grpo.token_logprobs(logits, mb["input_ids"][:, 1:])                       # [1, T]
+        current = rollout.forward_logprobs(model, mb, 1.0)[1]                       # [1, T]
     mask = mb["completion_mask"].bool()
     # TIS: proximal = the current weights
     mb["old_logprobs"] = torch.where(mask, current, 0.0)
@@ -110,7 +107,6 @@ def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
         for r in rs:
             # [T]
             lp = rollout.forward_logprobs(model, rollout.collate([r], tok.pad_token_id), 1.0)[1][0]
-            lp = lp[len(r.prompt_ids) - 1:]
             r.logprobs = (lp + 0.3 * torch.randn(lp.shape, generator=gen)).tolist()
     old = [[x + 0.1 for x in r.logprobs] for r in rs] if a.tis_cap else None
     assert rollout.length_buckets(rs, 3) != [[0, 1, 2], [3, 4, 5], [6, 7]]

@@ -137,11 +137,11 @@ def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only, reading):
 
 # ---- the readings: --vigor-prior, --vigor-rank marginal, --vigor-weight prompt ------------------
 
-def run_reading(budget, rank="marginal", prior=1.0, n_init=2, n_step=2, top=2):
+def run_reading(budget, rank="marginal", prior=1.0, n_init=2, n_step=2, top=2, full=0):
     engine, prompts = PatternEngine(), [Prompt(i, [1]) for i in PATTERNS]
     out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=100 + k), 0, grade,
                                 n_init=n_init, n_step=n_step, top=top, budget=budget, rank=rank,
-                                prior=prior)
+                                prior=prior, full=full)
     return out, stats, {p: sum(r.prompt_id == p for r in out) for p in PATTERNS}
 
 
@@ -217,3 +217,136 @@ def test_score_scales_advantages_by_prompt_weight():
     score(rs, flags.Args(allocation="vigor", vigor_weight="prompt"))
     assert [r.advantage for r in rs] == pytest.approx([a * 2.0 for a in plain[:2]]
                                                       + [a * 4 / 6 for a in plain[2:]])
+
+
+# ---- the readings that concentrate: a weak --vigor-prior, --vigor-rank topk ---------------------
+
+def test_weak_prior_by_hand():
+    """Beta(1/2, 1/2): 0 right of 2 -> p = (0 + 1/2) / 3 = 1/6, sigma^2 = 5/36; 1 of 2 -> 1/2, 1/4;
+    2 of 2 -> 5/6, 5/36. The hopeless prompt trails by (n + 2a)^2 / (4 a (n + a)) = 9/5, against
+    4/3 with Beta(1, 1) (3/16 against 1/4)."""
+    rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], correct=c)
+          for q, c in [(0, 0), (0, 0), (1, 1), (1, 0), (2, 1), (2, 1)]]
+    _, var = vigor.smoothed_variance(rs, 0.5)
+    assert var == pytest.approx({0: 5 / 36, 1: 1 / 4, 2: 5 / 36})
+    assert var[1] / var[0] == pytest.approx(9 / 5)
+    _, var = vigor.smoothed_variance(rs, 1.0)
+    assert var[1] / var[0] == pytest.approx(4 / 3)
+
+
+def test_top_k_by_hand():
+    """After 2 each (prompt 0: 1, 1; 1: 1, 0; 2: 0, 1; 3: 0, 0), prior 1: sigma^2 = 3/16, 1/4, 1/4,
+    3/16, ranked 1, 2, 0, 3 (ties in prompt order). Budget 20: N = max(2 x 20 // 4, 5) = 10, the
+    12 left go 8 to prompt 1 (to 10), 4 to prompt 2 (cut to fit); 21: 8 and 5. --vigor-full 4 at
+    budget 16: N = 4, every prompt to 4 (the fixed allocation); --vigor-full 3 is raised to
+    ceil(16 / 4) = 4, so the budget can be spent. One round each; prompts 0 and 3 keep their 2."""
+    out, stats, sizes = run_reading(20, rank="topk")
+    assert sizes == {0: 2, 1: 10, 2: 6, 3: 2} and stats["vigor/rounds"] == 1 and len(out) == 20
+    _, _, sizes = run_reading(21, rank="topk")
+    assert sizes == {0: 2, 1: 10, 2: 7, 3: 2}
+    for full in (4, 3):
+        assert run_reading(16, rank="topk", full=full)[2] == {0: 4, 1: 4, 2: 4, 3: 4}
+    # the ranking alone, on made-up counts (N = 6, 7 left): prompt 1 (sigma^2 0.25) already has 5,
+    # so it takes 1; prompt 2 (0.2) takes 4, to 6; prompt 0 (0.1) the last 2
+    prompts = [Prompt(q, [1]) for q in range(3)]
+    extra = vigor.by_top_k(prompts, {0: 2, 1: 5, 2: 2}, {0: 0.1, 1: 0.25, 2: 0.2}, 6, 7)
+    assert [p.prompt_id for p in extra] == [0, 0, 1, 2, 2, 2, 2]
+
+
+def test_top_k_spends_the_budget_even_when_no_prompt_has_variance():
+    """Prior 0, prompts 0 (always right) and 3 (always wrong): both sigma^2 = 0, where variance and
+    marginal stop at 4 (test_all_zero_variance_stops_early); topk ranks them anyway (prompt order):
+    N = max(2 x 12 // 2, 6) = 12, prompt 0 gets the 8 left."""
+    engine, prompts = PatternEngine(), [Prompt(0, [1]), Prompt(3, [1])]
+    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, grade, n_init=2,
+                                n_step=2, top=2, budget=12, rank="topk")
+    assert len(out) == 12 and stats["vigor/group_size_min"] == 2
+    assert sum(r.prompt_id == 0 for r in out) == 10
+
+
+@pytest.mark.parametrize("prior", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("full", [0, 3, 5, 40])
+@pytest.mark.parametrize("budget", [8, 13, 16, 17, 21, 40])
+def test_top_k_spends_the_budget_exactly_and_keeps_the_floor(prior, full, budget):
+    """Whatever the prior and --vigor-full (0, below the floor, above the mean, above the budget):
+    exactly the budget, in one round after the first (none when the first 2 each spend it), and
+    every prompt keeps its 2."""
+    out, stats, sizes = run_reading(budget, rank="topk", prior=prior, full=full)
+    assert len(out) == budget and min(sizes.values()) >= 2
+    assert stats["vigor/rounds"] == (1 if budget > 8 else 0)
+    assert [r.prompt_id for r in out] == sorted(r.prompt_id for r in out)
+
+
+def test_top_k_flags_and_their_rule():
+    import flags
+    a = flags.parse(["--allocation", "vigor", "--vigor-rank", "topk", "--vigor-full", "12"])
+    assert (a.vigor_rank, a.vigor_full) == ("topk", 12)
+    assert flags.Args().vigor_full == 0 and flags.Args().vigor_rank == "marginal"   # unchanged
+    bad = vigor.Flags(allocation="vigor", vigor_rank="topk", vigor_full=2)
+    assert [message for broken, message in bad.rules() if broken] == [
+        "--vigor-full must exceed --vigor-n-init (or be 0): a chosen prompt must get more than "
+        "every prompt's first completions"]
+    assert not any(broken for broken, _ in vigor.Flags(allocation="vigor", vigor_full=2).rules())
+
+
+class HopelessEngine:
+    """10 prompts: 0-6 hopeless (always wrong, p = 0 on their whole history), 7-9 alternately right
+    and wrong (1, 0, 1, 0, ...)."""
+    patterns = {q: [0] if q < 7 else [1, 0] for q in range(10)}
+
+    def __init__(self):
+        self.calls, self.made = [], {p: 0 for p in self.patterns}
+
+    def generate(self, prompts, n, sampling, version=0):
+        out = []
+        for p in prompts:
+            for _ in range(n):
+                pattern = self.patterns[p.prompt_id]
+                text = str(pattern[self.made[p.prompt_id] % len(pattern)])
+                out.append(Rollout(prompt_id=p.prompt_id, prompt_ids=[1], completion_ids=[2],
+                                   logprobs=[-1.0], text=text, version=version))
+                self.made[p.prompt_id] += 1
+        return out
+
+
+def hopeless_sizes(rank, prior, full=0):
+    prompts = [Prompt(q, [1]) for q in range(10)]
+    out, stats = vigor_generate(HopelessEngine(), prompts, lambda k: Sampling(seed=k), 0, grade,
+                                n_init=2, n_step=2, top=16, budget=80, rank=rank, prior=prior,
+                                full=full)
+    assert len(out) == 80
+    return [sum(r.prompt_id == q for r in out) for q in range(10)], stats
+
+
+def test_with_70_percent_hopeless_prompts_the_concentrating_readings_spend_less_on_them():
+    """10 prompts, 7 hopeless, 3 at p = 1/2 (HopelessEngine), 2 each first, a budget of 80 (8 a
+    prompt), rounds of 16 x 2 = 32. By hand, from gain = sigma^2 / (n (n + 1)):
+
+    marginal, Beta(1, 1): round 1 (sigma^2 3/16 hopeless, 1/4 signal): the gains in order are
+    signal n=2 (1/24), hopeless n=2 (1/32), signal n=3, hopeless n=3 (1/64), signal n=4 (1/80),
+    hopeless n=4 (3/320), then 2 of signal n=5 (1/120): hopeless at 5, signal 6, 6, 5. Round 2
+    (28; hopeless 0 of 5: sigma^2 = 6/49; signal 3 of 6: 1/4, 3 of 5: 12/49): the hopeless get 2
+    more each (their gains 6/49/30 and 6/49/42 beat the signal's from n = 10 on), the signal 5, 4
+    and 5. Sizes 7 x 7, 11, 10, 10: 49 of 80 (61%) on the hopeless prompts.
+    marginal, Beta(0.1, 0.1): round 1 (hopeless sigma^2 0.21/4.84 = 0.0434, gain 0.00723 at n=2,
+    0.00362 at n=3): signal n = 2..7 (18), hopeless n = 2, 3 (14): hopeless 4, signal 8. Round 2
+    (hopeless 0 of 4: 0.41/17.64 = 0.0232, gain 0.00116 at n=4): signal n = 8..14 (21, gains down
+    to 1/840 = 0.00119), then the hopeless 1 each (7). Sizes 7 x 5, 15 x 3: 35 of 80 (44%).
+    topk, Beta(1, 1): N = 2 x 80 // 10 = 16; the signal prompts rank first and are brought to 16
+    (14 each, 42 of the 60 left), then prompt 0 to 16 (14) and prompt 1 the last 4: 32 of 80
+    (40%). topk with --vigor-full 24: 22, 22 and 16 to the signal prompts, the hopeless keep their
+    floor of 2: 14 of 80 (17.5%), the least any reading can give them."""
+    sizes, stats = hopeless_sizes("marginal", 1.0)
+    assert sizes == [7] * 7 + [11, 10, 10] and stats["vigor/rounds"] == 2
+    assert sum(sizes[:7]) == 49
+    sizes, stats = hopeless_sizes("marginal", 0.1)
+    assert sizes == [5] * 7 + [15] * 3 and stats["vigor/rounds"] == 2
+    assert sum(sizes[:7]) == 35
+    sizes, stats = hopeless_sizes("topk", 1.0)
+    assert sizes == [16, 6, 2, 2, 2, 2, 2, 16, 16, 16] and stats["vigor/rounds"] == 1
+    assert sum(sizes[:7]) == 32
+    sizes, _ = hopeless_sizes("topk", 1.0, full=24)
+    assert sizes == [2] * 7 + [24, 24, 18] and sum(sizes[:7]) == 14
+    # the floor: no prompt ever has fewer than its first 2, whatever the reading
+    for rank, prior in (("marginal", 0.1), ("topk", 0.1), ("topk", 0.0), ("marginal", 0.5)):
+        assert min(hopeless_sizes(rank, prior)[0]) >= 2

@@ -17,11 +17,10 @@ import pytest
 import torch
 
 import data
-import grpo
 import vllm_engine
 from checkpoint import load_model
 from data import Prompt
-from rollout import Sampling, TorchEngine, collate, logprob_diff
+from rollout import Sampling, TorchEngine, collate, forward_logprobs, logprob_diff
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
@@ -70,10 +69,8 @@ def _trainer_logprobs(model, rollouts, temperature, pad_id):
     own path."""
     b = collate(rollouts, pad_id)
     with torch.no_grad():
-        logits = model(input_ids=b["input_ids"].to(DEVICE),
-                       attention_mask=b["attention_mask"].to(DEVICE)).logits[:, :-1]
-        ids = b["input_ids"][:, 1:].to(DEVICE)
-        logp = grpo.token_logprobs(logits, ids, temperature or 1.0).cpu()
+        logp = forward_logprobs(model, {k: v.to(DEVICE) for k, v in b.items()},
+                                temperature or 1.0)[1].cpu()
     return logp, b["old_logprobs"], b["completion_mask"]
 
 

@@ -1,0 +1,300 @@
+"""bench/stats.py and the verdicts of bench/experiments.py on hand-computed numbers: the Student-t
+quantile, the paired and Welch comparisons, final accuracy, censored time to target, accuracy at
+a budget, the pairing read from the runs' flags, the mechanism diagnostic, the verdict rule, the
+results table and summary.json, and the README's headline table from hand-made summary.json
+files. No runs: everything here is hand-made curves."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import experiments  # noqa: E402
+import stats  # noqa: E402
+from experiments import Arm, Claim, Setting  # noqa: E402
+
+
+# ---- the Student-t quantile -------------------------------------------------------------------
+
+@pytest.mark.parametrize("df, t", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262),
+                                   (10, 2.228), (30, 2.042), (120, 1.980), (math.inf, 1.960)])
+def test_t_quantile_matches_the_table(df, t):
+    assert stats.t_quantile(0.975, df) == pytest.approx(t, abs=1e-3)
+
+
+def test_t_quantile_at_fractional_df_and_other_levels():
+    # Welch's df is fractional: the quantile lies between its integer neighbours'
+    assert stats.t_quantile(0.975, 4) < stats.t_quantile(0.975, 3.5) < stats.t_quantile(0.975, 3)
+    assert stats.t_quantile(0.975, 3.234718826405868) == pytest.approx(3.0557127, abs=1e-6)
+    assert stats.t_quantile(0.95, 5) == pytest.approx(2.015, abs=1e-3)        # table, one-sided
+    assert stats.t_quantile(0.025, 4) == pytest.approx(-2.776, abs=1e-3)      # symmetry
+    assert stats.t_cdf(stats.t_quantile(0.9, 7.5), 7.5) == pytest.approx(0.9, abs=1e-12)
+    assert stats.t_cdf(0.0, 3) == pytest.approx(0.5)
+    assert stats.betainc(1, 1, 0.3) == pytest.approx(0.3)                     # I_x(1, 1) = x
+    assert stats.betainc(2, 1, 0.5) == pytest.approx(0.25)                    # I_x(2, 1) = x^2
+    with pytest.raises(ValueError):
+        stats.t_quantile(1.0, 3)
+
+
+# ---- paired and Welch -------------------------------------------------------------------------
+
+def test_paired_is_the_mean_difference_with_sd_over_root_n():
+    # d = 0.01, 0.02, 0.03: Δ = 0.02, sd = 0.01, SE = 0.01 / sqrt(3), df = 2, t = 4.303
+    c = stats.paired([0.41, 0.52, 0.63], [0.40, 0.50, 0.60])
+    assert c.paired and c.n == 3 and c.df == 2
+    assert c.delta == pytest.approx(0.02) and c.se == pytest.approx(0.01 / math.sqrt(3))
+    half = 4.302653 * 0.01 / math.sqrt(3)                                     # 0.024841
+    assert (c.lo, c.hi) == (pytest.approx(0.02 - half, abs=1e-6),
+                            pytest.approx(0.02 + half, abs=1e-6))
+
+
+def test_welch_is_the_unpooled_se_with_satterthwaite_df():
+    # va/na = (5/3)/4 = 5/12, vb/nb = 4/3: SE = sqrt(7/4);
+    # df = (7/4)^2 / ((5/12)^2 / 3 + (4/3)^2 / 2) = 21168/6544 = 3.2347; t(0.975, 3.2347) = 3.0557
+    c = stats.welch([1, 2, 3, 4], [2, 4, 6])
+    assert not c.paired and c.n == 7
+    assert c.delta == pytest.approx(-1.5) and c.se == pytest.approx(math.sqrt(7 / 4))
+    assert c.df == pytest.approx(21168 / 6544)
+    assert (c.lo, c.hi) == (pytest.approx(-5.542328, abs=1e-5), pytest.approx(2.542328, abs=1e-5))
+
+
+def test_degenerate_comparisons():
+    one = stats.paired([0.5], [0.4])                       # one pair: no variance, no CI
+    assert one.delta == pytest.approx(0.1) and one.se is one.lo is one.hi is None
+    same = stats.paired([0.5, 0.6], [0.4, 0.5])            # equal differences: SE 0, CI a point
+    assert same.se == 0 and same.lo == same.hi == pytest.approx(0.1)
+    flat = stats.welch([0.5, 0.5], [0.4, 0.4, 0.4])        # both variances 0: df na + nb - 2
+    assert flat.df == 3 and flat.lo == flat.hi == pytest.approx(0.1)
+    assert stats.welch([0.5], [0.4, 0.5]).se is None
+    with pytest.raises(ValueError):
+        stats.paired([0.5, 0.6], [0.4])
+
+
+# ---- curves: final accuracy, time to target, accuracy at a budget -----------------------------
+
+def curve(accs, dx=100):
+    """Evaluations at steps 0, 1, ...: (step, fresh = step x dx, updates = step, wall, acc)."""
+    return [(i, i * dx, i, float(i), a) for i, a in enumerate(accs)]
+
+
+def test_final_accuracy_is_the_mean_of_the_last_two_evaluations():
+    assert experiments.final_accuracy(curve([0.2, 0.4, 0.5, 0.7])) == pytest.approx(0.6)
+    assert experiments.final_accuracy(curve([0.2, 0.4])) == pytest.approx(0.4)   # not step 0
+    assert experiments.final_accuracy(curve([0.2])) == pytest.approx(0.2)
+
+
+def test_time_to_target_interpolates_and_censors():
+    c = curve([0.2, 0.3, 0.5, 0.6])
+    # crossing 0.4 between (100, 0.3) and (200, 0.5): 100 + 0.1 / 0.2 x 100 = 150
+    assert experiments.time_to_target(c, 1, 0.4) == (pytest.approx(150), True)
+    assert experiments.time_to_target(c, 1, 0.5) == (pytest.approx(200), True)   # on an eval
+    assert experiments.time_to_target(c, 2, 0.4) == (pytest.approx(1.5), True)   # in updates
+    assert experiments.time_to_target(c, 1, 0.9) == (300, False)       # censored at the budget
+    # a dip after the crossing does not matter: the first crossing counts
+    assert experiments.time_to_target(curve([0.2, 0.6, 0.1]), 1, 0.4) == (pytest.approx(50), True)
+
+
+def test_value_at_interpolates_and_stops_at_the_run_end():
+    c = curve([0.2, 0.3, 0.5, 0.6])
+    assert experiments.value_at(c, 1, 0) == pytest.approx(0.2)
+    assert experiments.value_at(c, 1, 75) == pytest.approx(0.275)       # 0.2 + 0.75 x 0.1
+    assert experiments.value_at(c, 1, 250) == pytest.approx(0.55)
+    assert experiments.value_at(c, 1, 300) == pytest.approx(0.6)
+    assert experiments.value_at(c, 1, 301) is None
+
+
+def test_ratio_to_the_baseline_is_a_bound_where_seeds_are_censored():
+    T = experiments.ToTarget
+    assert experiments.ratio_bound(T(50, 3, 3), T(100, 3, 3)) == (0.5, "=")
+    assert experiments.ratio_bound(T(150, 2, 3), T(100, 3, 3)) == (1.5, ">=")   # arm censored
+    assert experiments.ratio_bound(T(50, 3, 3), T(100, 2, 3)) == (0.5, "<=")    # base censored
+    assert experiments.ratio_bound(T(50, 2, 3), T(100, 2, 3)) == (None, "?")    # both
+
+
+# ---- pairing, diagnostics, verdicts -----------------------------------------------------------
+
+def test_stream_is_the_last_prompts_per_step_and_seed():
+    argv = ["--prompts-per-step", "4", "--steps", "2", "--prompts-per-step", "8", "--seed", "3"]
+    assert experiments.stream(argv) == ["8", "3"]
+    assert experiments.stream(["--steps", "2"]) == [None, None]
+
+
+def run(accs, seed=None, dx=100, **extra):
+    """A hand-made reported run: its curve and the aggregates table() reads."""
+    r = {"curve": curve(accs, dx), "len_start": 3.0, "len_end": 3.0, "refreshes": 2,
+         "updates": 2, "gen": 1.0, "upd": 1.0, "means": {}, "maxima": {}, "minima": {},
+         "last": {}, **extra}
+    if seed is not None:
+        r["seed"] = seed
+    return r
+
+
+def test_compare_runs_pairs_arms_that_share_the_prompt_stream():
+    s = Setting("t", ("--prompts-per-step", "4"),
+                (Arm("base", ()), Arm("same", ()), Arm("wide", ("--prompts-per-step", "8"))),
+                "base")
+    runs = {"base": [run([0.2, 0.4, 0.4]), run([0.2, 0.5, 0.5])],
+            "same": [run([0.2, 0.5, 0.5]), run([0.2, 0.6, 0.6])],
+            "wide": [run([0.2, 0.5, 0.5]), run([0.2, 0.6, 0.6])]}
+    same = experiments.compare_runs(s, runs, "same", "base")        # from the flags: paired
+    assert same.paired and same.delta == pytest.approx(0.1) and same.se == 0
+    wide = experiments.compare_runs(s, runs, "wide", "base")        # 4 vs 8 prompts: Welch
+    assert not wide.paired and wide.delta == pytest.approx(0.1)
+    # the streams run_setting records (argv.json) win over the flags; seeds matched by seed
+    runs["wide"] = [run([0.2, 0.6, 0.6], seed=1, stream=["4", "1"]),
+                    run([0.2, 0.5, 0.5], seed=0, stream=["4", "0"])]
+    runs["base"] = [run([0.2, 0.4, 0.4], seed=0, stream=["4", "0"]),
+                    run([0.2, 0.5, 0.5], seed=1, stream=["4", "1"])]
+    c = experiments.compare_runs(s, runs, "wide", "base")
+    assert c.paired and c.n == 2 and c.se == 0 and c.delta == pytest.approx(0.1)
+
+
+def test_mechanism_acted_reads_a_predicate_over_the_arm_runs():
+    rs = [run([0.2], maxima={"loss/veto_frac": 0.0}, means={"h": 0.3, "h_stored": 0.3}),
+          run([0.2], maxima={"loss/veto_frac": 0.0}, means={"h": 0.5, "h_stored": 0.3})]
+    assert not experiments.mechanism_acted(rs, "loss/veto_frac", "max > 0")
+    assert experiments.mechanism_acted(rs, "loss/veto_frac", "max >= 0")
+    assert experiments.mechanism_acted(rs, "h", "mean != h_stored")          # 0.4 vs 0.3
+    assert not experiments.mechanism_acted(rs, "h", "min != h_stored")       # 0.3 vs 0.3
+    assert not experiments.mechanism_acted(rs, "never/logged", "max > 0")
+    assert experiments.predicate_keys("h", "mean != h_stored") == ("h", "h_stored")
+    assert experiments.predicate_keys("loss/veto_frac", "max > 0") == ("loss/veto_frac",)
+
+
+def C(lo, hi):
+    return stats.Comparison((lo + hi) / 2, 0.01, 4, lo, hi, 5, True)
+
+
+def test_the_verdict_rule_gives_each_word():
+    v = experiments.verdict
+    assert v(1, C(0.01, 0.05)) == "reproduced"
+    assert v(1, C(-0.05, -0.01)) == "contradicted"
+    assert v(1, C(-0.01, 0.05)) == "inconclusive (95% CI [-1.0, +5.0])"
+    assert v(1, C(0.0, 0.05)).startswith("inconclusive")               # touching 0: not excluded
+    assert v(-1, C(-0.05, -0.01)) == "reproduced"
+    assert v(-1, C(0.01, 0.05)) == "contradicted"
+    m = experiments.PAR_MARGIN                                         # on par: inside ±margin
+    assert v(0, C(-m / 2, m)) == "reproduced"
+    assert v(0, C(m + 0.001, m + 0.03)) == "contradicted"
+    assert v(0, C(-m / 2, 2 * m)).startswith("inconclusive")
+    assert v(1, C(0.01, 0.05), acted=False) == "not testable here"     # checked first
+    assert v(0, C(-m / 2, m), acted=False) == "not testable here"
+    assert v(1, stats.paired([0.5], [0.4])).startswith("inconclusive (95% CI undefined")
+    assert v(None, C(0.01, 0.05)) == "—"
+
+
+def verdict_setting():
+    arms = (Arm("base", ()), Arm("better", ()), Arm("worse", ()), Arm("noisy", ()),
+            Arm("par", ()), Arm("veto", ()))
+    claims = (Claim("worse", 1), Claim("par", 0),
+              Claim("veto", 1, acted=("loss/veto_frac", "max > 0")),
+              Claim("better", 1, against="worse", metric="at 50%"))
+    return Setting("arith", ("--prompts-per-step", "4"), arms, "base", claims=claims)
+
+
+def verdict_summary():
+    """Five seeds; base ends at 0.40 + 0.01 i. better: +5 points every seed (reproduced); worse:
+    -3 (contradicted); noisy: +5, -5, ... (inconclusive); par: +0.5 (on par: reproduced); veto:
+    +5 but its veto never fired (not testable here)."""
+    def arm(shift, veto=0.0, wobble=0.0):
+        return [run([0.2, 0.3, 0.4 + 0.01 * i + shift + wobble * (-1) ** i,
+                     0.4 + 0.01 * i + shift + wobble * (-1) ** i], seed=100 + i,
+                    stream=["4", str(100 + i)], maxima={"loss/veto_frac": veto})
+                for i in range(5)]
+    runs = {"base": arm(0), "better": arm(0.05), "worse": arm(-0.03), "noisy": arm(0, wobble=0.05),
+            "par": arm(0.005), "veto": arm(0.05)}
+    s = verdict_setting()
+    return {"setting": s, "runs": runs, "chosen": {a.name: 1e-4 for a in s.arms},
+            "sweep": {a.name: {1e-4: [0.4], 3e-5: [0.3]} for a in s.arms},
+            "grid": (1e-4, 3e-5), "sweep_seeds": (0,), "picked": {}, "band": {}}
+
+
+def test_analyse_gives_each_verdict_on_hand_made_runs():
+    a = experiments.analyse(verdict_summary())
+    words = {(c["arm"], c["against"]): c["verdict"] for c in a["comparisons"]}
+    assert words == {("better", "base"): "reproduced",       # the default claim: +1, final
+                     ("better", "worse"): "reproduced",      # at 50% of the x-range: +0.05
+                     ("worse", "base"): "contradicted",
+                     ("noisy", "base"): words[("noisy", "base")],
+                     ("par", "base"): "reproduced",
+                     ("veto", "base"): "not testable here"}
+    assert words[("noisy", "base")].startswith("inconclusive (95% CI [")
+    par = next(c for c in a["comparisons"] if c["arm"] == "par")
+    assert par["paired"] and par["n"] == 5 and par["df"] == 4
+    assert par["delta"] == pytest.approx(0.005) and par["ci"] == [pytest.approx(0.005)] * 2
+    assert a["target"] == pytest.approx(0.2 + 0.9 * 0.22)     # start 0.2, baseline final 0.42
+    assert a["arms"]["worse"]["to_target"]["reached"] == 2    # 0.37 + 0.01 i >= 0.398: i >= 3
+    assert a["arms"]["worse"]["to_target"]["ratio"] and \
+        a["arms"]["worse"]["to_target"]["bound"] == ">="
+    assert [b["x"] for b in a["budgets"]] == [75, 150, 225, 300]
+    at = a["arms"]["better"]["at"]["at 50%"]      # halfway from step 1 to 2: half of +5
+    assert at["delta"]["delta"] == pytest.approx(0.025) and at["delta"]["paired"]
+
+
+def test_table_and_summary_json_carry_the_statistics(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiments, "plots", lambda summary, out: False)
+    summary = verdict_summary()
+    exp = experiments.Experiment("toy", "a toy paper", "it works", "everything",
+                                 (summary["setting"],))
+    text = experiments.write_setting(summary, tmp_path / "arith", exp)
+    results = (tmp_path / "arith" / "results.md").read_text()
+    assert experiments.VERDICT_RULE in results and experiments.VERDICT_RULE not in text
+    header = next(line for line in results.splitlines() if line.startswith("| arm |"))
+    for col in ("Δ vs base [95% CI]", "SE", "df", "pairing", "fresh rollouts to target (reached)",
+                "acc at 50% (150)", "verdict"):
+        assert f"| {col} |" in header
+    assert "| better | 0.0001 | 5 | 47.0 ± 1.6 | +5.0 [+5.0, +5.0] | 0.00 | 4 | paired |" \
+        in results
+    assert "| veto vs base | final | better |" in results and "not testable here" in results
+    data = json.loads((tmp_path / "arith" / "summary.json").read_text())
+    assert data["experiment"] == "toy" and data["paper"] == "a toy paper"
+    assert data["verdict_rule"] == experiments.VERDICT_RULE
+    c = next(c for c in data["comparisons"] if c["arm"] == "worse")
+    assert set(c) >= {"delta", "se", "df", "ci", "paired", "verdict", "n"}
+    assert c["verdict"] == "contradicted" and c["paired"] is True
+    t = data["arms"]["worse"]["to_target"]
+    assert (t["reached"], t["n"], t["bound"]) == (2, 5, ">=")
+    assert data["runs"]["base"][0]["seed"] == 100
+
+
+# ---- the headline table -----------------------------------------------------------------------
+
+def write_summary(path: Path, paper: str, setting: str, comparisons: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"paper": paper, "setting": setting, "comparisons": comparisons}))
+
+
+def comparison(arm, against, verdict, delta, lo, hi, is_paired, direction=1, metric="final"):
+    return {"arm": arm, "against": against, "metric": metric, "direction": direction,
+            "delta": delta, "se": 0.01, "df": 4, "ci": [lo, hi], "n": 5, "paired": is_paired,
+            "verdict": verdict, "diagnostic": None}
+
+
+def test_headline_table_from_hand_made_summaries(tmp_path):
+    write_summary(tmp_path / "replay" / "arith" / "summary.json", "replay paper", "arith",
+                  [comparison("rollout-replay", "grpo", "reproduced", 0.012, 0.002, 0.022, True),
+                   comparison("naive", "grpo", "—", 0.0, -0.01, 0.01, True, direction=None)])
+    write_summary(tmp_path / "mu-grpo" / "steps" / "summary.json", "mu-GRPO", "steps",
+                  [comparison("mu-grpo", "grpo mu=4", "inconclusive (95% CI [-2.6, +3.3])",
+                              0.003, -0.026, 0.033, False, direction=0, metric="at 50%")])
+    (tmp_path / "dapo" / "arith").mkdir(parents=True)
+    (tmp_path / "dapo" / "arith" / "summary.json").write_text(json.dumps({"runs": {}}))  # old
+    text = experiments.headline_table(tmp_path)
+    lines = text.splitlines()
+    assert lines[0] == ("| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | "
+                        "paired? | verdict |")
+    assert lines[2:] == [       # EXPERIMENTS' order (replay before mu-grpo); no-claim rows left out
+        "| replay paper | arith | rollout-replay vs grpo | better | +1.2 [+0.2, +2.2] | paired "
+        "| reproduced |",
+        "| mu-GRPO | steps | mu-grpo vs grpo mu=4 (at 50%) | on par (±2) | +0.3 [-2.6, +3.3] | "
+        "unpaired (Welch) | inconclusive (95% CI [-2.6, +3.3]) |"]
+    rows, skipped = experiments.headline_rows(tmp_path)
+    assert skipped == [tmp_path / "dapo" / "arith" / "summary.json"]
+    proc = subprocess.run([sys.executable, "bench/experiments.py", "--headline", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == text and "skipped" in proc.stderr
