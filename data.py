@@ -228,8 +228,9 @@ def _mixed_pool() -> tuple[str, ...]:
     by side, so every value is within -171..180) with seed MIXED_POOL_SEED, whatever the caller's
     seed; in the order first drawn, the counts one after another."""
     rng, pool = random.Random(MIXED_POOL_SEED), {}
+    every_pair = len(OPERATORS) * MAX_OPERAND ** 2             # the 300 of 2 operands
     for k in MIXED_OPERANDS:
-        want = len(pool) + min(MIXED_PER_COUNT, 3 * MAX_OPERAND ** 2 if k == 2 else MIXED_PER_COUNT)
+        want = len(pool) + (min(MIXED_PER_COUNT, every_pair) if k == 2 else MIXED_PER_COUNT)
         while len(pool) < want:
             pool.setdefault(_steps_draw(rng, (k,)), None)
     return tuple(pool)

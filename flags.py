@@ -396,11 +396,30 @@ def check_memory(need: Memory, per_token: int, *, checkpointing: bool, total: in
                      f"machine's {total / GiB:.1f} GiB of {what}: {fix}")
 
 
+def fits_machine(args, model, prompts: list, *, world: int, device: str, value_bytes: int,
+                 budget: int) -> tuple[Memory, str | None]:
+    """The run's memory (update_memory) against the machine's (machine_memory: RAM on the CPU,
+    shared by the ranks of this node; the GPU's own on CUDA), at start: (the estimate, a warning
+    when it may not fit what is free now, or None); a ValueError naming the flag that fixes it
+    when it cannot fit (check_memory)."""
+    import torch
+    longest = max(len(p.ids) for p in prompts)
+    need = update_memory(args, model, longest, world, engine_copy=args.engine == "torch",
+                         bytes_per_value=value_bytes, budget=budget)
+    cuda = torch.device(device).type == "cuda"
+    ranks_here = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    total, available, what = machine_memory(device)
+    per_token = token_bytes(model.config, value_bytes, args.grad_checkpointing)
+    return need, check_memory(need, per_token, checkpointing=args.grad_checkpointing,
+                              total=total, available=available, what=what,
+                              ranks_here=ranks_here)
+
+
 def check_sizes(args, model, prompts: list, sizes: Sizes) -> None:
     """Bounds that need the sizes, the model and the data: every optimizer step must hold a fresh
     rollout, a prompt must not appear twice in one step (its two groups would share a prompt_id and
     be merged), the test and dev splits must hold --eval-size and --dev-size prompts, and the
-    longest prompt plus --max-new-tokens must fit the model's positions. (Memory: check_memory.)"""
+    longest prompt plus --max-new-tokens must fit the model's positions. (Memory: fits_machine.)"""
     world, fresh = sizes.world, sizes.prompts * sizes.group_size
     if args.mini_batches > fresh:
         raise ValueError(f"--mini-batches ({args.mini_batches}) exceeds the {fresh} fresh "

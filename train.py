@@ -257,8 +257,10 @@ def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
     sizes = flags.sizes(args, model, world, value_bytes, budget)
     args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens)   # 0 resolved
     flags.check_sizes(args, model, prompts, sizes)
-    need = check_memory(args, model, prompts, world=world, device=device, value_bytes=value_bytes,
-                        budget=budget)
+    need, warning = flags.fits_machine(args, model, prompts, world=world, device=device,
+                                       value_bytes=value_bytes, budget=budget)
+    if warning:
+        parallel.print0(f"warning: {warning}")
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
     shown = json.dumps(changed) if changed else "the defaults"
     parallel.print0(f"flags: {shown} (every flag: args.json in each checkpoint)\n"
@@ -274,26 +276,6 @@ def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
                         parts[metrics_lib.LogFlags])
     return Run(settings, *objects, forward, tok, prompts, order[rank::world], eval_sets, resume,
                dataclasses.asdict(args), rank, world, device)
-
-
-def check_memory(args: Args, model, prompts: list, *, world: int, device: str,
-                 value_bytes: int, budget: int) -> flags.Memory:
-    """The run's memory (flags.update_memory) against the machine's (flags.machine_memory: RAM on
-    the CPU, shared by the ranks of this node; the GPU's own on CUDA): a ValueError naming the flag
-    that fixes it when it cannot fit, a printed warning when it may not fit what is free now."""
-    longest = max(len(p.ids) for p in prompts)
-    need = flags.update_memory(args, model, longest, world, engine_copy=args.engine == "torch",
-                               bytes_per_value=value_bytes, budget=budget)
-    cuda = torch.device(device).type == "cuda"
-    ranks_here = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    total, available, what = flags.machine_memory(device)
-    per_token = flags.token_bytes(model.config, value_bytes, args.grad_checkpointing)
-    warning = flags.check_memory(need, per_token, checkpointing=args.grad_checkpointing,
-                                 total=total, available=available, what=what,
-                                 ranks_here=ranks_here)
-    if warning:
-        parallel.print0(f"warning: {warning}")
-    return need
 
 
 def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
@@ -342,7 +324,7 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
     r2po = r2po_lib.make(r2po_flags, shared, model, device, initial)
     if r2po is not None:
         engine.logits_head = r2po.head               # the engine samples through the trainer's head
-    vigor_flags = parts[vigor.Flags]
+    vigor_flags, template = parts[vigor.Flags], train_template(run, tok)
     vig = None
     if vigor_flags.allocation == "vigor":
         vig = vigor.Vigor(vigor_flags, sizes.vigor_budget)
@@ -352,8 +334,8 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
         sampling=Sampling(run.temperature, run.top_p, run.max_new_tokens,
                           use_head=r2po is not None),
         seed_of=lambda step, round_: sampling_seed(run.seed, rank, step, round_),
-        grader=verify.grader(run.train_data, train_template(run, tok)),
-        form=verify.format_rule(run.train_data, train_template(run, tok)))
+        grader=verify.grader(run.train_data, template), form=verify.format_rule(run.train_data,
+                                                                                template))
     return engine, model, opt, alloc, objective, replay, r2po
 
 

@@ -27,12 +27,12 @@ FLOORS = [
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 ALGORITHM = ("train.py", "grpo.py", "buffer.py", "rollout.py", "r2po.py", "metrics.py",
              "parallel.py", "flags.py", "vigor.py", "cli.py", "objective.py", "allocation.py")
-# Where train.py's flags may be taken whole: the door (train.setup and the memory check it makes,
-# train.main; flags.py's bounds and sizes; cli.part, which cuts an owner's flags out of them) and
+# Where train.py's flags may be taken whole: the door (train.setup, train.main; flags.py's bounds,
+# sizes and memory check; cli.part, which cuts an owner's flags out of them) and
 # the checkpoint's (de)serialiser, which writes them as args.json (it takes them as a dict).
 # eval.py's own CLI has its own Args.
-TAKE_ARGS = {("train", "setup"), ("train", "check_memory"), ("train", "main"), ("cli", "part"),
-             ("flags", "check_args"),
+TAKE_ARGS = {("train", "setup"), ("train", "main"), ("cli", "part"), ("flags", "check_args"),
+             ("flags", "fits_machine"),
              ("flags", "_rules"), ("flags", "sizes"), ("flags", "changed"),
              ("flags", "micro_batch_tokens"), ("flags", "update_memory"),
              ("flags", "check_sizes"), ("eval", "load_inputs"), ("eval", "main")}
