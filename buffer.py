@@ -412,6 +412,8 @@ class GroupReplay:
             self._last.update({"replay/groups": len(passing), "replay/sampled": len(out),
                                "replay/headroom_mean": float(np.mean(now)),
                                "replay/headroom_stored_mean": float(np.mean(stored)),
+                               "replay/headroom_shift": float(np.mean(np.abs(
+                                   np.subtract(now, stored)))),
                                "replay/age_mean": float(np.mean(age)),
                                "replay/age_max": int(max(age)),
                                "replay/abs_adv_sampled": float(np.mean(abs_adv))})
@@ -447,7 +449,7 @@ def _flat(groups: list[list[Rollout]]) -> list[bool]:
 
 def _empty_group_stats() -> dict:
     return {**_empty_sample_stats(), "replay/groups": 0, "replay/headroom_mean": 0.0,
-            "replay/headroom_stored_mean": 0.0,
+            "replay/headroom_stored_mean": 0.0, "replay/headroom_shift": 0.0,
             "replay/drift_mean": 0.0, "replay/drift_gated_frac": 0.0, "replay/drift_candidates": 0}
 
 
@@ -480,6 +482,7 @@ def _check_same(sd: dict, buffer, names) -> None:
 MEAN_WEIGHTS = {"replay/age_mean": "replay/sampled", "replay/abs_adv_sampled": "replay/sampled",
                 "replay/abs_adv_stored": "replay/size", "replay/headroom_mean": "replay/groups",
                 "replay/headroom_stored_mean": "replay/groups",
+                "replay/headroom_shift": "replay/groups",
                 "replay/drift_mean": "replay/drift_candidates",
                 "replay/drift_gated_frac": "replay/drift_candidates"}
 MAXIMA = ("replay/age_max",)

@@ -32,54 +32,60 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # ---- the presets: one per paper ------------------------------------------------------------------
-# (each method's docstring says what was read, docs/methods.md links them)
+# (each method's docstring says what was read, docs/methods.md links them). A preset's lr is the one
+# its experiment chose on the built-in task's dev split (bench/experiments.py: the best mean final
+# dev accuracy over lrs 3e-4, 1e-4, 3e-5, ...; bench/results/NAME/sweep.md); gspo's and pnpo's from
+# the long task (builtin_steps), where their experiment runs; drgrpo has no experiment: the default.
 
 PRESETS = {
     "grpo": ("original GRPO (DeepSeekMath, arXiv 2402.03300): no replay, symmetric clip 0.2, "
-             "per-sequence token mean",
+             "per-sequence token mean; lr 1e-4",
              dict(replay="none", adv="grpo", ratio="token", agg="seq-mean-token-mean", eps_low=0.2,
-                  eps_high=0.2)),
+                  eps_high=0.2, lr=1e-4)),
     "dapo": ("DAPO (arXiv 2503.14476): clip-higher 0.2/0.28, token mean, dynamic sampling, "
-             "overlong shaping and filter, 16 updates per step",
+             "overlong shaping and filter, 16 updates per step; lr 3e-5",
              dict(replay="none", adv="grpo", ratio="token", agg="token-mean", eps_low=0.2,
                   eps_high=0.28, dynamic_sampling=True, dynamic_sampling_rounds=3,
-                  overlong_buffer=2, overlong_filter=True, mini_batches=16)),
+                  overlong_buffer=2, overlong_filter=True, mini_batches=16, lr=3e-5)),
     "drgrpo": ("Dr. GRPO (arXiv 2503.20783): advantage r - mean (no std), token sum / (G L_max), "
                "no replay",
                dict(replay="none", adv="drgrpo", ratio="token", agg="seq-mean-token-sum-norm",
                     eps_low=0.2, eps_high=0.2)),
     "gspo": ("GSPO (arXiv 2507.18071): sequence ratio, clip 3e-4/4e-4, 4 mini-batches per step, "
-             "no replay",
+             "no replay; lr 3e-5 (the long task's)",
              dict(replay="none", ratio="gspo", agg="seq-mean-token-mean", eps_low=3e-4,
-                  eps_high=4e-4, mini_batches=4)),
+                  eps_high=4e-4, mini_batches=4, lr=3e-5)),
     "pnpo": ("PNPO (arXiv 2608.01418): prefix geometric-mean ratio, 4 epochs per batch "
-             "(off-policy regime)",
-             dict(replay="none", ratio="pnpo", epochs=4)),
-    "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults",
-                       dict(replay="prioritized", priority_alpha=1.0, tau_max=4, replay_ratio=0.5)),
-    "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560",
-                     dict(replay="uniform", tau_max=4, replay_ratio=0.5)),
+             "(off-policy regime); lr 3e-5 (the long task's)",
+             dict(replay="none", ratio="pnpo", epochs=4, lr=3e-5)),
+    "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults "
+                       "but lr 1e-4",
+                       dict(replay="prioritized", priority_alpha=1.0, tau_max=4, replay_ratio=0.5,
+                            lr=1e-4)),
+    "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560; lr 1e-4",
+                     dict(replay="uniform", tau_max=4, replay_ratio=0.5, lr=1e-4)),
     "headroom-drift": ("Headroom-Drift group replay (abstract only): rank groups by p(1-p), "
-                       "gate by drift",
+                       "gate by drift; lr 1e-4",
                        dict(replay="headroom-drift", hd_headroom="variance", tau_max=4,
-                            hd_groups=32, hd_candidates=64, hd_drift_frac=0.5)),
+                            hd_groups=32, hd_candidates=64, hd_drift_frac=0.5, lr=1e-4)),
     "mu-grpo": ("mu-GRPO (arXiv 2605.17570, project page): 4 stages of 512 prompts x 64 updates, "
-                "clip [0, 5], veto",
+                "clip [0, 5], veto; lr 1e-4",
                 dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix",
                      veto_threshold=1e-4, steps=4, prompts_per_step=512, mini_batches=64,
-                     eval_every=1)),
+                     eval_every=1, lr=1e-4)),
     "m2po": ("M2PO (arXiv 2510.01161): second-moment trust region, mask the largest |log r| "
-             "until M2 < 0.04, no eps-clip, token mean",
-             dict(replay="none", ratio="token", agg="token-mean", m2po_tau=0.04)),
+             "until M2 < 0.04, no eps-clip, token mean; lr 3e-5",
+             dict(replay="none", ratio="token", agg="token-mean", m2po_tau=0.04, lr=3e-5)),
     "vigor": ("VIGOR (abstract only): variance-guided rollout allocation at the fixed allocation's "
-              "budget, no replay",
+              "budget, no replay; lr 1e-4",
               dict(replay="none", allocation="vigor", vigor_n_init=2, vigor_n_step=2,
-                   vigor_top=16, vigor_rank="marginal", vigor_prior=1.0, vigor_weight="rollout")),
+                   vigor_top=16, vigor_rank="marginal", vigor_prior=1.0, vigor_weight="rollout",
+                   lr=1e-4)),
     "r2po": ("R²PO (arXiv 2601.11960, official code): rank-64 residual rollout head, 8 head "
-             "then 10 policy steps, KL to the initial model, reward ±1 + format, T 0.9",
+             "then 10 policy steps, KL to the initial model, reward ±1 + format, T 0.9; lr 1e-4",
              dict(replay="none", r2po_head="residual", r2po_head_rank=64, r2po_schedule="8,10",
                   r2po_head_lr=1e-3, r2po_kl_coef=0.04, r2po_kl_anchor="initial",
-                  reward="correct+format", reward_wrong=-1.0, temperature=0.9)),
+                  reward="correct+format", reward_wrong=-1.0, temperature=0.9, lr=1e-4)),
 }
 
 

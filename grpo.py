@@ -412,12 +412,72 @@ def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, grad: str = "de
     return torch.where(valid, log_w, 0.0)
 
 
+def pnpo_geo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
+                       grad: str = "detached") -> Tensor:
+    """A second reading of PNPO's prefix normalisation: the token's own ratio times the geometric
+    mean of the ratios before it,
+
+        log w_it = (logp_it - old_logp_it)
+                   + (1/(n_it - 1)) sum_{s < t, valid} (logp_is - old_logp_is)
+    (n_it as in pnpo_log_ratio; at the first valid token, n_it = 1, the token ratio alone). Where
+    pnpo_log_ratio averages the token into its prefix (so a token's own ratio counts 1/n_it),
+    here it counts fully and the prefix is normalised: the exact prefix weight
+    prod_{s < t} rho_s of cumulative_log_ratio with its log divided by t - 1. Clamped to [-20, 20];
+    `grad` as pnpo_log_ratio's ("full": also through the prefix mean). [B, T]."""
+    if grad not in PNPO_GRADS:
+        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
+    valid = mask.bool()
+    d = torch.where(valid, logp - old_logp, 0.0)                               # [B, T]
+    before = d.cumsum(-1) - d                                                  # sum over s < t
+    n_before = (valid.cumsum(-1) - 1).clamp(min=1)                             # [B, T]
+    log_w = (d + before / n_before).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if grad == "detached":
+        log_w = log_w.detach() + logp - logp.detach()
+    return torch.where(valid, log_w, 0.0)
+
+
+def cumulative_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
+                         grad: str = "detached") -> Tensor:
+    """The exact importance weight of the prefix, what PNPO's normalisation replaces: the
+    per-decision ratio of y_{<=t} (Precup et al. 2000),
+
+        log w_it = sum_{s <= t, valid} (logp_is - old_logp_is) = log pi(y_{i,<=t}) / old(y_{i,<=t})
+    Unbiased for the off-policy policy gradient of token t, and of variance growing with t (the
+    product of t ratios): why PNPO takes a mean instead. Clamped to [-20, 20]; `grad` as
+    pnpo_log_ratio's ("detached": value w_it, gradient w_it grad logp_it, the per-decision
+    estimator). [B, T]."""
+    if grad not in PNPO_GRADS:
+        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
+    valid = mask.bool()
+    log_w = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)
+    log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if grad == "detached":
+        log_w = log_w.detach() + logp - logp.detach()
+    return torch.where(valid, log_w, 0.0)
+
+
+PREFIX_RATIOS = ("pnpo", "pnpo-geo", "cumulative")       # the ones --pnpo-grad applies to
+
+
 def log_ratio(kind: str, logp: Tensor, old_logp: Tensor, mask: Tensor,
               pnpo_grad: str = "detached") -> Tensor:
-    """RATIOS[kind](logp, old_logp, mask), with PNPO's gradient reading passed to it. [B, T]."""
-    if kind == "pnpo":
-        return pnpo_log_ratio(logp, old_logp, mask, grad=pnpo_grad)
+    """RATIOS[kind](logp, old_logp, mask), with PNPO's gradient reading passed to the prefix
+    ratios (PREFIX_RATIOS). [B, T]."""
+    if kind in PREFIX_RATIOS:
+        return RATIOS[kind](logp, old_logp, mask, grad=pnpo_grad)
     return RATIOS[kind](logp, old_logp, mask)
+
+
+@torch.no_grad()
+def far_prefix_fraction(logp: Tensor, old_logp: Tensor, mask: Tensor,
+                        bound: float = 1.0) -> Tensor:
+    """Share of valid tokens whose prefix's exact ratio prod_{s <= t} rho_s lies beyond
+    e^{+-bound}: where the prefix ratios (cumulative, PNPO's means, GSPO's sequence mean) can
+    differ, so where PNPO's normalisation can act. 0-dim."""
+    valid = mask.bool()
+    cum = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)
+    far = (cum.abs() > bound) & valid
+    return far.sum().double() / valid.sum().clamp(min=1)
 
 
 
@@ -630,7 +690,8 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 # ------------------------------------ the tables the flags choose from
 
 ADVANTAGES = {"grpo": grpo_advantages, "drgrpo": drgrpo_advantages}
-RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio, "pnpo": pnpo_log_ratio}
+RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio, "pnpo": pnpo_log_ratio,
+          "pnpo-geo": pnpo_geo_log_ratio, "cumulative": cumulative_log_ratio}
 
 
 if __name__ == "__main__":

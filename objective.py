@@ -31,10 +31,11 @@ from rollout import forward_logprobs, lockstep_logprobs, micro_batches
 class Flags:
     # ---- objective -------------------------------------------------------------------------------
     ratio: Literal[tuple(grpo.RATIOS)] = "token"
-    """importance weight: token | gspo (sequence ratio) | pnpo (prefix geometric mean)"""
+    """importance weight: token | gspo (sequence ratio) | pnpo (prefix geometric mean) | pnpo-geo
+    (token ratio x the geometric mean before it) | cumulative (the exact prefix ratio)"""
     pnpo_grad: Literal[grpo.PNPO_GRADS] = "detached"
-    """PNPO's gradient: detached (w_t = sg[w_t] pi_t / sg[pi_t], GRPO's on-policy) | full (through
-    the prefix mean)"""
+    """the prefix ratios' gradient (pnpo, pnpo-geo, cumulative): detached (w_t = sg[w_t] pi_t /
+    sg[pi_t], GRPO's on-policy) | full (through the prefix)"""
     agg: Literal[grpo.AGG_MODES] = "token-mean"
     """loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
     seq-mean-token-sum-norm"""
@@ -185,7 +186,8 @@ class Objective:
         n = float(m.pop("loss/tokens"))
         with torch.no_grad():
             entropy = grpo.masked_mean(grpo.entropy_from_logits(logits, self.temperature), mask)
-            extra = {"entropy": entropy, "loss/veto_frac": veto_frac}
+            extra = {"entropy": entropy, "loss/veto_frac": veto_frac,
+                     "ratio/far_prefix_frac": grpo.far_prefix_fraction(logp, old, mask)}
             if f.m2po_tau:
                 masked = (mask.bool() & ~mb["m2po_keep"]).sum().double()
                 extra["loss/m2po_masked_frac"] = masked / mask.sum().clamp(min=1)

@@ -318,12 +318,12 @@ class TorchEngine:
     def generate(self, prompts: list[Prompt], n: int, sampling: Sampling,
                  version: int = 0) -> list[Rollout]:
         """n completions per prompt, the n of one prompt consecutive. Verdicts, rewards and
-        advantages are left unset."""
+        advantages are left unset. Batches of batch_size // n prompts (batch_size rows)."""
         gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        flat = [p for p in prompts for _ in range(n)]
+        per_batch = max(1, self.batch_size // n)
         out = []
-        for i in range(0, len(flat), self.batch_size):
-            out += self._generate_batch(flat[i:i + self.batch_size], sampling, gen, version)
+        for i in range(0, len(prompts), per_batch):
+            out += self._generate_batch(prompts[i:i + per_batch], n, sampling, gen, version)
         return out
 
     def _left_padded(self, prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -335,14 +335,23 @@ class TorchEngine:
             mask[b, P - len(p.ids):] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _generate_batch(self, prompts: list[Prompt], s: Sampling, gen,
+    def _generate_batch(self, unique: list[Prompt], n: int, s: Sampling, gen,
                         version: int) -> list[Rollout]:
+        """The prompts' n completions each. Each prompt is prefilled once and its KV cache, mask
+        and last logits repeated n times (row b is prompt b // n): what a group shares is
+        computed once (the prefill of 64 prompts x 8 was 9x that of the 64 prompts alone)."""
+        prompts = [p for p in unique for _ in range(n)]
         B = len(prompts)
-        ids, mask = self._left_padded(prompts)
+        ids, mask = self._left_padded(unique)
         head = self.logits_head if s.use_head else None
         if s.use_head and head is None:
             raise ValueError("Sampling.use_head needs a TorchEngine.logits_head (R²PO's head)")
         logits, cache = prefill(self.model, ids, mask, head)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            mask = mask.repeat_interleave(n, 0)                          # [B, P]
+            logits = (logits.repeat_interleave(n, 0) if head is None
+                      else tuple(x.repeat_interleave(n, 0) for x in logits))
         toks, logps, head_logps = [], [], []
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         for t in range(s.max_new_tokens):

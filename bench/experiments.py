@@ -20,8 +20,9 @@ The protocol, the same for every experiment and every arm:
    is highest (ties: the first listed), among those that keep `Setting.band` (a metric's largest
    value over every step of those sweep runs under a stated bound) when there is one; only that
    one is reported (choose_reading).
-3. **Report.** Every reported arm at its chosen lr with the same fresh seeds REPORT_SEEDS (5,
-   fixed before any test result is seen; --quick: the first one), evaluated on the test split only.
+3. **Report.** Every reported arm at its chosen lr with the same fresh seeds (`Setting.seeds`:
+   REPORT_SEEDS, 5, or replay's 10; fixed before any test result is seen; --quick: the first one),
+   evaluated on the test split only, at least every 5 steps (`every`).
 4. **Compare.** Each arm against the baseline (and each `Setting.claims` entry against its own
    reference): Δ of the final test accuracy (a run's final accuracy: the mean of its last two
    evaluations after step 0) with its standard error, degrees of freedom and 95% CI, paired over
@@ -114,7 +115,7 @@ class Setting:
     band: tuple[str, float] | None = None      # (metrics key, max over steps) a reading must keep
     report_flags: tuple[str, ...] = ()         # extra flags for the reported runs (e.g. mean@k)
     finals: tuple[tuple[str, str], ...] = ()   # (column, metrics key): its last value, per run
-    min_seeds: int = 5                         # reported seeds at least (all of REPORT_SEEDS: 5)
+    seeds: tuple[int, ...] = REPORT_SEEDS      # the reported seeds, fixed before any test result
     claims: tuple[Claim, ...] = ()             # the paper's claims; unlisted arms: Claim(arm)
 
 
@@ -135,73 +136,142 @@ STEPS = ("--model", "assets/tiny-steps", "--train-data", "builtin_steps_train",
          "--max-new-tokens", "48")
 STEPS_QUICK = ("--max-new-tokens", "12")      # --quick: a smoke test of the pipeline, not the task
 STEPS_EVAL = 300                              # the long task's evals: 48-token greedy chains
+PARTIAL = ("--reward", "partial")             # the long task's many-valued reward: share of right
+                                              # "=" steps (verify.step_share), 1 when correct
 DIAG = (("ratio max", "ratio/max"), ("ratio min", "ratio/min"), ("clip frac", "loss/clip_frac"),
         ("KL to behaviour", "loss/ppo_kl"), ("entropy", "entropy"))
+EXTRA_SEEDS = (105, 106, 107, 108, 109)       # replay's 10 paired seeds: REPORT_SEEDS + these
+
+
+def every(steps: int) -> str:
+    """--eval-every for `steps` loop steps: 12 evaluations a run, at least one every 5 steps, so
+    that "to target" and the budgets have resolution."""
+    return str(max(1, min(5, steps // 12)))
+
+
+def sized(quick: bool, steps: int, prompts: int) -> tuple[str, ...]:
+    if quick:
+        return ("--steps", "2", "--prompts-per-step", "4", "--eval-every", "1")
+    return ("--steps", str(steps), "--prompts-per-step", str(prompts), "--eval-every", every(steps))
 
 
 def replay(quick: bool) -> Experiment:
-    steps, prompts, every = ("2", "4", "1") if quick else ("60", "32", "15")
-    size = ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every)
     arms = (Arm("grpo (replay recipe)", ("--replay", "none")),
             Arm("naive-replay", ("--preset", "naive-replay")),
             Arm("rollout-replay", ("--preset", "rollout-replay")))
     diag = (("replayed/step", "replay/sampled"), ("replay age", "replay/age_mean"),
             ("|A| sampled", "replay/abs_adv_sampled"), *DIAG)
+    replayed = ("replay/sampled", "mean > 0")
+    claims = (Claim("rollout-replay", 1, acted=replayed),
+              Claim("rollout-replay", 1, metric="at 50%", acted=replayed),
+              Claim("rollout-replay", 1, against="naive-replay", acted=replayed),
+              Claim("naive-replay", None))
+    seeds = REPORT_SEEDS + EXTRA_SEEDS
+    settings = [Setting("arith", ARITH + sized(quick, 60, 32), arms, "grpo (replay recipe)",
+                        "fresh", diagnostics=diag, claims=claims, seeds=seeds)]
+    if not quick:
+        settings.append(Setting("steps", STEPS + sized(quick, 24, 16), arms,
+                                "grpo (replay recipe)", "fresh", diagnostics=diag,
+                                claims=claims, seeds=seeds, eval_size=STEPS_EVAL,
+                                finals=(("length", "response/len_mean"),)))
     return Experiment(
         "replay", "rollout-level advantage-prioritized replay (arXiv 2606.04560)",
         "replaying single rollouts drawn by |advantage| (evicted after tau_max steps) reaches "
         "plain GRPO's accuracy with fewer fresh rollouts than GRPO and than naive uniform replay; "
         "its metric: fresh rollouts to a target accuracy (our reading of the paper)",
         "fresh rollouts per step and steps (so fresh rollouts in all); the recipe (token-mean, "
-        "clip 0.2/0.28, GRPO advantages); replayed rollouts come on top (ratio 0.5, tau_max 4)",
-        (Setting("arith", ARITH + size, arms, "grpo (replay recipe)", "fresh",
-                 diagnostics=diag),))
+        "clip 0.2/0.28, GRPO advantages); replayed rollouts come on top (ratio 0.5, tau_max 4); "
+        "10 seeds, every arm on the same prompt streams (paired)",
+        tuple(settings),
+        notes="Claims: better final accuracy than GRPO and than naive replay, and better accuracy "
+              "at half the fresh rollouts (what 'fewer rollouts to a target' predicts).")
 
 
 def dapo(quick: bool) -> Experiment:
-    steps, prompts, every = ("2", "4", "1") if quick else ("60", "32", "15")
-    size = ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every)
-    arms = (Arm("grpo", ("--preset", "grpo")), Arm("dapo", ("--preset", "dapo")))
+    arms = (Arm("grpo", ("--preset", "grpo")),
+            Arm("grpo 16 updates", ("--preset", "grpo", "--mini-batches", "16")),
+            Arm("dapo", ("--preset", "dapo")))
     diag = (("zero-std groups", "reward/zero_std_frac"), ("generated/step", "rollout/generated"),
-            *DIAG)
+            ("truncated", "response/truncated_frac"), *DIAG)
+    prompts = 4 if quick else 32
+    refilled = ("rollout/generated", f"mean > {prompts * 8}")   # dynamic sampling regenerated
+    claims = (Claim("dapo", 1, acted=refilled),
+              Claim("dapo", 1, against="grpo 16 updates", acted=refilled),
+              Claim("grpo 16 updates", None))
     return Experiment(
         "dapo", "DAPO (arXiv 2503.14476)",
         "\"outperforming the previous SoTA DeepSeek-R1-Zero-Qwen-32B using 50% training steps\" "
         "(its Figure 1); its ablation adds clip-higher, the token-level loss, overlong shaping and "
         "dynamic sampling to naive GRPO, each adding AIME accuracy",
         "prompts per step and steps; every rollout generated counted on the x-axis (dynamic "
-        "sampling regenerates up to 3 extra rounds to refill the batch)",
-        (Setting("arith", ARITH + size, arms, "grpo", "fresh", diagnostics=diag),))
+        "sampling regenerates up to 3 extra rounds to refill the batch); GRPO also at DAPO's 16 "
+        "updates a step (a control: what the update count alone does)",
+        (Setting("arith", ARITH + sized(quick, 60, 32), arms, "grpo", "fresh", diagnostics=diag,
+                 claims=claims),),
+        notes="The overlong parts cannot act on arith (answers of 2-4 tokens in 8): truncated "
+              "is the column that shows it.")
 
 
-def mu_arms(u: int, m: int, group: int, veto_ablation: bool) -> tuple[Arm, ...]:
+def mu_arms(u: int, m: int, group: int, deltas: tuple[str, ...] = ()) -> tuple[Arm, ...]:
     """The arms of mu-GRPO's headline at U total updates of M rollouts: GRPO mu = 4 against mu =
-    U/4 (4 stages), each stage generating mu x M rollouts."""
+    U/4 (4 stages), each stage generating mu x M rollouts; with `deltas`, mu-GRPO once per veto
+    threshold (readings, chosen on dev)."""
     big = u // 4
 
     def stages(mu: int) -> tuple[str, ...]:
-        return ("--steps", str(u // mu), "--prompts-per-step", str(mu * m // group),
-                "--mini-batches", str(mu), "--eval-every", str(max(1, u // mu // 4)))
+        steps = u // mu
+        return ("--steps", str(steps), "--prompts-per-step", str(mu * m // group),
+                "--mini-batches", str(mu), "--eval-every", str(max(1, min(5, steps // 12))))
 
     clip = ("--eps-low", "0.2", "--eps-high", "0.2")
     relaxed = ("--eps-low", "1", "--eps-high", "4")
     arms = [Arm("grpo mu=4", stages(4) + clip),
             Arm(f"naive mu={big}", stages(big) + clip),
-            Arm(f"[0,5] no veto mu={big}", stages(big) + relaxed),
-            Arm(f"mu-grpo mu={big}", ("--preset", "mu-grpo") + stages(big)),
-            Arm(f"m2po mu={big}", ("--preset", "m2po") + stages(big))]
-    if veto_ablation:
-        for scope in ("trigger", "response"):
-            arms.append(Arm(f"[0,5] veto {scope} mu={big}", stages(big) + relaxed + (
-                "--veto-scope", scope, "--veto-threshold", "1e-4")))
+            Arm(f"[0,5] no veto mu={big}", stages(big) + relaxed)]
+    if deltas:
+        arms += [Arm(f"mu-grpo delta={d} mu={big}", ("--preset", "mu-grpo") + stages(big) + (
+            "--veto-threshold", d)) for d in deltas]
+    else:
+        arms.append(Arm(f"mu-grpo mu={big}", ("--preset", "mu-grpo") + stages(big)))
+    arms.append(Arm(f"m2po mu={big}", ("--preset", "m2po") + stages(big)))
     return tuple(arms)
+
+
+def mu_claims(arms: tuple[Arm, ...], big: int) -> tuple[Claim, ...]:
+    """mu-GRPO keeps up with GRPO mu = 4 (on par) and beats the relaxed clip without the veto;
+    naive GRPO at large mu falls behind. The veto's diagnostic: it fired."""
+    fired = ("loss/veto_frac", "max > 0")
+    out = [Claim(f"naive mu={big}", -1), Claim(f"[0,5] no veto mu={big}", None),
+           Claim(f"m2po mu={big}", None)]
+    for a in arms:
+        if a.name.startswith("mu-grpo"):
+            out += [Claim(a.name, 0, acted=fired),
+                    Claim(a.name, 1, against=f"[0,5] no veto mu={big}", acted=fired)]
+    return tuple(out)
 
 
 def mu_grpo(quick: bool) -> Experiment:
     diag = (("veto frac", "loss/veto_frac"), ("m2po masked", "loss/m2po_masked_frac"), *DIAG)
     common = ("--replay", "none", "--agg", "token-mean", "--group-size", "8")
-    u_a, m_a, u_s, m_s = (32, 8, 16, 8) if quick else (128, 128, 64, 32)
-    steps = STEPS + common + (STEPS_QUICK if quick else ())
+    deltas = ("1e-2", "1e-3", "1e-4")
+    if quick:
+        arith = mu_arms(32, 8, 8)
+        settings = (Setting("arith", ARITH + common, arith, "grpo mu=4", "updates",
+                            diagnostics=diag, claims=mu_claims(arith, 8)),)
+        notes = "quick: arith only, U = 32, M = 8."
+    else:
+        arith, steps = mu_arms(128, 128, 8, deltas), mu_arms(256, 32, 8, deltas)
+        names = tuple(a.name for a in arith if a.name.startswith("mu-grpo"))
+        long_names = tuple(a.name for a in steps if a.name.startswith("mu-grpo"))
+        settings = (Setting("arith", ARITH + common, arith, "grpo mu=4", "updates",
+                            diagnostics=diag, readings=(names,), claims=mu_claims(arith, 32)),
+                    Setting("steps", STEPS + common, steps, "grpo mu=4", "updates",
+                            diagnostics=diag, eval_size=STEPS_EVAL, readings=(long_names,),
+                            claims=mu_claims(steps, 64)))
+        notes = ("arith: U = 128, M = 128 (mu 32); steps: U = 256, M = 32 (mu 64), the regime "
+                 "where the relaxed clip without the veto drifts. The veto threshold delta is a "
+                 f"reading chosen on dev among {', '.join(deltas)}: at 1e-4 it never fires on "
+                 "these 98-token vocabularies.")
     return Experiment(
         "mu-grpo", "mu-GRPO (arXiv 2605.17570)",
         "\"under the same 4096-update training budget\", mu-GRPO at mu = 1024 updates per refresh "
@@ -209,97 +279,145 @@ def mu_grpo(quick: bool) -> Experiment:
         "fewer refreshes, where the relaxed clip without the veto collapses (our reading of its "
         "project page; naive GRPO and M2PO at mu = 1024 are its other baselines)",
         "total optimizer updates U, rollouts per update M, fresh rollouts U x M; mu = U/4 runs 4 "
-        "stages (refreshes, weight syncs) of U/4 updates, GRPO mu = 4 runs U/4 of 4",
-        (Setting("arith", ARITH + common, mu_arms(u_a, m_a, 8, False), "grpo mu=4", "updates",
-                 diagnostics=diag),
-         Setting("steps", steps, mu_arms(u_s, m_s, 8, True), "grpo mu=4", "updates",
-                 diagnostics=diag, eval_size=STEPS_EVAL)),
-        notes=f"arith: U = {u_a}, M = {m_a}; steps: U = {u_s}, M = {m_s}.")
+        "stages (refreshes, weight syncs) of U/4 updates, GRPO mu = 4 runs U/4 of 4; the arms "
+        "differ in prompts per step, so they are compared unpaired (Welch)",
+        settings, notes=notes)
 
 
 def pnpo(quick: bool) -> Experiment:
-    steps, prompts, every = ("2", "4", "1") if quick else ("24", "16", "8")
-    common = STEPS + ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every,
-                      "--replay", "none", "--agg", "seq-mean-token-mean", "--mini-batches", "1")
+    steps, prompts = (2, 4) if quick else (24, 16)
+    common = STEPS + sized(quick, steps, prompts) + (
+        "--replay", "none", "--agg", "seq-mean-token-mean", "--mini-batches", "4")
     common += STEPS_QUICK if quick else ()
-    sweep = () if quick else ("--steps", "12", "--eval-every", "6")
+    sweep = () if quick else ("--steps", "12", "--eval-every", "3")
     gspo_clip = ("--eps-low", "3e-4", "--eps-high", "4e-4")
     ppo_clip = ("--eps-low", "0.2", "--eps-high", "0.28")
-    arms = []
-    for epochs in ("1", "4"):
-        e = ("--epochs", epochs)
-        arms += [Arm(f"token e{epochs}", ("--ratio", "token") + ppo_clip + e),
-                 Arm(f"gspo e{epochs}", ("--ratio", "gspo") + gspo_clip + e),
-                 Arm(f"pnpo e{epochs} (gspo clip)", ("--ratio", "pnpo") + gspo_clip + e)]
-    arms.append(Arm("pnpo e4 (0.2/0.28 clip)", ("--ratio", "pnpo") + ppo_clip + ("--epochs", "4")))
-    diag = (("clip first", "loss/clip_frac_first"), ("clip middle", "loss/clip_frac_middle"),
+    regimes = ("4",) if quick else ("1", "4")
+    arms, readings, claims = [], [], []
+    far = ("ratio/far_prefix_frac", "mean > 0.05")     # where the prefix ratios can differ
+    for epochs in regimes:
+        e, tag = ("--epochs", epochs), f"e{epochs} x 4"
+        pnpo_names = (f"pnpo {tag}", f"pnpo-geo {tag}")
+        arms += [Arm(f"token {tag}", ("--ratio", "token") + ppo_clip + e),
+                 Arm(f"gspo {tag}", ("--ratio", "gspo") + gspo_clip + e),
+                 Arm(pnpo_names[0], ("--ratio", "pnpo") + gspo_clip + e),
+                 Arm(pnpo_names[1], ("--ratio", "pnpo-geo") + gspo_clip + e),
+                 Arm(f"cumulative {tag}", ("--ratio", "cumulative") + ppo_clip + e)]
+        readings.append(pnpo_names)
+        direction = 1 if epochs == "4" else 0        # beats GSPO at 4 epochs, matches it at 1
+        for n in pnpo_names:
+            claims += [Claim(n, direction, against=f"gspo {tag}", acted=far),
+                       Claim(n, 1, against=f"cumulative {tag}", acted=far)]
+        claims += [Claim(f"token {tag}", None), Claim(f"cumulative {tag}", None),
+                   Claim(f"gspo {tag}", None)]
+    diag = (("far prefixes", "ratio/far_prefix_frac"), ("clip first", "loss/clip_frac_first"),
             ("clip last", "loss/clip_frac_last"), *DIAG)
     return Experiment(
         "pnpo", "PNPO (arXiv 2608.01418)",
         "the prefix-normalised ratio beats GSPO when each batch is reused for 4 epochs and matches "
         "it at 1 epoch, on long-context math, Avg@32 (our reading of a summary of the paper; the "
         "comparison at 1 and 4 epochs is the paper's)",
-        "fresh rollouts (prompts per step x steps), mini-batches (1), aggregation "
-        "(seq-mean-token-mean); epochs 1 (on-policy: the three ratios give the same gradient) or 4",
-        (Setting("steps", common, tuple(arms), "gspo e4", "fresh", sweep=sweep, diagnostics=diag,
-                 eval_size=STEPS_EVAL),))
+        "fresh rollouts (prompts per step x steps), aggregation (seq-mean-token-mean) and 4 "
+        "mini-batches a step, so every update after the first is off-policy, at 1 or 4 epochs; "
+        "the exact cumulative prefix ratio (what PNPO normalises) as a third ratio. PNPO's two "
+        "readings (the prefix's geometric mean; the token's ratio times the geometric mean of "
+        "the ones before it) chosen on dev",
+        (Setting("steps", common, tuple(arms), f"gspo e{regimes[-1]} x 4", "fresh", sweep=sweep,
+                 diagnostics=diag, eval_size=STEPS_EVAL, readings=tuple(readings),
+                 claims=tuple(claims)),),
+        notes="Diagnostic: far prefixes = the share of tokens whose exact prefix ratio is beyond "
+              "e^+-1 (grpo.far_prefix_fraction); below 5% the readings cannot differ much.")
 
 
-def vigor(quick: bool) -> Experiment:
-    steps, prompts, every = ("2", "4", "1") if quick else ("60", "32", "15")
-    budget = str(int(prompts) * 8)
-    common = ARITH + ("--steps", steps, "--prompts-per-step", prompts, "--group-size", "8",
-                      "--eval-every", every, "--replay", "none")
+def vigor_setting(label: str, task: tuple[str, ...], size: tuple[str, ...], prompts: int,
+                  **kw) -> Setting:
+    budget = str(prompts * 8)
+    common = task + size + ("--group-size", "8", "--replay", "none")
     first = ("--preset", "vigor", "--vigor-rank", "variance", "--vigor-prior", "0",
              "--vigor-weight", "rollout")
-    marginal = ("--preset", "vigor", "--vigor-rank", "marginal", "--vigor-prior", "1")
-    screen = ("--prompts-per-step", str(2 * int(prompts)), "--vigor-budget", budget)
-    readings = ("vigor marginal+prior", "vigor marginal+prior, prompt weight",
-                "vigor marginal+prior, prompt weight, 2x prompts")
+    marginal = ("--preset", "vigor", "--vigor-rank", "marginal")
+    readings = ("vigor marginal, prior 1", "vigor marginal, prior 0.25", "vigor top-k, prior 0.25",
+                "vigor marginal, prior 0.25, 2x prompts")
+    screen = ("--prompts-per-step", str(2 * prompts), "--vigor-budget", budget)
     arms = (Arm("fixed G=8", ()),
             Arm("vigor (first reading)", first),
-            Arm(readings[0], marginal + ("--vigor-weight", "rollout")),
-            Arm(readings[1], marginal + ("--vigor-weight", "prompt")),
-            Arm(readings[2], marginal + ("--vigor-weight", "prompt") + screen))
+            Arm(readings[0], marginal + ("--vigor-prior", "1")),
+            Arm(readings[1], marginal + ("--vigor-prior", "0.25")),
+            Arm(readings[2], ("--preset", "vigor", "--vigor-rank", "topk", "--vigor-prior",
+                              "0.25")),
+            Arm(readings[3], marginal + ("--vigor-prior", "0.25") + screen))
     diag = (("prompts with signal/step", "rollout/prompts_with_signal"),
             ("zero-var rollouts/step", "rollout/zero_var_rollouts"),
             ("largest group", "vigor/group_size_max"), *DIAG)
+    # reallocated: some prompt got more than the even share of 8
+    acted = ("vigor/group_size_max", "max > 8")
+    claims = tuple(Claim(n, 1, acted=acted) for n in ("vigor (first reading)", *readings))
+    return Setting(label, common, arms, "fixed G=8", "fresh", diagnostics=diag,
+                   readings=(readings,), claims=claims, **kw)
+
+
+def vigor(quick: bool) -> Experiment:
+    settings = [vigor_setting("arith", ARITH, sized(quick, 60, 32), 4 if quick else 32)]
+    if not quick:
+        settings.append(vigor_setting("steps", STEPS + PARTIAL, sized(quick, 24, 16), 16,
+                                      eval_size=STEPS_EVAL))
     return Experiment(
         "vigor", "VIGOR (variance-guided rollout allocation; abstract only)",
         "\"reaches target accuracy with up to 2.3x fewer rollouts on math\" by starting every "
         "prompt with a few rollouts and giving the rest of a fixed budget to those with the "
         "highest group reward variance",
-        f"rollouts generated per step ({budget}: the fixed arm's prompts x 8) and steps; the "
-        "recipe (token-mean, clip 0.2/0.28, GRPO advantages, no replay). The readings (rank by "
-        "variance or by marginal gain in sum sigma^2/n, a Beta(1,1) prior, prompt weighting, "
-        "screening twice the prompts at the same budget) are chosen among on dev",
-        (Setting("arith", common, arms, "fixed G=8", "fresh", diagnostics=diag,
-                 readings=(readings,)),),
-        notes="x-axis: rollouts generated.")
+        "rollouts generated per step (the fixed arm's prompts x 8) and steps; the recipe "
+        "(token-mean, clip 0.2/0.28, GRPO advantages, no replay). The readings (rank by marginal "
+        "gain in sum sigma^2/n with a Beta(1,1) or a weak Beta(0.25,0.25) prior, which "
+        "concentrates on prompts with signal instead of spreading near-evenly; top-k by variance "
+        "with ties filled; screening twice the prompts at the same budget) are chosen among on "
+        "dev; the long task with the partial-credit reward (many reward values)",
+        tuple(settings), notes="x-axis: rollouts generated.")
 
 
 def headroom_drift(quick: bool) -> Experiment:
-    steps, prompts, every = ("3", "4", "1") if quick else ("60", "32", "15")
-    common = ARITH + ("--steps", steps, "--prompts-per-step", prompts, "--eval-every", every,
-                      "--tau-max", "4")
+    steps, prompts = (3, 4) if quick else (60, 32)
     # replayed groups per step: half the fresh groups, as the preset's 32 of 64 and naive replay's
     # ratio 0.5 (so both replay up to 0.5 x the fresh rollouts)
-    hd = ("--preset", "headroom-drift", "--hd-groups", str(int(prompts) // 2))
-    # the first reading's absolute gate 0.25 = 1.12 x the nearer clip bound -log(0.8) = 0.223
-    readings = ("hd stored p(1-p), gate 1.12 (first reading)", "hd stored p(1-p), gate 0.5",
-                "hd current p(1-p), gate 0.5")
-    arms = (Arm("grpo (replay recipe)", ("--replay", "none")),
-            Arm("naive-replay", ("--preset", "naive-replay")),
-            Arm(readings[0], hd + ("--hd-headroom", "variance", "--hd-drift-frac", "1.12")),
-            Arm(readings[1], hd + ("--hd-headroom", "variance", "--hd-drift-frac", "0.5")),
-            Arm(readings[2], hd + ("--hd-headroom", "current", "--hd-drift-frac", "0.5")))
     k = "2" if quick else "8"
     mean_at_k = ("--eval-benchmarks", "builtin", "--eval-k", k, "--eval-temperature", "1.0")
     diag = (("replayed/step", "replay/sampled"), ("groups/step", "replay/groups"),
             ("gated frac", "replay/drift_gated_frac"), ("drift", "replay/drift_mean"),
             ("headroom", "replay/headroom_mean"),
             ("stored headroom", "replay/headroom_stored_mean"),
+            ("headroom shift", "replay/headroom_shift"),
             ("replay age", "replay/age_mean"), *DIAG)
+
+    def setting(label, task, steps, prompts, tau, **kw):
+        pool = str(prompts * tau)      # every eligible group: one candidate pool for every reading
+        common = task + sized(quick, steps, prompts) + ("--tau-max", str(tau))
+        hd = ("--preset", "headroom-drift", "--hd-groups", str(prompts // 2),
+              "--hd-candidates", pool, "--tau-max", str(tau))
+        readings = ("hd stored p(1-p), gate 1.12 (first reading)", "hd stored p(1-p), gate 0.5",
+                    "hd current p(1-p), gate 0.5")
+        arms = (Arm("grpo (replay recipe)", ("--replay", "none")),
+                Arm("naive-replay", ("--preset", "naive-replay", "--tau-max", str(tau))),
+                Arm(readings[0], hd + ("--hd-headroom", "variance", "--hd-drift-frac", "1.12")),
+                Arm(readings[1], hd + ("--hd-headroom", "variance", "--hd-drift-frac", "0.5")),
+                Arm(readings[2], hd + ("--hd-headroom", "current", "--hd-drift-frac", "0.5")))
+        metric = f"eval/builtin/mean@{k}" if label == "arith" else "final"
+        gated = ("replay/drift_gated_frac", "max > 0")
+        claims = []
+        for n in readings:
+            # the re-scored reading acts only where the current headroom differs from the stored
+            # (mean |h now - h stored| of the replayed groups above 0.01 of its 0.25 range)
+            acted = ("replay/headroom_shift", "mean > 0.01") if "current" in n else gated
+            claims += [Claim(n, 1, metric=metric, acted=acted),
+                       Claim(n, 1, against="naive-replay", metric=metric, acted=acted)]
+        claims.append(Claim("naive-replay", None))
+        return Setting(label, common, arms, "grpo (replay recipe)", "fresh", diagnostics=diag,
+                       readings=(readings,), claims=tuple(claims), **kw)
+
+    settings = [setting("arith", ARITH, steps, prompts, 4, report_flags=mean_at_k,
+                        finals=((f"mean@{k} T=1", f"eval/builtin/mean@{k}"),))]
+    if not quick:
+        # the long task: groups that age (tau_max 16), the partial-credit reward
+        settings.append(setting("steps", STEPS + PARTIAL, 32, 16, 16, eval_size=STEPS_EVAL))
     return Experiment(
         "headroom-drift", "Headroom-Drift group replay (abstract only)",
         "\"Headroom ranks stored groups by remaining learning value, while Drift gates them by "
@@ -307,14 +425,14 @@ def headroom_drift(quick: bool) -> Experiment:
         "it reports Avg Mean@32 against GRPO and naive replay",
         "the fresh stream (prompts per step x 8, steps) and the recipe (token-mean, clip "
         "0.2/0.28); replayed rollouts come on top, at most 0.5 x the fresh ones in every replay "
-        "arm (naive: ratio 0.5; Headroom-Drift: half as many groups as fresh). The readings "
-        "(headroom fixed at generation or re-scored by the current policy; the gate as a "
-        "fraction of the clip range) are chosen among on dev; greedy test accuracy beside "
-        f"mean@{k} at temperature 1",
-        (Setting("arith", common, arms, "grpo (replay recipe)", "fresh", diagnostics=diag,
-                 readings=(readings,), report_flags=mean_at_k,
-                 finals=((f"mean@{k} T=1", f"eval/builtin/mean@{k}"),), min_seeds=5),),
-        notes="5 seeds reported for every arm.")
+        "arm (naive: ratio 0.5; Headroom-Drift: half as many groups as fresh), tau_max the same "
+        "in every replay arm; every reading draws from one candidate pool (every eligible group). "
+        "The readings (headroom fixed at generation or re-scored by the current policy; the gate "
+        "as a fraction of the clip range) are chosen among on dev; arith: the primary metric "
+        f"mean@{k} at temperature 1 (the paper's Mean@k), greedy beside it",
+        tuple(settings),
+        notes="arith: tau_max 4; steps: tau_max 16, where stored groups age enough for the "
+              "re-scored headroom to differ from the stored one.")
 
 
 def r2po_exp(quick: bool) -> Experiment:
@@ -325,20 +443,36 @@ def r2po_exp(quick: bool) -> Experiment:
                       "--temperature", "0.9", "--reward", "correct+format", "--reward-wrong", "-1")
 
     def size(n):
-        return ("--steps", str(n), "--eval-every", str(max(1, n // 4)))
+        return ("--steps", str(n), "--eval-every", every(n))
 
     head_lrs = ("1e-3", "1e-4") if quick else ("1e-2", "1e-3", "1e-4")
     r2 = ("--preset", "r2po", "--r2po-schedule", f"{h},{p}", "--r2po-kl-anchor", "initial",
           "--r2po-kl-coef", "0.04")                     # the official code's values
+    # the official policy phase: symmetric clip 0.2, seq-mean-token-mean, k3 KL 0.04 to the
+    # reference (the initial model). Not matched: std eps 1e-4 (ours 1e-6: below 1e-3 of an
+    # advantage in any group with two reward values) and flat groups, dropped there, here in the
+    # batch with A = 0 (no gradient, but in seq-mean-token-mean's normaliser)
+    official = ("--eps-low", "0.2", "--eps-high", "0.2", "--agg", "seq-mean-token-mean",
+                "--kl-coef", "0.04", "--kl-estimator", "k3")
     readings = tuple(f"r2po head lr {x}" for x in head_lrs)
     arms = (Arm(f"grpo {policy} steps (equal policy updates)", size(policy)),
             Arm(f"grpo {loop} steps (equal rollouts)", size(loop)),
-            *(Arm(n, r2 + size(loop) + ("--r2po-head-lr", x)) for n, x in zip(readings, head_lrs)))
+            *(Arm(n, r2 + size(loop) + ("--r2po-head-lr", x)) for n, x in zip(readings, head_lrs)),
+            Arm("grpo (official policy phase)", size(loop) + official),
+            Arm("r2po (official policy phase)", r2 + size(loop) + official))
     band = 0.1
     diag = (("distinct answers", "rollout/distinct_answers"),
             ("format errors", "rollout/format_error"),
             ("head KL (current)", "r2po/head_kl_current"),
             ("head KL (initial)", "r2po/head_kl"), *DIAG)
+    moved = ("r2po/head_kl_current", "max > 0.01")      # the head changes the sampling
+    claims = [Claim(n, 1, acted=moved) for n in readings]
+    claims += [Claim(n, 1, against=f"grpo {policy} steps (equal policy updates)", acted=moved)
+               for n in readings]
+    claims += [Claim("r2po (official policy phase)", 1, against="grpo (official policy phase)",
+                     acted=moved),
+               Claim("grpo (official policy phase)", None),
+               Claim(f"grpo {policy} steps (equal policy updates)", None)]
     return Experiment(
         "r2po", "R²PO (arXiv 2601.11960; official code RRPO-ARR/Code)",
         "training rollouts sampled from a residual rollout head (base logits + a low-rank head on "
@@ -349,9 +483,13 @@ def r2po_exp(quick: bool) -> Experiment:
         f"({loop} steps, {policy} policy updates; head rollouts counted on the x-axis): against "
         f"GRPO at equal policy updates ({policy} steps) and at equal rollouts ({loop} steps). The "
         f"head lr is chosen on dev among {', '.join(head_lrs)} with the head's KL to the current "
-        f"base (r2po/head_kl_current) at most {band:g} at every step",
+        f"base (r2po/head_kl_current) at most {band:g} at every step; every head lr is reported "
+        f"in the sweep table. A second pair runs the official policy phase (clip 0.2 symmetric, "
+        f"seq-mean-token-mean, k3 KL 0.04 to the reference) for both R²PO (head lr 1e-3, the "
+        f"official) and GRPO",
         (Setting("arith", common, arms, f"grpo {loop} steps (equal rollouts)", "fresh",
-                 diagnostics=diag, readings=(readings,), band=("r2po/head_kl_current", band)),),
+                 diagnostics=diag, readings=(readings,), band=("r2po/head_kl_current", band),
+                 claims=tuple(claims)),),
         notes="The head's k3 KL: to the initial model, coefficient 0.04 (official); rank 64.")
 
 
@@ -483,12 +621,11 @@ class Plan:
 
 
 def run_setting(s: Setting, plan: Plan) -> dict:
-    """Sweep, choose, report (every arm on all of REPORT_SEEDS) for one setting; its summary."""
+    """Sweep, choose, report (every arm on all of the setting's seeds) for one setting; its
+    summary."""
     grid = QUICK_GRID if plan.quick else LR_GRID
     sweep_seeds = SWEEP_SEEDS[:1] if plan.quick else SWEEP_SEEDS
-    report_seeds = REPORT_SEEDS[:1] if plan.quick else REPORT_SEEDS
-    if not plan.quick and len(report_seeds) < s.min_seeds:
-        raise ValueError(f"{s.label}: min_seeds {s.min_seeds} > REPORT_SEEDS {REPORT_SEEDS}")
+    report_seeds = s.seeds[:1] if plan.quick else s.seeds
     dev = test = str(QUICK_EVAL if plan.quick else s.eval_size)
     base = plan.out / s.label
 
@@ -503,6 +640,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
 
     keys = tuple(k for _, k in s.diagnostics + s.finals) + ((s.band[0],) if s.band else ())
     keys += tuple(k for c in s.claims if c.acted for k in predicate_keys(*c.acted))
+    keys += tuple(c.metric for c in s.claims if "/" in c.metric)     # a metrics key's last value
     sweep = {a.name: {} for a in s.arms}
     swept = {}                                             # (arm, lr) -> its sweep runs, loaded
     todo = [(a, lr) for a in s.arms for lr in grid]
@@ -544,13 +682,13 @@ PAR_MARGIN = 0.02                  # "on par": the 95% CI of Δ inside ±2 accur
 X_COL = {"fresh": 1, "updates": 2, "wall": 3}   # a curve point's column of each x
 VERDICT_RULE = (
     "**Verdict** (bench/experiments.py `verdict`, one rule for every claim, fixed before the "
-    "runs, as the seeds are: every arm on all of REPORT_SEEDS): Δ = the arm's metric minus its "
-    "reference's, with its 95% CI (paired over the seeds both ran where the two share the prompt "
-    "stream, equal --prompts-per-step and --seed; else Welch's). \"not testable here\" when the "
-    "claim's mechanism diagnostic (a metrics key and a predicate on the arm's reported runs, e.g. "
-    "loss/veto_frac max > 0) says the mechanism never acted, checked first; else, for a claim "
-    "that the arm is better (worse) than its reference: \"reproduced\" when the CI lies above "
-    "(below) 0, \"contradicted\" when it lies below (above) 0; for a claim that the two are on "
+    "runs, as the seeds are: every arm on all of its setting's seeds): Δ = the arm's metric minus"
+    " its reference's, with its 95% CI (paired over the seeds both ran where the two share the "
+    "prompt stream, equal --prompts-per-step and --seed; else Welch's). \"not testable here\" when "
+    "the claim's mechanism diagnostic (a metrics key and a predicate on the arm's reported runs, "
+    "e.g. loss/veto_frac max > 0) says the mechanism never acted, checked first; else, for a "
+    "claim that the arm is better (worse) than its reference: \"reproduced\" when the CI lies above"
+    " (below) 0, \"contradicted\" when it lies below (above) 0; for a claim that the two are on "
     f"par: \"reproduced\" when the CI lies inside ±{100 * PAR_MARGIN:g} points (PAR_MARGIN), "
     "\"contradicted\" when it lies outside them; otherwise \"inconclusive (95% CI [lo, hi])\", "
     "in points. A CI with an end on 0 does not exclude 0; one with an end on the margin lies "
@@ -1036,7 +1174,8 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
             f"(lr grid {', '.join(f'{x:g}' for x in (QUICK_GRID if quick else LR_GRID))}, the "
             f"best mean final dev accuracy, ties to the larger lr, up to {EXTEND} more past an "
             f"edge; reported: every arm on the same fresh seeds "
-            f"{', '.join(map(str, REPORT_SEEDS[:1] if quick else REPORT_SEEDS))}, test split)."
+            f"{', '.join(map(str, exp.settings[0].seeds[:1] if quick else exp.settings[0].seeds))}"
+            f", test split)."
             f"\n\n{VERDICT_RULE}\n\n"
             f"`python bench/compare.py --experiment {name}"
             f"{' --quick' if quick else ''} --jobs {jobs}`: {len(set(plan.ran))} runs, "

@@ -108,9 +108,9 @@ def bare_forward_backward(model, mbs: list[dict]) -> float:
 @torch.no_grad()
 def hf_generate(run, prompts: list, n: int) -> tuple[float, int]:
     """(seconds, completion tokens) of transformers' `model.generate` on the engine's own weights
-    over the same prompts (n samples each, left-padded, one batch as TorchEngine makes it), at the
-    run's temperature, top-p and --max-new-tokens: the reference TorchEngine's tokens/s is compared
-    with. Tokens counted up to and including EOS, as the engine counts them."""
+    over the same prompts (n rows each, left-padded, one batch: what num_return_sequences=n runs;
+    TorchEngine prefills each prompt once and repeats its cache), at the run's temperature, top-p
+    and --max-new-tokens: the reference TorchEngine's tokens/s is compared with. Tokens counted up to and including EOS, as the engine counts them."""
     engine, s = run.engine, run.allocation.sampling
     flat = [p for p in prompts for _ in range(n)]
     ids, mask = engine._left_padded(flat)

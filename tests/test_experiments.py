@@ -58,12 +58,60 @@ def test_mu_grpo_holds_updates_rollouts_per_update_and_fresh_rollouts_equal(quic
 
 
 def test_pnpo_holds_everything_but_the_ratio_clip_and_epochs():
+    """4 mini-batches a step in every arm (every update after the first off-policy), at 1 and 4
+    epochs: the token, GSPO, exact cumulative ratio and PNPO's two readings (chosen on dev); the
+    claims carry the far-prefix diagnostic."""
     (s,) = experiments.pnpo(False).settings
-    assert {flag(list(s.flags), k) for k in ("--mini-batches",)} == {"1"}
-    assert {a.name for a in s.arms} >= {"token e1", "gspo e1", "pnpo e1 (gspo clip)", "token e4",
-                                        "gspo e4", "pnpo e4 (gspo clip)", "pnpo e4 (0.2/0.28 clip)"}
+    assert flag(list(s.flags), "--mini-batches") == "4"
+    ratios = {flag(list(a.flags), "--ratio") for a in s.arms}
+    assert ratios == {"token", "gspo", "pnpo", "pnpo-geo", "cumulative"}
+    assert {flag(list(a.flags), "--epochs") for a in s.arms} == {"1", "4"}
     for a in s.arms:
         assert set(a.flags[::2]) <= {"--ratio", "--eps-low", "--eps-high", "--epochs"}
+    assert s.readings == (("pnpo e1 x 4", "pnpo-geo e1 x 4"), ("pnpo e4 x 4", "pnpo-geo e4 x 4"))
+    on_gspo = {c.arm: c.direction for c in s.claims if c.against.startswith("gspo")}
+    assert on_gspo == {"pnpo e1 x 4": 0, "pnpo-geo e1 x 4": 0, "pnpo e4 x 4": 1,
+                       "pnpo-geo e4 x 4": 1}
+    assert all(c.acted[0] == "ratio/far_prefix_frac" for c in s.claims if c.direction is not None)
+
+
+def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
+    """Each claim's arm and reference are arms of its setting; a run evaluates at least every 5
+    steps; the replay comparison runs 10 paired seeds, the rest REPORT_SEEDS."""
+    for name, make in experiments.EXPERIMENTS.items():
+        for s in make(False).settings:
+            names = {a.name for a in s.arms}
+            for c in s.claims:
+                assert c.arm in names and (c.against or s.baseline) in names, (name, c)
+            for a in s.arms:
+                argv = [*s.flags, *a.flags]
+                assert int(flag(argv, "--eval-every")) <= 5, (name, a.name)
+            assert len(s.seeds) == (10 if name == "replay" else 5)
+            assert s.seeds[:5] == experiments.REPORT_SEEDS
+
+
+def test_the_new_readings_and_controls_are_there():
+    (dapo,) = experiments.dapo(False).settings
+    control = next(a for a in dapo.arms if a.name == "grpo 16 updates")
+    assert flag([*dapo.flags, *control.flags], "--mini-batches") == "16"
+    arith, steps = experiments.mu_grpo(False).settings
+    deltas = {flag([*steps.flags, *a.flags], "--veto-threshold") for a in steps.arms
+              if a.name.startswith("mu-grpo")}
+    assert deltas == {"1e-2", "1e-3", "1e-4"} and len(steps.readings[0]) == 3
+    grpo4 = next(a for a in steps.arms if a.name == "grpo mu=4")
+    argv = [*steps.flags, *grpo4.flags]
+    assert int(flag(argv, "--steps")) * int(flag(argv, "--mini-batches")) == 256     # U
+    vigor_steps = experiments.vigor(False).settings[1]
+    assert flag(list(vigor_steps.flags), "--reward") == "partial"
+    assert any("top-k" in n for n in vigor_steps.readings[0])
+    hd_steps = experiments.headroom_drift(False).settings[1]
+    for a in hd_steps.arms[2:]:                        # one candidate pool: every eligible group
+        argv = [*hd_steps.flags, *a.flags]
+        pool = int(flag(argv, "--prompts-per-step")) * int(flag(argv, "--tau-max"))
+        assert int(flag(argv, "--tau-max")) == 16 and int(flag(argv, "--hd-candidates")) == pool
+    (r2,) = experiments.r2po_exp(False).settings
+    official = next(a for a in r2.arms if a.name == "r2po (official policy phase)")
+    assert flag(list(official.flags), "--kl-coef") == "0.04"
 
 
 @pytest.fixture(scope="module")
@@ -157,20 +205,22 @@ def _budget(argv):
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_vigor_arms_spend_the_same_rollouts_per_step(quick):
-    (s,) = experiments.vigor(quick).settings
-    assert len({(_budget([*s.flags, *a.flags]), flag([*s.flags, *a.flags], "--steps"))
-                for a in s.arms}) == 1
-    screened = [a for a in s.arms if "2x prompts" in a.name]
-    assert screened and all(int(flag([*s.flags, *a.flags], "--prompts-per-step"))
-                            == 2 * int(flag(list(s.flags), "--prompts-per-step")) for a in screened)
-    assert len(s.readings) == 1 and len(s.readings[0]) >= 2
+    for s in experiments.vigor(quick).settings:
+        assert len({(_budget([*s.flags, *a.flags]), flag([*s.flags, *a.flags], "--steps"))
+                    for a in s.arms}) == 1
+        screened = [a for a in s.arms if "2x prompts" in a.name]
+        prompts = int(flag(list(s.flags), "--prompts-per-step"))
+        assert screened and all(int(flag([*s.flags, *a.flags], "--prompts-per-step"))
+                                == 2 * prompts for a in screened)
+        assert len(s.readings) == 1 and len(s.readings[0]) >= 2
 
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_r2po_arms_hold_policy_updates_or_loop_steps_equal(quick):
     (s,) = experiments.r2po_exp(quick).settings
     r2 = [a for a in s.arms if "--r2po-schedule" in a.flags]
-    grpo = {a.name: int(flag([*s.flags, *a.flags], "--steps")) for a in s.arms if a not in r2}
+    grpo = {a.name: int(flag([*s.flags, *a.flags], "--steps")) for a in s.arms if a not in r2
+            and "official" not in a.name}
     for a in r2:
         argv = [*s.flags, *a.flags]
         h, p = map(int, flag(argv, "--r2po-schedule").split(","))
@@ -178,11 +228,11 @@ def test_r2po_arms_hold_policy_updates_or_loop_steps_equal(quick):
         assert steps % (h + p) == 0
         assert sorted(grpo.values()) == [steps // (h + p) * p, steps]   # equal updates, rollouts
     assert {flag([*s.flags, *a.flags], "--reward") for a in s.arms} == {"correct+format"}
-    assert s.band and s.readings == (tuple(a.name for a in r2),)
+    assert s.band and s.readings == (tuple(a.name for a in r2 if "official" not in a.name),)
 
 
 def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_seeds():
-    (s,) = experiments.headroom_drift(False).settings
+    s = experiments.headroom_drift(False).settings[0]
     for key in ("--steps", "--prompts-per-step"):
         assert len({flag([*s.flags, *a.flags], key) for a in s.arms}) == 1
     prompts = int(flag(list(s.flags), "--prompts-per-step"))
@@ -193,7 +243,7 @@ def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_see
         elif "naive-replay" in argv:
             assert a.name == "naive-replay"
     assert flag(list(s.report_flags), "--eval-temperature") == "1.0"
-    assert int(flag(list(s.report_flags), "--eval-k")) >= 8 and s.min_seeds >= 5
+    assert int(flag(list(s.report_flags), "--eval-k")) >= 8 and len(s.seeds) >= 5
 
 
 def test_a_run_is_reused_only_at_the_same_lr_and_flags(tmp_path, monkeypatch):

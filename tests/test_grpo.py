@@ -216,6 +216,48 @@ def test_log_ratio_caps():
     torch.testing.assert_close(pnpo, torch.tensor([[20.0, 0.0, -50 / 3]]))
 
 
+
+def test_pnpo_geo_and_cumulative_on_hand_numbers():
+    """Token log-ratios d = (0.3, -0.6, 0.9) with a masked hole before the last: the exact prefix
+    ratio sums them, the pnpo-geo reading adds the token's d to the mean of the ones before it,
+    PNPO averages all of the prefix. By hand:
+        cumulative  0.3, -0.3, 0.6
+        pnpo-geo    0.3, -0.6 + 0.3 = -0.3, 0.9 + (0.3 - 0.6) / 2 = 0.75
+        pnpo        0.3, -0.15, 0.2"""
+    old = torch.zeros(1, 4, dtype=torch.float64)
+    logp = torch.tensor([[0.3, -0.6, 5.0, 0.9]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False, True]])
+    cases = {"cumulative": [0.3, -0.3, 0.0, 0.6], "pnpo-geo": [0.3, -0.3, 0.0, 0.75],
+             "pnpo": [0.3, -0.15, 0.0, 0.2]}
+    for kind, want in cases.items():
+        got = grpo.log_ratio(kind, logp, old, mask)
+        torch.testing.assert_close(got, torch.tensor([want], dtype=torch.float64))
+    # detached (the default): the gradient of w_t is w_t grad logp_t, token by token
+    lp = logp.clone().requires_grad_(True)
+    for kind in ("cumulative", "pnpo-geo"):
+        w = grpo.log_ratio(kind, lp, old, mask).exp()
+        (jac,) = torch.autograd.grad(w.sum(), lp)
+        torch.testing.assert_close(jac, torch.where(mask, w.detach(), 0.0))
+    # full: pnpo-geo's last token also moves with the two before it, by w / 2 each
+    w = grpo.log_ratio("pnpo-geo", lp, old, mask, pnpo_grad="full")
+    (jac,) = torch.autograd.grad(w[0, 3].exp(), lp)
+    e = math.exp(0.75)
+    torch.testing.assert_close(jac, torch.tensor([[e / 2, e / 2, 0.0, e]], dtype=torch.float64))
+    # on-policy all three are GRPO's weight 1
+    for kind in grpo.PREFIX_RATIOS:
+        assert (grpo.log_ratio(kind, logp, logp, mask) == 0).all()
+
+
+def test_far_prefix_fraction():
+    """The share of valid tokens whose exact prefix ratio is beyond e^{+-1}: cumulative log ratios
+    0.3, -0.3, (hole), 1.2 -> 1 of 3."""
+    old = torch.zeros(1, 4)
+    logp = torch.tensor([[0.3, -0.6, 5.0, 1.5]])
+    mask = torch.tensor([[True, True, False, True]])
+    assert math.isclose(float(grpo.far_prefix_fraction(logp, old, mask)), 1 / 3)
+    assert float(grpo.far_prefix_fraction(logp, logp, mask)) == 0.0
+
+
 # ---------------------------------------------------------------- the veto
 
 def test_veto_by_hand():

@@ -35,8 +35,22 @@ def test_preset_flags_are_overridden_by_explicit_flags():
             == ("prioritized", 0.28, 0.2, "seq-mean-token-mean"))
     plain = flags.parse([])
     assert plain == flags.Args()
+    # the defaults but the lr its experiment chose on dev
     assert dataclasses.replace(flags.parse(["--preset", "rollout-replay"]),
-                               preset="none") == plain
+                               preset="none", lr=plain.lr) == plain
+
+
+def test_presets_carry_their_experiments_lr_and_say_so():
+    """A preset's lr is its experiment's dev choice (flags.py's note above PRESETS); the one-line
+    description (--help, docs/methods.md) states it. drgrpo has no experiment: the default."""
+    for name, (text, values) in flags.PRESETS.items():
+        if name == "drgrpo":
+            assert "lr" not in values
+            continue
+        assert values["lr"] < flags.Args().lr, name          # 3e-4 collapses these methods
+        assert f"lr {values['lr']:.0e}".replace("e-0", "e-") in text, name
+    assert flags.parse(["--preset", "dapo"]).lr == 3e-5
+    assert flags.parse(["--preset", "dapo", "--lr", "3e-4"]).lr == 3e-4     # explicit wins
 
 
 def test_presets_name_real_flags_with_their_types():
