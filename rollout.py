@@ -337,9 +337,8 @@ class TorchEngine:
 
     def _generate_batch(self, unique: list[Prompt], n: int, s: Sampling, gen,
                         version: int) -> list[Rollout]:
-        """The prompts' n completions each. Each prompt is prefilled once and its KV cache, mask
-        and last logits repeated n times (row b is prompt b // n): what a group shares is
-        computed once (the prefill of 64 prompts x 8 was 9x that of the 64 prompts alone)."""
+        """The prompts' n completions each: each prompt prefilled once, its KV cache, mask and last
+        logits repeated n times (row b is prompt b // n; 9x less prefill: docs/smollm2.md)."""
         prompts = [p for p in unique for _ in range(n)]
         B = len(prompts)
         ids, mask = self._left_padded(unique)
@@ -347,11 +346,10 @@ class TorchEngine:
         if s.use_head and head is None:
             raise ValueError("Sampling.use_head needs a TorchEngine.logits_head (R²PO's head)")
         logits, cache = prefill(self.model, ids, mask, head)
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-            mask = mask.repeat_interleave(n, 0)                          # [B, P]
-            logits = (logits.repeat_interleave(n, 0) if head is None
-                      else tuple(x.repeat_interleave(n, 0) for x in logits))
+        cache.batch_repeat_interleave(n)
+        mask = mask.repeat_interleave(n, 0)                              # [B, P]
+        logits = (logits.repeat_interleave(n, 0) if head is None
+                  else tuple(x.repeat_interleave(n, 0) for x in logits))
         toks, logps, head_logps = [], [], []
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         for t in range(s.max_new_tokens):

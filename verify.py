@@ -573,17 +573,33 @@ def grade_number(response: str, gold: str) -> bool:
     expression): the response's stated final answer (extract_answer: the last \\boxed{}, else "the
     answer is ...", else the final value of a chain, "1 + 4 = 5" -> "5"), stripped of a final
     ".", must be an integer literal -?[0-9]+ equal to the gold integer. Restating the question is
-    not an answer: "The answer is 0+3-1." and "2 + 8 + 7 = 2 + 8 + 7" grade False, though grade's
-    value equality takes them (on SmolLM2-135M-Instruct's real completions, 5 of 56 greedy replies
+    not an answer: "The answer is 0+3-1.", "2 + 8 + 7 = 2 + 8 + 7" and "Who is 5*0?" (the 0 is an
+    operand, _operand) grade False, though grade's value equality takes the first two (on SmolLM2-135M-Instruct's real completions, 5 of 56 greedy replies
     are such echoes: tests/data/smollm2_completions.jsonl). Counted in stats() as grade is."""
     answer = extract_answer(response) if isinstance(response, str) else None
     answer = (answer or "").strip().rstrip(".").strip()
     gold = str(gold).strip()
-    readable = _plain_integer(answer) and _plain_integer(gold)
+    readable = _plain_integer(answer) and _plain_integer(gold) and not _operand(response, answer)
     _count("graded")
     if not readable:
         _count("unparseable")
     return bool(readable) and int(answer) == int(gold)
+
+
+_OPERATORS = "+-*/×·^"
+
+
+def _operand(response: str, answer: str) -> bool:
+    """Whether the stated number's last occurrence in the response is an operand: right after an
+    operator ("Who is 5*0?" states no 0: it restates the question 5*0, and the last operand of
+    x-x+7, x*0 or 0+0+7 equals its value) or right before one ("7-9 is wrong")."""
+    i = response.rfind(answer)
+    if i < 0:
+        return False
+    before = response[:i].rstrip()
+    after = response[i + len(answer):].lstrip()
+    prev, nxt = before[-1:], after[:1]
+    return (prev != "" and prev in _OPERATORS) or (nxt != "" and nxt in _OPERATORS)
 
 
 def grader(name: str, template: str | None = None):

@@ -74,6 +74,10 @@ def test_grader_and_answer_form_follow_the_template():
     ("The answer is 0+3-1.", "2", False),           # the question restated: not an answer
     ("2 + 8 + 7 = 2 + 8 + 7", "17", False), ("20.5", "20", False), ("", "20", False),
     ("The answer is 21.", "20", False), ("twenty", "20", False),
+    # an operand is not a stated answer (a sampled reply seen in training: its last number is
+    # the last operand of the question, 5*0, which equals the gold 0)
+    ("Help yourself to grapple with impossible questions. Who is 5*0?", "0", False),
+    ("4-4+7", "7", False), ("4 - 6 = -2", "-2", True), ("So 9 - 2 = 7, and 7 + 0 = 7", "7", True),
 ])
 def test_grade_number_on_written_replies(response, gold, right):
     assert verify.grade_number(response, gold) is right

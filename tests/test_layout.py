@@ -1,7 +1,7 @@
 """The house's shape, pinned: imports point one way (each module imports only modules on floors
 below its own), no function below train.setup takes or stores train.py's `Args` (the flags are bound
 at the door), the algorithm's modules keep lines to 100 characters and functions to 60 lines, and
-rollout.py stays under 450 lines. A change that breaks one of these says so here."""
+rollout.py stays under 460 lines. A change that breaks one of these says so here."""
 import ast
 import os
 
@@ -78,8 +78,9 @@ def test_functions_at_most_60_lines(name):
     assert not long, f"{name}: functions over 60 lines: {long}"
 
 
-def test_rollout_py_under_450_lines():
-    assert len(source("rollout.py").splitlines()) < 450
+def test_rollout_py_under_460_lines():
+    # 450 until TorchEngine's group-shared prefill (each prompt prefilled once) added its lines
+    assert len(source("rollout.py").splitlines()) < 460
 
 
 def _takes_args(fn) -> bool:
