@@ -400,14 +400,23 @@ def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, grad: str = "de
     on-policy token s then weighs sum_{t >= s} w_t / n_t (2.72x a GRPO token for the first of 8
     tokens, about 8.6x for the first of 3,000), a long-response bias we do not want by default.
     """
-    if grad not in PNPO_GRADS:
-        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
+    _check_grad(grad)
     valid = mask.bool()
     prefix_sum = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)          # [B, T]
     n_prefix = valid.cumsum(-1).clamp(min=1)                                   # [B, T]
-    log_w = (prefix_sum / n_prefix).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return _prefix_weight(prefix_sum / n_prefix, logp, valid, grad)
+
+
+def _check_grad(grad: str) -> None:
+    if grad not in PNPO_GRADS:
+        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
+
+
+def _prefix_weight(log_w: Tensor, logp: Tensor, valid: Tensor, grad: str) -> Tensor:
+    """A prefix ratio's log weight, clamped to [-20, 20]; "detached": value unchanged, token-wise
+    gradient (sg[log w] + logp - sg[logp]); 0 on invalid tokens. [B, T]."""
+    log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if grad == "detached":
-        # value unchanged, token-wise gradient
         log_w = log_w.detach() + logp - logp.detach()
     return torch.where(valid, log_w, 0.0)
 
@@ -424,16 +433,12 @@ def pnpo_geo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
     here it counts fully and the prefix is normalised: the exact prefix weight
     prod_{s < t} rho_s of cumulative_log_ratio with its log divided by t - 1. Clamped to [-20, 20];
     `grad` as pnpo_log_ratio's ("full": also through the prefix mean). [B, T]."""
-    if grad not in PNPO_GRADS:
-        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
+    _check_grad(grad)
     valid = mask.bool()
     d = torch.where(valid, logp - old_logp, 0.0)                               # [B, T]
     before = d.cumsum(-1) - d                                                  # sum over s < t
     n_before = (valid.cumsum(-1) - 1).clamp(min=1)                             # [B, T]
-    log_w = (d + before / n_before).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if grad == "detached":
-        log_w = log_w.detach() + logp - logp.detach()
-    return torch.where(valid, log_w, 0.0)
+    return _prefix_weight(d + before / n_before, logp, valid, grad)
 
 
 def cumulative_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
@@ -446,14 +451,9 @@ def cumulative_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
     product of t ratios): why PNPO takes a mean instead. Clamped to [-20, 20]; `grad` as
     pnpo_log_ratio's ("detached": value w_it, gradient w_it grad logp_it, the per-decision
     estimator). [B, T]."""
-    if grad not in PNPO_GRADS:
-        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
+    _check_grad(grad)
     valid = mask.bool()
-    log_w = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)
-    log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if grad == "detached":
-        log_w = log_w.detach() + logp - logp.detach()
-    return torch.where(valid, log_w, 0.0)
+    return _prefix_weight(torch.where(valid, logp - old_logp, 0.0).cumsum(-1), logp, valid, grad)
 
 
 PREFIX_RATIOS = ("pnpo", "pnpo-geo", "cumulative")       # the ones --pnpo-grad applies to

@@ -574,8 +574,9 @@ def grade_number(response: str, gold: str) -> bool:
     answer is ...", else the final value of a chain, "1 + 4 = 5" -> "5"), stripped of a final
     ".", must be an integer literal -?[0-9]+ equal to the gold integer. Restating the question is
     not an answer: "The answer is 0+3-1.", "2 + 8 + 7 = 2 + 8 + 7" and "Who is 5*0?" (the 0 is an
-    operand, _operand) grade False, though grade's value equality takes the first two (on SmolLM2-135M-Instruct's real completions, 5 of 56 greedy replies
-    are such echoes: tests/data/smollm2_completions.jsonl). Counted in stats() as grade is."""
+    operand, _operand) grade False, though grade's value equality takes the first two (on
+    SmolLM2-135M-Instruct's real completions, 5 of 56 greedy replies are such echoes:
+    tests/data/smollm2_completions.jsonl). Counted in stats() as grade is."""
     answer = extract_answer(response) if isinstance(response, str) else None
     answer = (answer or "").strip().rstrip(".").strip()
     gold = str(gold).strip()

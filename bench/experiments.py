@@ -149,9 +149,14 @@ def every(steps: int) -> str:
     return str(max(1, min(5, steps // 12)))
 
 
+QUICK_PROMPTS = 4                             # --quick: prompts per step of every setting
+
+
 def sized(quick: bool, steps: int, prompts: int) -> tuple[str, ...]:
+    """--steps, --prompts-per-step and --eval-every (every) of a run; --quick: 2 steps of
+    QUICK_PROMPTS."""
     if quick:
-        return ("--steps", "2", "--prompts-per-step", "4", "--eval-every", "1")
+        return ("--steps", "2", "--prompts-per-step", str(QUICK_PROMPTS), "--eval-every", "1")
     return ("--steps", str(steps), "--prompts-per-step", str(prompts), "--eval-every", every(steps))
 
 
@@ -193,7 +198,7 @@ def dapo(quick: bool) -> Experiment:
             Arm("dapo", ("--preset", "dapo")))
     diag = (("zero-std groups", "reward/zero_std_frac"), ("generated/step", "rollout/generated"),
             ("truncated", "response/truncated_frac"), *DIAG)
-    prompts = 4 if quick else 32
+    prompts = QUICK_PROMPTS if quick else 32
     refilled = ("rollout/generated", f"mean > {prompts * 8}")   # dynamic sampling regenerated
     claims = (Claim("dapo", 1, acted=refilled),
               Claim("dapo", 1, against="grpo 16 updates", acted=refilled),
@@ -221,7 +226,7 @@ def mu_arms(u: int, m: int, group: int, deltas: tuple[str, ...] = ()) -> tuple[A
     def stages(mu: int) -> tuple[str, ...]:
         steps = u // mu
         return ("--steps", str(steps), "--prompts-per-step", str(mu * m // group),
-                "--mini-batches", str(mu), "--eval-every", str(max(1, min(5, steps // 12))))
+                "--mini-batches", str(mu), "--eval-every", every(steps))
 
     clip = ("--eps-low", "0.2", "--eps-high", "0.2")
     relaxed = ("--eps-low", "1", "--eps-high", "4")
@@ -285,8 +290,7 @@ def mu_grpo(quick: bool) -> Experiment:
 
 
 def pnpo(quick: bool) -> Experiment:
-    steps, prompts = (2, 4) if quick else (24, 16)
-    common = STEPS + sized(quick, steps, prompts) + (
+    common = STEPS + sized(quick, 24, 16) + (
         "--replay", "none", "--agg", "seq-mean-token-mean", "--mini-batches", "4")
     common += STEPS_QUICK if quick else ()
     sweep = () if quick else ("--steps", "12", "--eval-every", "3")
@@ -357,7 +361,8 @@ def vigor_setting(label: str, task: tuple[str, ...], size: tuple[str, ...], prom
 
 
 def vigor(quick: bool) -> Experiment:
-    settings = [vigor_setting("arith", ARITH, sized(quick, 60, 32), 4 if quick else 32)]
+    settings = [vigor_setting("arith", ARITH, sized(quick, 60, 32),
+                              QUICK_PROMPTS if quick else 32)]
     if not quick:
         settings.append(vigor_setting("steps", STEPS + PARTIAL, sized(quick, 24, 16), 16,
                                       eval_size=STEPS_EVAL))
@@ -376,7 +381,7 @@ def vigor(quick: bool) -> Experiment:
 
 
 def headroom_drift(quick: bool) -> Experiment:
-    steps, prompts = (3, 4) if quick else (60, 32)
+    prompts = QUICK_PROMPTS if quick else 32
     # replayed groups per step: half the fresh groups, as the preset's 32 of 64 and naive replay's
     # ratio 0.5 (so both replay up to 0.5 x the fresh rollouts)
     k = "2" if quick else "8"
@@ -413,7 +418,7 @@ def headroom_drift(quick: bool) -> Experiment:
         return Setting(label, common, arms, "grpo (replay recipe)", "fresh", diagnostics=diag,
                        readings=(readings,), claims=tuple(claims), **kw)
 
-    settings = [setting("arith", ARITH, steps, prompts, 4, report_flags=mean_at_k,
+    settings = [setting("arith", ARITH, 60, prompts, 4, report_flags=mean_at_k,
                         finals=((f"mean@{k} T=1", f"eval/builtin/mean@{k}"),))]
     if not quick:
         # the long task: groups that age (tau_max 16), the partial-credit reward
