@@ -65,14 +65,14 @@ PRESETS = {
     "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560; lr 1e-4",
                      dict(replay="uniform", tau_max=4, replay_ratio=0.5, lr=1e-4)),
     "headroom-drift": ("Headroom-Drift group replay (abstract only): rank groups by p(1-p), "
-                       "gate by drift; lr 1e-4",
+                       "gate by drift; lr 3e-5",
                        dict(replay="headroom-drift", hd_headroom="variance", tau_max=4,
-                            hd_groups=32, hd_candidates=64, hd_drift_frac=0.5, lr=1e-4)),
+                            hd_groups=32, hd_candidates=64, hd_drift_frac=0.5, lr=3e-5)),
     "mu-grpo": ("mu-GRPO (arXiv 2605.17570, project page): 4 stages of 512 prompts x 64 updates, "
-                "clip [0, 5], veto; lr 1e-4",
+                "clip [0, 5], veto; lr 3e-5",
                 dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix",
                      veto_threshold=1e-4, steps=4, prompts_per_step=512, mini_batches=64,
-                     eval_every=1, lr=1e-4)),
+                     eval_every=1, lr=3e-5)),
     "m2po": ("M2PO (arXiv 2510.01161): second-moment trust region, mask the largest |log r| "
              "until M2 < 0.04, no eps-clip, token mean; lr 3e-5",
              dict(replay="none", ratio="token", agg="token-mean", m2po_tau=0.04, lr=3e-5)),

@@ -46,16 +46,22 @@ RUNS/<setting>/{sweep,report}/ARM/lr-LR/seed-S/ (RUNS = runs/experiments/NAME by
 OUT/runs with --out); a run keeps its run.log, argv.json, metrics.jsonl, updates.jsonl and
 samples.jsonl (its checkpoints are deleted once it is done). Runs are `python train.py ...` in
 subprocesses (in-process `train.main` under --quick); a finished run (its `done` file) is reused
-when its recorded flags are the same.
+when its recorded flags and its base model's sha256 are the same. OUT/runs.tar.gz keeps every
+finished run's flags, hash and metrics.jsonl (pack_runs), and a fresh clone starts from them
+(unpack_runs): the committed results are rebuilt from committed runs, and a long experiment can
+be finished over several sessions. `--setting LABEL` runs one setting of an experiment.
 """
 import argparse
 import contextlib
+import functools
+import hashlib
 import json
 import operator
 import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -92,12 +98,14 @@ class Claim:
     baseline). metric: "final" (final test accuracy), "at 25%" / "at 50%" / "at 75%" /
     "at 100%" (accuracy at that budget, BUDGETS) or a metrics key of Setting.finals (its last
     value per run). acted: (metrics key, "AGG OP RHS"), e.g. ("loss/veto_frac", "max > 0"), on
-    the arm's reported runs (mechanism_acted); false: "not testable here"."""
+    the arm's reported runs (mechanism_acted); false: "not testable here". headline: the paper's
+    headline claim, the setting's row in the README's table (headline_rows)."""
     arm: str
     direction: int | None = 1
     against: str = ""
     metric: str = "final"
     acted: tuple[str, str] | None = None
+    headline: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,10 @@ class Experiment:
 ARITH = ("--model", "assets/tiny-arith", "--train-data", "builtin", "--max-new-tokens", "8")
 STEPS = ("--model", "assets/tiny-steps", "--train-data", "builtin_steps_train",
          "--max-new-tokens", "48")
+# the difficulty spread (data.mixed_examples: 2-6 operands answered directly) on tiny-arith, which
+# was warm-started on 2-3: 69% of dev prompts get no right answer in 8 samples at the start
+MIXED = ("--model", "assets/tiny-arith", "--train-data", "builtin_mixed_train",
+         "--max-new-tokens", "8")
 STEPS_QUICK = ("--max-new-tokens", "12")      # --quick: a smoke test of the pipeline, not the task
 STEPS_EVAL = 300                              # the long task's evals: 48-token greedy chains
 PARTIAL = ("--reward", "partial")             # the long task's many-valued reward: share of right
@@ -167,7 +179,7 @@ def replay(quick: bool) -> Experiment:
     diag = (("replayed/step", "replay/sampled"), ("replay age", "replay/age_mean"),
             ("|A| sampled", "replay/abs_adv_sampled"), *DIAG)
     replayed = ("replay/sampled", "mean > 0")
-    claims = (Claim("rollout-replay", 1, acted=replayed),
+    claims = (Claim("rollout-replay", 1, acted=replayed, headline=True),
               Claim("rollout-replay", 1, metric="at 50%", acted=replayed),
               Claim("rollout-replay", 1, against="naive-replay", acted=replayed),
               Claim("naive-replay", None))
@@ -200,7 +212,7 @@ def dapo(quick: bool) -> Experiment:
             ("truncated", "response/truncated_frac"), *DIAG)
     prompts = QUICK_PROMPTS if quick else 32
     refilled = ("rollout/generated", f"mean > {prompts * 8}")   # dynamic sampling regenerated
-    claims = (Claim("dapo", 1, acted=refilled),
+    claims = (Claim("dapo", 1, acted=refilled, headline=True),
               Claim("dapo", 1, against="grpo 16 updates", acted=refilled),
               Claim("grpo 16 updates", None))
     return Experiment(
@@ -250,7 +262,7 @@ def mu_claims(arms: tuple[Arm, ...], big: int) -> tuple[Claim, ...]:
            Claim(f"m2po mu={big}", None)]
     for a in arms:
         if a.name.startswith("mu-grpo"):
-            out += [Claim(a.name, 0, acted=fired),
+            out += [Claim(a.name, 0, acted=fired, headline=True),
                     Claim(a.name, 1, against=f"[0,5] no veto mu={big}", acted=fired)]
     return tuple(out)
 
@@ -310,7 +322,8 @@ def pnpo(quick: bool) -> Experiment:
         readings.append(pnpo_names)
         direction = 1 if epochs == "4" else 0        # beats GSPO at 4 epochs, matches it at 1
         for n in pnpo_names:
-            claims += [Claim(n, direction, against=f"gspo {tag}", acted=far),
+            claims += [Claim(n, direction, against=f"gspo {tag}", acted=far,
+                             headline=epochs == "4"),
                        Claim(n, 1, against=f"cumulative {tag}", acted=far)]
         claims += [Claim(f"token {tag}", None), Claim(f"cumulative {tag}", None),
                    Claim(f"gspo {tag}", None)]
@@ -355,7 +368,8 @@ def vigor_setting(label: str, task: tuple[str, ...], size: tuple[str, ...], prom
             ("largest group", "vigor/group_size_max"), *DIAG)
     # reallocated: some prompt got more than the even share of 8
     acted = ("vigor/group_size_max", "max > 8")
-    claims = tuple(Claim(n, 1, acted=acted) for n in ("vigor (first reading)", *readings))
+    claims = (Claim("vigor (first reading)", 1, acted=acted),
+              *(Claim(n, 1, acted=acted, headline=True) for n in readings))
     return Setting(label, common, arms, "fixed G=8", "fresh", diagnostics=diag,
                    readings=(readings,), claims=claims, **kw)
 
@@ -366,6 +380,7 @@ def vigor(quick: bool) -> Experiment:
     if not quick:
         settings.append(vigor_setting("steps", STEPS + PARTIAL, sized(quick, 24, 16), 16,
                                       eval_size=STEPS_EVAL))
+        settings.append(vigor_setting("mixed", MIXED, sized(quick, 60, 32), 32))
     return Experiment(
         "vigor", "VIGOR (variance-guided rollout allocation; abstract only)",
         "\"reaches target accuracy with up to 2.3x fewer rollouts on math\" by starting every "
@@ -376,7 +391,9 @@ def vigor(quick: bool) -> Experiment:
         "gain in sum sigma^2/n with a Beta(1,1) or a weak Beta(0.25,0.25) prior, which "
         "concentrates on prompts with signal instead of spreading near-evenly; top-k by variance "
         "with ties filled; screening twice the prompts at the same budget) are chosen among on "
-        "dev; the long task with the partial-credit reward (many reward values)",
+        "dev; the long task with the partial-credit reward (many reward values); the "
+        "difficulty spread (2-6 operands on the 2-3-operand model: most prompts hopeless at "
+        "the start, the regime where allocation should matter most)",
         tuple(settings), notes="x-axis: rollouts generated.")
 
 
@@ -412,7 +429,7 @@ def headroom_drift(quick: bool) -> Experiment:
             # the re-scored reading acts only where the current headroom differs from the stored
             # (mean |h now - h stored| of the replayed groups above 0.01 of its 0.25 range)
             acted = ("replay/headroom_shift", "mean > 0.01") if "current" in n else gated
-            claims += [Claim(n, 1, metric=metric, acted=acted),
+            claims += [Claim(n, 1, metric=metric, acted=acted, headline=True),
                        Claim(n, 1, against="naive-replay", metric=metric, acted=acted)]
         claims.append(Claim("naive-replay", None))
         return Setting(label, common, arms, "grpo (replay recipe)", "fresh", diagnostics=diag,
@@ -471,7 +488,7 @@ def r2po_exp(quick: bool) -> Experiment:
             ("head KL (current)", "r2po/head_kl_current"),
             ("head KL (initial)", "r2po/head_kl"), *DIAG)
     moved = ("r2po/head_kl_current", "max > 0.01")      # the head changes the sampling
-    claims = [Claim(n, 1, acted=moved) for n in readings]
+    claims = [Claim(n, 1, acted=moved, headline=True) for n in readings]
     claims += [Claim(n, 1, against=f"grpo {policy} steps (equal policy updates)", acted=moved)
                for n in readings]
     claims += [Claim("r2po (official policy phase)", 1, against="grpo (official policy phase)",
@@ -515,16 +532,41 @@ def run_dir(base: Path, split: str, arm: str, lr: float, seed: int) -> Path:
     return base / split / slug(arm) / f"lr-{lr:g}" / f"seed-{seed}"
 
 
+@functools.lru_cache(maxsize=None)
+def _file_hash(path: str, size: int, mtime: float) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def base_model_hash(argv: list[str]) -> str:
+    """The sha256 of the run's base weights (--model DIR/model.safetensors), so that a remade
+    base model is never matched to runs of the old one; "" when there is no such file."""
+    at = [i for i, a in enumerate(argv[:-1]) if a == "--model"]     # the last one counts
+    model = argv[at[-1] + 1] if at else ""
+    path = ROOT / model / "model.safetensors"
+    if not model or not path.exists():
+        return ""
+    st = path.stat()
+    return _file_hash(str(path), st.st_size, st.st_mtime)
+
+
 def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool) -> Path:
-    """One train.py run into run_dir (stdout in run.log, its flags in argv.json); skipped when
-    run_dir/done exists and was made with the same flags (a changed arm runs again)."""
-    recorded = run_dir / "argv.json"
+    """One train.py run into run_dir (stdout in run.log, its flags in argv.json, the base model's
+    hash in model.sha256); skipped when run_dir/done exists and was made with the same flags and
+    the same base weights (a changed arm or a remade model runs again)."""
+    recorded, weights = run_dir / "argv.json", run_dir / "model.sha256"
+    model = base_model_hash(argv)
     if (run_dir / "done").exists():
-        if not recorded.exists() or json.loads(recorded.read_text()) == argv:
+        same_model = not weights.exists() or weights.read_text().strip() == model
+        if (not recorded.exists() or json.loads(recorded.read_text()) == argv) and same_model:
             return run_dir
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps(argv))
+    weights.write_text(model + "\n")
     t0 = time.perf_counter()
     argv = [*argv, "--out-dir", str(run_dir), "--save-every", "0"]
     with open(run_dir / "run.log", "w") as log:
@@ -677,6 +719,38 @@ def run_setting(s: Setting, plan: Plan) -> dict:
                      for sd in report_seeds] for a in arms}
     return {"setting": s, "grid": grid, "sweep_seeds": sweep_seeds, "sweep": sweep,
             "chosen": chosen, "runs": runs, "picked": picked, "band": band}
+
+
+# ---- the runs kept with the results -----------------------------------------------------------
+
+KEPT = ("argv.json", "done", "model.sha256", "metrics.jsonl")   # what load() and reuse read
+
+
+def pack_runs(run_dirs: list[Path], runs: Path, archive: Path) -> None:
+    """OUT/runs.tar.gz: each finished run's KEPT files, by their path under RUNS, so that a fresh
+    clone reuses them (unpack_runs) instead of training them again (about 17 KB a run)."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_suffix(".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for d in sorted(set(run_dirs)):
+            for name in KEPT:
+                if (d / name).exists():
+                    tar.add(d / name, arcname=str((d / name).relative_to(runs)))
+    tmp.replace(archive)
+
+
+def unpack_runs(archive: Path, runs: Path) -> int:
+    """The runs of OUT/runs.tar.gz that RUNS does not hold finished, into RUNS; how many. A run
+    is then reused only where its recorded flags and base model still match (run_train)."""
+    if not archive.exists():
+        return 0
+    with tarfile.open(archive, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile()]
+        missing = {Path(m.name).parent for m in members
+                   if Path(m.name).name == "done" and not (runs / m.name).exists()}
+        take = [m for m in members if Path(m.name).parent in missing]
+        tar.extractall(runs, members=take, filter="data")
+    return len(missing)
 
 
 # ---- the statistics, the verdicts and the tables ----------------------------------------------
@@ -896,6 +970,20 @@ def comparison_json(c: Comparison | None) -> dict | None:
                                    "n": c.n, "paired": c.paired}
 
 
+def arm_aes(rs: list[dict], base: list[dict]) -> float | None:
+    """O1-Pruner's accuracy-efficiency score (eval.aes) of an arm against the baseline: the mean
+    final accuracies and the mean response lengths of the last training step (response/len_mean,
+    sampled rollouts: the evaluation logs no length); None without lengths."""
+    from eval import aes
+    lengths = [r["len_end"] for r in rs if r.get("len_end")]
+    base_lengths = [r["len_end"] for r in base if r.get("len_end")]
+    base_acc = statistics.mean(final_accuracy(r["curve"]) for r in base)
+    if not lengths or not base_lengths or base_acc <= 0:
+        return None
+    return aes(statistics.mean(final_accuracy(r["curve"]) for r in rs),
+               statistics.mean(lengths), base_acc, statistics.mean(base_lengths))
+
+
 def analyse(summary: dict) -> dict:
     """Every number of a setting's tables, from its reported runs: start (the mean step-0
     accuracy), target (start + TARGET_FRAC x the baseline's gain in final accuracy; None where it
@@ -934,6 +1022,7 @@ def analyse(summary: dict) -> dict:
                 "mean": statistics.mean(vals) if vals else None, "n": len(vals),
                 "delta": None if name == s.baseline else comparison_json(
                     compare_runs(s, runs, name, s.baseline, b["label"], x_range))}
+        entry["aes"] = arm_aes(rs, runs[s.baseline])
         arms[name] = entry
     comparisons = []
     for c in claims_of(s, runs):
@@ -942,6 +1031,7 @@ def analyse(summary: dict) -> dict:
         acted = mechanism_acted(runs[c.arm], *c.acted) if c.acted else True
         comparisons.append({
             "arm": c.arm, "against": ref, "metric": c.metric, "direction": c.direction,
+            "headline": c.headline,
             "diagnostic": c.acted and {"key": c.acted[0], "predicate": c.acted[1],
                                        "acted": acted},
             **(comparison_json(cmp) or {"delta": None, "se": None, "df": None,
@@ -1005,11 +1095,14 @@ def table(summary: dict, analysis: dict | None = None) -> str:
             "(≥) and the ratio to the baseline a bound (≥ where only the arm's seeds are "
             "censored, ≤ where only the baseline's, — where both). Accuracy at a budget: "
             f"interpolated at {', '.join(f'{100 * q:g}%' for q in BUDGETS)} of the baseline's "
-            f"x-range ({a_['x_range']:,.0f} {x_name}), — past a run's end; Δ [95% CI] as above.")
+            f"x-range ({a_['x_range']:,.0f} {x_name}), — past a run's end; Δ [95% CI] as above. "
+            "AES: O1-Pruner's accuracy-efficiency score (eval.aes; 0 for the baseline, above 0 "
+            "better) of the mean final accuracy and the mean response length of the last "
+            "training step (sampled rollouts).")
     cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} [95% CI]", "SE", "df",
             "pairing", f"{x_name} to target (reached)", "ratio", "wall s to target (reached)",
             "ratio", *(f"acc {b['label']} ({b['x']:,.0f})" for b in a_["budgets"]), "verdict",
-            "length start → end", "refreshes (= syncs)", "updates", "generate / update s",
+            "length start → end", f"AES vs {s.baseline}", "refreshes (= syncs)", "updates", "generate / update s",
             *(f"final {c}" for c, _ in s.finals), *(c for c, _ in s.diagnostics)]
     out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for a in (a for a in s.arms if a.name in runs):         # a reading not chosen is not reported
@@ -1040,6 +1133,7 @@ def table(summary: dict, analysis: dict | None = None) -> str:
                  time_cell(e["to_target"], ",.0f"), ratio_cell(e["to_target"]),
                  time_cell(e["wall_to_target"], ".1f"), ratio_cell(e["wall_to_target"]), *at,
                  word, f"{fmt(avg('len_start'), '.1f')} → {fmt(avg('len_end'), '.1f')}",
+                 fmt(e["aes"], "+.3f"),
                  fmt(avg("refreshes"), ".0f"), fmt(avg("updates"), ".0f"),
                  f"{fmt(avg('gen'), '.1f')} / {fmt(avg('upd'), '.1f')}", *lasts, *diag]
         out.append("| " + " | ".join(cells) + " |")
@@ -1165,13 +1259,31 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
 
 
 def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: int = 1,
-                   quick: bool = False) -> str:
-    """Every setting of experiment `name`, its runs in RUNS; writes OUT and returns
-    OUT/README.md's text."""
+                   quick: bool = False, only: str = "") -> str:
+    """Every setting of experiment `name` (only the one labelled `only` when given: the others'
+    tables are taken from their results.md in OUT where they exist), its runs in RUNS; writes OUT
+    and returns OUT/README.md's text."""
     exp = EXPERIMENTS[name](quick)
+    labels = [s.label for s in exp.settings]
+    if only and only not in labels:
+        raise SystemExit(f"experiment {name} has no setting {only!r}: choose one of "
+                         f"{', '.join(labels)}")
     plan = Plan(runs, jobs, threads, quick)
     t0 = time.perf_counter()
-    parts = [write_setting(run_setting(s, plan), out / s.label, exp) for s in exp.settings]
+    unpack_runs(out / "runs.tar.gz", runs)
+    parts, kept = [], []
+    for s in exp.settings:
+        if not only or s.label == only:
+            parts.append(write_setting(run_setting(s, plan), out / s.label, exp))
+            continue
+        kept += [d.parent for d in (runs / s.label).glob("**/done")]   # the other settings'
+        if (out / s.label / "results.md").exists():
+            text = (out / s.label / "results.md").read_text()
+            parts.append(text.replace("\n" + VERDICT_RULE + "\n", ""))
+        else:
+            parts.append(f"## {s.label}\n\nNot run yet: `python bench/compare.py --experiment "
+                         f"{name} --setting {s.label} --jobs 2 --threads 1`.\n")
+    pack_runs(plan.ran + kept, runs, out / "runs.tar.gz")
     took = sum(float((d / "done").read_text().split()[0]) for d in set(plan.ran))
     head = (f"# {exp.name}: {exp.paper}\n\n**Claim** (words in quotes are the paper's): "
             f"{exp.claim}\n\n**Held equal**: "
@@ -1183,7 +1295,8 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
             f", test split)."
             f"\n\n{VERDICT_RULE}\n\n"
             f"`python bench/compare.py --experiment {name}"
-            f"{' --quick' if quick else ''} --jobs {jobs}`: {len(set(plan.ran))} runs, "
+            f"{' --quick' if quick else ''}{f' --setting {only}' if only else ''} --jobs {jobs}`"
+            f": {len(set(plan.ran))} runs, "
             f"{took:.0f} s of runs ("
             + ("in-process, one at a time" if quick
                else f"{jobs} at a time, {threads} thread(s) each")
@@ -1196,11 +1309,12 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
 
 # ---- the README's headline table --------------------------------------------------------------
 
-def headline_rows(results_dir: Path) -> tuple[list[list[str]], list[Path]]:
+def headline_rows(results_dir: Path, every: bool = False) -> tuple[list[list[str]], list[Path]]:
     """(rows, skipped): a row [paper, setting, arm vs reference, the paper's claim, Δ [95% CI],
-    pairing, verdict] per claim with a direction in every RESULTS_DIR/*/**/summary.json (the
-    experiments in EXPERIMENTS' order, then by path); skipped: the summary.json files without
-    comparisons (written before verdicts were)."""
+    pairing, verdict] per headline claim (Claim.headline; a setting without one: its first claim
+    with a direction), or with `every` per claim with a direction, of every
+    RESULTS_DIR/*/**/summary.json (the experiments in EXPERIMENTS' order, then by path); skipped:
+    the summary.json files without comparisons (written before verdicts were)."""
     order = {name: i for i, name in enumerate(EXPERIMENTS)}
     paths = sorted(Path(results_dir).glob("*/**/summary.json"),
                    key=lambda p: (order.get(p.relative_to(results_dir).parts[0], len(order)), p))
@@ -1210,9 +1324,10 @@ def headline_rows(results_dir: Path) -> tuple[list[list[str]], list[Path]]:
         if "comparisons" not in data:
             skipped.append(path)
             continue
-        for c in data["comparisons"]:
-            if c["direction"] is None:
-                continue
+        directed = [c for c in data["comparisons"] if c["direction"] is not None]
+        if not every:
+            directed = [c for c in directed if c.get("headline")] or directed[:1]
+        for c in directed:
             metric = "" if c["metric"] == "final" else f" ({c['metric']})"
             rows.append([data.get("paper") or path.parent.parent.name, data["setting"],
                          f"{c['arm']} vs {c['against']}{metric}", claim_words(c["direction"]),
@@ -1220,11 +1335,12 @@ def headline_rows(results_dir: Path) -> tuple[list[list[str]], list[Path]]:
     return rows, skipped
 
 
-def headline_table(results_dir: Path) -> str:
+def headline_table(results_dir: Path, every: bool = False) -> str:
     """The README's headline table (markdown) from the experiments' summary.json files: paper,
     setting, arm vs baseline, what the paper claims, Δ [95% CI] in points (final test accuracy
-    unless the claim names another metric), paired or unpaired (Welch), the verdict."""
-    return headline_markdown(headline_rows(results_dir)[0])
+    unless the claim names another metric), paired or unpaired (Welch), the verdict; a row per
+    headline claim, or with `every` per claim (docs/results.md's)."""
+    return headline_markdown(headline_rows(results_dir, every)[0])
 
 
 def headline_markdown(rows: list[list[str]]) -> str:
@@ -1242,11 +1358,13 @@ def main(argv=None) -> int:
                                 "--experiment NAME).")
     p.add_argument("--headline", nargs="?", const=str(ROOT / "bench" / "results"),
                    metavar="RESULTS_DIR", help="print the headline table (default bench/results)")
+    p.add_argument("--every-claim", action="store_true",
+                   help="a row per claim, not only the headline ones (docs/results.md's table)")
     args = p.parse_args(argv)
     if not args.headline:
         p.print_help()
         return 2
-    rows, skipped = headline_rows(Path(args.headline))
+    rows, skipped = headline_rows(Path(args.headline), args.every_claim)
     print(headline_markdown(rows), end="")
     for path in skipped:
         print(f"skipped {path}: no comparisons (written before verdicts; run it again)",

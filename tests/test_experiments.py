@@ -265,3 +265,86 @@ def test_a_run_is_reused_only_at_the_same_lr_and_flags(tmp_path, monkeypatch):
     assert len(calls) == 1 and (a / "done").exists()
     experiments.run_train(["--lr", "3e-05", "--hd-groups", "16"], a, threads=1, in_process=True)
     assert len(calls) == 2 and "--hd-groups" in calls[-1]                     # flags changed
+
+
+def test_a_run_is_not_reused_when_the_base_model_was_remade(tmp_path, monkeypatch):
+    """The base weights' sha256 is recorded beside the flags (model.sha256): a finished run of a
+    model directory whose model.safetensors has changed since runs again; the same bytes are
+    reused."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"old weights")
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv)
+        return 0
+
+    import train
+    monkeypatch.setattr(train, "main", fake_main)
+    argv = ["--model", str(model), "--lr", "1e-4"]
+    run = tmp_path / "run"
+    experiments.run_train(argv, run, threads=1, in_process=True)
+    old = (run / "model.sha256").read_text().strip()
+    assert len(old) == 64 and old == experiments.base_model_hash(argv)
+    experiments.run_train(argv, run, threads=1, in_process=True)              # same bytes
+    assert len(calls) == 1
+    (model / "model.safetensors").write_bytes(b"new weights, remade")
+    experiments.run_train(argv, run, threads=1, in_process=True)              # remade: runs
+    assert len(calls) == 2 and (run / "model.sha256").read_text().strip() != old
+    assert experiments.base_model_hash(["--lr", "1e-4"]) == ""                # no --model
+
+
+def test_unknown_setting_is_one_line():
+    proc = subprocess.run([sys.executable, "bench/compare.py", "--experiment", "dapo",
+                           "--setting", "nope"], cwd=ROOT, env=cpu_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "has no setting 'nope'" in proc.stderr
+    assert "arith" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_one_setting_runs_and_the_readme_keeps_the_others(tmp_path, monkeypatch):
+    """--setting arith runs only that setting; the experiment's README takes the long task's table
+    from its results.md (without the verdict rule, which the README states once)."""
+    ran = []
+    monkeypatch.setattr(experiments, "run_setting", lambda s, plan: ran.append(s.label) or s)
+    monkeypatch.setattr(experiments, "write_setting", lambda s, out, exp: f"## {s.label} (new)\n")
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "results.md").write_text(
+        "## steps (earlier)\n\n" + experiments.VERDICT_RULE + "\n")
+    text = experiments.run_experiment("replay", tmp_path, runs=tmp_path / "runs", only="arith")
+    assert ran == ["arith"]
+    assert "## arith (new)" in text and "## steps (earlier)" in text
+    assert text.count(experiments.VERDICT_RULE) == 1
+    (tmp_path / "steps" / "results.md").unlink()
+    text = experiments.run_experiment("replay", tmp_path, runs=tmp_path / "runs", only="arith")
+    assert "## steps\n\nNot run yet: `python bench/compare.py --experiment replay --setting steps" \
+        in text
+
+
+def test_finished_runs_travel_in_the_results_archive(tmp_path, monkeypatch):
+    """OUT/runs.tar.gz keeps each finished run's flags, base-model hash and metrics; a fresh clone
+    unpacks the runs it lacks and reuses them, not training them again."""
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv)
+        out = Path(argv[argv.index("--out-dir") + 1])
+        (out / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
+        (out / "samples.jsonl").write_text("{}\n")
+        return 0
+
+    import train
+    monkeypatch.setattr(train, "main", fake_main)
+    runs, archive = tmp_path / "runs", tmp_path / "out" / "runs.tar.gz"
+    done = [experiments.run_train(["--lr", lr], runs / "arith" / "sweep" / lr, threads=1,
+                                  in_process=True) for lr in ("1e-4", "3e-5")]
+    experiments.pack_runs(done, runs, archive)
+    fresh = tmp_path / "clone"
+    assert experiments.unpack_runs(archive, fresh) == 2
+    run = fresh / "arith" / "sweep" / "1e-4"
+    assert sorted(p.name for p in run.iterdir()) == sorted(experiments.KEPT)   # no samples
+    assert experiments.unpack_runs(archive, fresh) == 0                       # all there
+    experiments.run_train(["--lr", "1e-4"], run, threads=1, in_process=True)
+    assert len(calls) == 2                                                    # reused
+    assert experiments.unpack_runs(tmp_path / "none.tar.gz", fresh) == 0

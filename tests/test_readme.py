@@ -32,3 +32,21 @@ def test_readme_is_short():
     n = len(readme().splitlines())
     assert n < MAX_LINES, (
         f"README.md has {n} lines: keep it a front door (< {MAX_LINES}), move detail to docs/")
+
+
+HEADLINE = ("<!-- python bench/experiments.py --headline -->", "<!-- end of the headline table -->")
+
+
+def test_readme_and_results_page_headline_tables_are_generated():
+    """The headline tables of README.md and docs/results.md are what `python bench/experiments.py
+    --headline` (README: the headline claims) and `--headline --every-claim` (docs/results.md)
+    print from the committed bench/results/*/**/summary.json, not written by hand."""
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    import experiments
+    for page, every in (("README.md", False), ("docs/results.md", True)):
+        want = experiments.headline_table(ROOT / "bench" / "results", every).strip()
+        text = (ROOT / page).read_text(encoding="utf-8")
+        assert HEADLINE[0] in text and HEADLINE[1] in text, f"{page} lost its headline markers"
+        got = text.split(HEADLINE[0], 1)[1].split(HEADLINE[1], 1)[0].strip()
+        assert got == want, f"{page}'s headline table is stale: run bench/experiments.py --headline"

@@ -87,6 +87,20 @@ def test_final_accuracy_is_the_mean_of_the_last_two_evaluations():
     assert experiments.final_accuracy(curve([0.2])) == pytest.approx(0.2)
 
 
+def test_aes_of_an_arm_against_the_baseline_by_hand():
+    """eval.aes of the mean final accuracies and mean last-step lengths: the arm 0.55 at length
+    20 against the baseline 0.5 at 25: 1 x (25 - 20) / 25 + 3 x (0.55 - 0.5) / 0.5 = 0.2 + 0.3;
+    a less accurate arm pays 5 x the relative drop."""
+    def run(acc, length):
+        return {"curve": curve([0.2, acc, acc]), "len_end": length}
+    base = [run(0.4, 20.0), run(0.6, 30.0)]
+    assert experiments.arm_aes([run(0.5, 18.0), run(0.6, 22.0)], base) == pytest.approx(0.5)
+    assert experiments.arm_aes(base, base) == pytest.approx(0.0)
+    # 0.45 at 25: -5 x 0.1 = -0.5
+    assert experiments.arm_aes([run(0.45, 25.0)], base) == pytest.approx(-0.5)
+    assert experiments.arm_aes([{"curve": curve([0.2, 0.5]), "len_end": None}], base) is None
+
+
 def test_time_to_target_interpolates_and_censors():
     c = curve([0.2, 0.3, 0.5, 0.6])
     # crossing 0.4 between (100, 0.3) and (200, 0.5): 100 + 0.1 / 0.2 x 100 = 150
@@ -298,3 +312,23 @@ def test_headline_table_from_hand_made_summaries(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == text and "skipped" in proc.stderr
+
+
+def test_headline_rows_are_the_headline_claims_and_every_claim_on_request(tmp_path):
+    """README's table: the claims marked headline (a setting without one: its first claim with a
+    direction); docs/results.md's (--every-claim): every claim with a direction."""
+    head = {**comparison("rollout-replay", "grpo", "reproduced", 0.01, 0.0, 0.02, True),
+            "headline": True}
+    other = comparison("rollout-replay", "naive-replay", "inconclusive", 0.0, -0.01, 0.01, True)
+    write_summary(tmp_path / "replay" / "arith" / "summary.json", "replay paper", "arith",
+                  [other, head])
+    write_summary(tmp_path / "dapo" / "arith" / "summary.json", "DAPO", "arith",
+                  [comparison("dapo", "grpo", "reproduced", 0.04, 0.01, 0.07, True), other])
+    rows, _ = experiments.headline_rows(tmp_path)
+    assert [r[2] for r in rows] == ["rollout-replay vs grpo", "dapo vs grpo"]
+    rows, _ = experiments.headline_rows(tmp_path, every=True)
+    assert [r[2] for r in rows] == ["rollout-replay vs naive-replay", "rollout-replay vs grpo",
+                                    "dapo vs grpo", "rollout-replay vs naive-replay"]
+    proc = subprocess.run([sys.executable, "bench/experiments.py", "--headline", str(tmp_path),
+                           "--every-claim"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == experiments.headline_table(tmp_path, True)
