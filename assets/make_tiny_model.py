@@ -12,8 +12,8 @@ code path for both.
 
 The warm start is deliberately short: supervised training on the built-in arithmetic task (loss on
 the answer tokens only) is stopped when greedy held-out accuracy is well above zero but far from
-solved, leaving room for RL to show. Seeded: the same command gives the
-same weights on the same machine.
+solved, leaving room for RL to show. Seeded: the same command gives the same weights on the same
+machine.
 
 --task steps: the same tokenizer and architecture, warm-started on data.py's second built-in task
 (5-6 operands), answers worked one operation at a time:
@@ -56,8 +56,8 @@ EOS, PAD = "<|endoftext|>", "<|pad|>"
 STOP_DEV_ACC = 0.25          # the warm start stops at the first dev evaluation at or above this
 EVAL_EVERY = 20              # supervised steps between dev evaluations
 MAX_STEPS = 2000             # a warm start that never reaches STOP_DEV_ACC is an error
-STOP_RULE = (f"the first evaluation (every {EVAL_EVERY} steps, 500 dev prompts, greedy) at or above "
-             f"{STOP_DEV_ACC:.0%} dev accuracy")
+STOP_RULE = (f"the first evaluation (every {EVAL_EVERY} steps, 500 dev prompts, greedy) at or "
+             f"above {STOP_DEV_ACC:.0%} dev accuracy")
 
 
 def make_tokenizer():

@@ -1102,7 +1102,8 @@ def table(summary: dict, analysis: dict | None = None) -> str:
     cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} [95% CI]", "SE", "df",
             "pairing", f"{x_name} to target (reached)", "ratio", "wall s to target (reached)",
             "ratio", *(f"acc {b['label']} ({b['x']:,.0f})" for b in a_["budgets"]), "verdict",
-            "length start → end", f"AES vs {s.baseline}", "refreshes (= syncs)", "updates", "generate / update s",
+            "length start → end", f"AES vs {s.baseline}", "refreshes (= syncs)", "updates",
+            "generate / update s",
             *(f"final {c}" for c, _ in s.finals), *(c for c, _ in s.diagnostics)]
     out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for a in (a for a in s.arms if a.name in runs):         # a reading not chosen is not reported

@@ -322,3 +322,25 @@ def test_cli_help_and_unknown_name_are_not_tracebacks():
                          text=True, timeout=60)
     assert (bad.returncode == 1 and bad.stderr.startswith("error: unknown benchmark")
             and "Traceback" not in bad.stderr)
+
+
+def test_the_warm_start_stops_by_the_dev_rule_and_scores_test_once(tmp_path, monkeypatch):
+    """assets/make_tiny_model.py: dev accuracy every EVAL_EVERY steps, stopped at the first
+    evaluation at or above STOP_DEV_ACC; test is scored once, after the stop, and recorded with
+    the step count in warm_start.json (greedy_accuracy scripted: 0.1, 0.3 on dev, then test)."""
+    import make_tiny_model as m
+    scored = []
+
+    def scripted(model, tok, examples, max_new, grade):
+        split = "test" if examples == m.TASKS["arith"][1]("test") else "dev"
+        scored.append(split)
+        return ({"dev": [0.1, 0.3]}.get(split, [0.2])[scored.count(split) - 1], 3.0)
+
+    monkeypatch.setattr(m, "greedy_accuracy", scripted)
+    monkeypatch.setattr(sys, "argv", ["make_tiny_model.py", "--out", str(tmp_path / "model"),
+                                      "--batch-size", "2", "--threads", "1"])
+    m.main()
+    assert scored == ["dev", "dev", "test"]                  # stopped at the second evaluation
+    record = json.loads((tmp_path / "model" / "warm_start.json").read_text())
+    assert record["steps"] == 2 * m.EVAL_EVERY and record["rule"] == m.STOP_RULE
+    assert (record["dev_accuracy"], record["test_accuracy"]) == (0.3, 0.2)
