@@ -53,7 +53,6 @@ be finished over several sessions. `--setting LABEL` runs one setting of an expe
 """
 import argparse
 import contextlib
-import functools
 import hashlib
 import json
 import operator
@@ -532,15 +531,6 @@ def run_dir(base: Path, split: str, arm: str, lr: float, seed: int) -> Path:
     return base / split / slug(arm) / f"lr-{lr:g}" / f"seed-{seed}"
 
 
-@functools.lru_cache(maxsize=None)
-def _file_hash(path: str, size: int, mtime: float) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def base_model_hash(argv: list[str]) -> str:
     """The sha256 of the run's base weights (--model DIR/model.safetensors), so that a remade
     base model is never matched to runs of the old one; "" when there is no such file."""
@@ -549,8 +539,7 @@ def base_model_hash(argv: list[str]) -> str:
     path = ROOT / model / "model.safetensors"
     if not model or not path.exists():
         return ""
-    st = path.stat()
-    return _file_hash(str(path), st.st_size, st.st_mtime)
+    return hashlib.sha256(path.read_bytes()).hexdigest()      # a few MB, once a run
 
 
 def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool) -> Path:
