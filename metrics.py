@@ -132,10 +132,20 @@ def _weighted_mean(parts: list[tuple[float, float]]) -> float:
 def distinct_answers(rollouts: list) -> float:
     """Rollout diversity, R²PO's measure: the mean over groups of (distinct final answers) / (group
     size); an answer is verify.extract_answer's, or the whole stripped text when it states none."""
+    return _distinct(rollouts, lambda r: verify.extract_answer(r.text) or r.text.strip())
+
+
+def distinct_chains(rollouts: list) -> float:
+    """Diversity of whole completions (the worked chain, not only its final answer): the mean over
+    groups of (distinct stripped texts) / (group size). On the long task two chains can end on the
+    same answer; on 3-token answers it is about distinct_answers."""
+    return _distinct(rollouts, lambda r: r.text.strip())
+
+
+def _distinct(rollouts: list, key) -> float:
     by_prompt: dict[int, list[str]] = {}
     for r in rollouts:
-        answer = verify.extract_answer(r.text) or r.text.strip()
-        by_prompt.setdefault(r.prompt_id, []).append(answer)
+        by_prompt.setdefault(r.prompt_id, []).append(key(r))
     return sum(len(set(a)) / len(a) for a in by_prompt.values()) / max(len(by_prompt), 1)
 
 
@@ -160,6 +170,7 @@ def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
     m.mean("rollout/format_error", sum(not r.formatted for r in generated) / n, n)
     # diversity within groups
     m.mean("rollout/distinct_answers", distinct_answers(generated), n_groups)
+    m.mean("rollout/distinct_chains", distinct_chains(generated), n_groups)
 
 
 # ---- the log line and rank 0's files -------------------------------------------------------------

@@ -67,7 +67,7 @@ from torch import Tensor
 
 import grpo
 import parallel
-from metrics import Metrics, distinct_answers
+from metrics import Metrics, distinct_answers, distinct_chains
 from data import Prompt
 from rollout import Sampling, completion_logits, forward_logprobs, micro_batches
 
@@ -260,13 +260,14 @@ class R2PO:
         metrics.max("r2po/phase", float(self.phase(step) == "policy"))
 
     def base_diversity(self, engine, generated: list, sampling: Sampling, metrics: Metrics) -> None:
-        """At eval: the distinct-answer share of `group_size` completions of this step's prompts
-        sampled from the base policy (no head), beside rollout/distinct_answers of the head-sampled
-        ones."""
+        """At eval: the distinct-answer and distinct-chain shares of `group_size` completions of
+        this step's prompts sampled from the base policy (no head), beside rollout/distinct_answers
+        and rollout/distinct_chains of the head-sampled ones."""
         by_id = {r.prompt_id: Prompt(r.prompt_id, r.prompt_ids, r.answer) for r in generated}
         prompts = list(by_id.values())
         base = engine.generate(prompts, self.s.group_size, sampling)
         metrics.mean("r2po/base_distinct_answers", distinct_answers(base), len(prompts))
+        metrics.mean("r2po/base_distinct_chains", distinct_chains(base), len(prompts))
 
     # ---- checkpoints: the head beside the HF model, its optimizer in the rank files --------------
 

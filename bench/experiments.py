@@ -19,7 +19,8 @@ The protocol, the same for every experiment and every arm:
    are then chosen among the same way: the one whose mean final dev accuracy at its own chosen lr
    is highest (ties: the first listed), among those that keep `Setting.band` (a metric's largest
    value over every step of those sweep runs under a stated bound) when there is one; only that
-   one is reported (choose_reading).
+   one is reported (choose_reading), and beside it, without a headline row, the best on dev
+   whatever the band where the band excluded it.
 3. **Report.** Every reported arm at its chosen lr with the same fresh seeds (`Setting.seeds`:
    REPORT_SEEDS, 5, or replay's 10; fixed before any test result is seen; --quick: the first one),
    evaluated on the test split only, at least every 5 steps (`every`).
@@ -49,7 +50,8 @@ subprocesses (in-process `train.main` under --quick); a finished run (its `done`
 when its recorded flags and its base model's sha256 are the same. OUT/runs.tar.gz keeps every
 finished run's flags, hash and metrics.jsonl (pack_runs), and a fresh clone starts from them
 (unpack_runs): the committed results are rebuilt from committed runs, and a long experiment can
-be finished over several sessions. `--setting LABEL` runs one setting of an experiment.
+be finished over several sessions (the archive is packed again after every finished run, so a
+session stopped mid-setting keeps what it ran). `--setting LABEL` runs one setting of an experiment.
 """
 import argparse
 import contextlib
@@ -61,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -456,17 +459,19 @@ def headroom_drift(quick: bool) -> Experiment:
               "re-scored headroom to differ from the stored one.")
 
 
-def r2po_exp(quick: bool) -> Experiment:
-    # R²PO: cycles of H head loop steps then P policy loop steps (official: about 20 then 20-40)
-    h, p, cycles, prompts = (1, 1, 2, "4") if quick else (8, 10, 4, "32")
+def r2po_setting(label: str, task: tuple[str, ...], reward: str, quick: bool, h: int, p: int,
+                 cycles: int, prompts: int, **kw) -> Setting:
+    """R²PO's arms on one task: cycles of H head loop steps then P policy loop steps (official:
+    about 20 then 20-40), against GRPO at equal policy updates and at equal rollouts; the head lr
+    a reading chosen on dev within the head-KL band; the official policy phase as a second pair."""
     loop, policy = (h + p) * cycles, p * cycles
-    common = ARITH + ("--prompts-per-step", prompts, "--group-size", "8", "--replay", "none",
-                      "--temperature", "0.9", "--reward", "correct+format", "--reward-wrong", "-1")
+    common = task + ("--prompts-per-step", str(prompts), "--group-size", "8", "--replay", "none",
+                     "--temperature", "0.9", "--reward", reward, "--reward-wrong", "-1")
 
     def size(n):
         return ("--steps", str(n), "--eval-every", every(n))
 
-    head_lrs = ("1e-3", "1e-4") if quick else ("1e-2", "1e-3", "1e-4")
+    head_lrs = ("1e-3", "1e-4") if quick else R2PO_HEAD_LRS
     r2 = ("--preset", "r2po", "--r2po-schedule", f"{h},{p}", "--r2po-kl-anchor", "initial",
           "--r2po-kl-coef", "0.04")                     # the official code's values
     # the official policy phase: symmetric clip 0.2, seq-mean-token-mean, k3 KL 0.04 to the
@@ -481,8 +486,8 @@ def r2po_exp(quick: bool) -> Experiment:
             *(Arm(n, r2 + size(loop) + ("--r2po-head-lr", x)) for n, x in zip(readings, head_lrs)),
             Arm("grpo (official policy phase)", size(loop) + official),
             Arm("r2po (official policy phase)", r2 + size(loop) + official))
-    band = 0.1
     diag = (("distinct answers", "rollout/distinct_answers"),
+            ("distinct chains", "rollout/distinct_chains"),
             ("format errors", "rollout/format_error"),
             ("head KL (current)", "r2po/head_kl_current"),
             ("head KL (initial)", "r2po/head_kl"), *DIAG)
@@ -494,24 +499,46 @@ def r2po_exp(quick: bool) -> Experiment:
                      acted=moved),
                Claim("grpo (official policy phase)", None),
                Claim(f"grpo {policy} steps (equal policy updates)", None)]
+    return Setting(label, common, arms, f"grpo {loop} steps (equal rollouts)", "fresh",
+                   diagnostics=diag, readings=(readings,), band=("r2po/head_kl_current",
+                                                                 R2PO_BAND),
+                   claims=tuple(claims), **kw)
+
+
+R2PO_HEAD_LRS = ("1e-2", "1e-3", "1e-4")
+R2PO_BAND = 0.1          # the head's KL to the current base at most this at every step
+
+
+def r2po_exp(quick: bool) -> Experiment:
+    if quick:
+        settings = (r2po_setting("arith", ARITH, "correct+format", True, 1, 1, 2,
+                                 QUICK_PROMPTS),)
+    else:
+        settings = (r2po_setting("arith", ARITH, "correct+format", False, 8, 10, 4, 32),
+                    # many outcome classes: the partial credit (share of right "=" steps) with the
+                    # format term, on the long task's chains
+                    r2po_setting("steps", STEPS, "partial+format", False, 4, 5, 4, 16,
+                                 eval_size=STEPS_EVAL))
     return Experiment(
         "r2po", "R²PO (arXiv 2601.11960; official code RRPO-ARR/Code)",
         "training rollouts sampled from a residual rollout head (base logits + a low-rank head on "
         "the last hidden state, trained for rare outcomes) explore more, and the deployed base "
         "policy, trained on them, ends more accurate than GRPO",
-        f"the reward (correct ±1, format +1.25/-1: four outcome classes), temperature 0.9, G = 8, "
-        f"prompts per step; R²PO runs {cycles} cycles of {h} head then {p} policy loop steps "
-        f"({loop} steps, {policy} policy updates; head rollouts counted on the x-axis): against "
-        f"GRPO at equal policy updates ({policy} steps) and at equal rollouts ({loop} steps). The "
-        f"head lr is chosen on dev among {', '.join(head_lrs)} with the head's KL to the current "
-        f"base (r2po/head_kl_current) at most {band:g} at every step; every head lr is reported "
-        f"in the sweep table. A second pair runs the official policy phase (clip 0.2 symmetric, "
-        f"seq-mean-token-mean, k3 KL 0.04 to the reference) for both R²PO (head lr 1e-3, the "
-        f"official) and GRPO",
-        (Setting("arith", common, arms, f"grpo {loop} steps (equal rollouts)", "fresh",
-                 diagnostics=diag, readings=(readings,), band=("r2po/head_kl_current", band),
-                 claims=tuple(claims)),),
-        notes="The head's k3 KL: to the initial model, coefficient 0.04 (official); rank 64.")
+        "temperature 0.9, G = 8, prompts per step; R²PO runs cycles of H head then P policy loop "
+        "steps (head rollouts counted on the x-axis), against GRPO at equal policy updates "
+        "(P x cycles steps) and at equal rollouts ((H + P) x cycles steps). arith: the official "
+        "reward (correct ±1, format +1.25/-1: four outcome classes), 4 cycles of 8 + 10 steps of "
+        "32 prompts; steps (the long task): the partial credit (right ±1 scaled by the share of "
+        "right \"=\" steps) with the same format term, many outcome classes, 4 cycles of 4 + 5 "
+        "steps of 16 prompts. The head lr is chosen on dev among "
+        f"{', '.join(R2PO_HEAD_LRS)} with the head's KL to the current base "
+        f"(r2po/head_kl_current) at most {R2PO_BAND:g} at every step; the best on dev is "
+        "reported too where the band excludes it, and every head lr is in the sweep table. A "
+        "second pair runs the official policy phase (clip 0.2 symmetric, seq-mean-token-mean, k3 "
+        "KL 0.04 to the reference) for both R²PO (head lr 1e-3, the official) and GRPO",
+        settings,
+        notes="The head's k3 KL: to the initial model, coefficient 0.04 (official); rank 64. "
+              "Diversity: distinct final answers and distinct whole chains per group.")
 
 
 EXPERIMENTS = {"replay": replay, "mu-grpo": mu_grpo, "pnpo": pnpo, "dapo": dapo, "vigor": vigor,
@@ -624,6 +651,16 @@ def choose_reading(names: tuple[str, ...], sweep: dict, chosen: dict,
     return max(ok, key=lambda n: (round(statistics.mean(sweep[n][chosen[n]]), 9), -names.index(n)))
 
 
+def reported_readings(s: Setting, sweep: dict, chosen: dict, band: dict) -> tuple[dict, dict]:
+    """(picked, also): per group of s.readings the reading reported (choose_reading, within
+    s.band), and, where a band excluded it, the best on dev whatever the band, reported beside
+    the pick without a headline row (also)."""
+    picked = {g: choose_reading(g, sweep, chosen, band, s.band and s.band[1]) for g in s.readings}
+    also = {g: best for g in s.readings
+            if s.band and (best := choose_reading(g, sweep, chosen)) != picked[g]}
+    return picked, also
+
+
 def past_edge(sweep: dict[float, list[float]]) -> float | None:
     """The next lr on the half-decade ladder (..., 1e-5, 3e-5, 1e-4, ...) beyond the swept ones
     when the chosen lr is the smallest or the largest swept, else None."""
@@ -643,10 +680,17 @@ class Plan:
     threads: int
     quick: bool
     ran: list = field(default_factory=list)
+    archive: Path | None = None    # packed again after each run (a stopped session keeps its runs)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run_all(self, runs: list[tuple[list[str], Path]]) -> None:
         def one(job):
-            return run_train(job[0], job[1], threads=self.threads, in_process=self.quick)
+            d = run_train(job[0], job[1], threads=self.threads, in_process=self.quick)
+            if self.archive is not None:
+                with self.lock:      # every finished run under RUNS: the last pack narrows it
+                    pack_runs([f.parent for f in self.out.glob("**/done")], self.out,
+                              self.archive)
+            return d
         if self.quick or self.jobs <= 1:
             for job in runs:
                 one(job)
@@ -694,8 +738,8 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         band = {a.name: max((m for r in swept[a.name, chosen[a.name]]
                              if (m := r["maxima"][s.band[0]]) is not None), default=None)
                 for a in s.arms}
-    picked = {g: choose_reading(g, sweep, chosen, band, s.band and s.band[1]) for g in s.readings}
-    dropped = {n for g in s.readings for n in g if n != picked[g]}
+    picked, also = reported_readings(s, sweep, chosen, band)
+    dropped = {n for g in s.readings for n in g if n not in (picked[g], also.get(g))}
     arms = [a for a in s.arms if a.name not in dropped]
 
     def report_dir(arm, seed):
@@ -707,7 +751,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
                       "stream": stream(json.loads((report_dir(a, sd) / "argv.json").read_text()))}
                      for sd in report_seeds] for a in arms}
     return {"setting": s, "grid": grid, "sweep_seeds": sweep_seeds, "sweep": sweep,
-            "chosen": chosen, "runs": runs, "picked": picked, "band": band}
+            "chosen": chosen, "runs": runs, "picked": picked, "also": also, "band": band}
 
 
 # ---- the runs kept with the results -----------------------------------------------------------
@@ -1014,13 +1058,14 @@ def analyse(summary: dict) -> dict:
         entry["aes"] = arm_aes(rs, runs[s.baseline])
         arms[name] = entry
     comparisons = []
+    also = set(summary.get("also", {}).values())     # reported beside the pick: no headline
     for c in claims_of(s, runs):
         ref = c.against or s.baseline
         cmp = compare_runs(s, runs, c.arm, ref, c.metric, x_range)
         acted = mechanism_acted(runs[c.arm], *c.acted) if c.acted else True
         comparisons.append({
             "arm": c.arm, "against": ref, "metric": c.metric, "direction": c.direction,
-            "headline": c.headline,
+            "headline": c.headline and c.arm not in also,
             "diagnostic": c.acted and {"key": c.acted[0], "predicate": c.acted[1],
                                        "acted": acted},
             **(comparison_json(cmp) or {"delta": None, "se": None, "df": None,
@@ -1170,6 +1215,9 @@ def sweep_table(summary: dict) -> str:
             maxima = ", ".join(f"{n} {fmt(summary['band'][n], '.3g')}" for n in group)
             rule += f", among those whose {s.band[0]} stayed <= {s.band[1]:g} ({maxima})"
         out.append(f"\nReadings {'; '.join(group)}: **{pick}** reported ({rule}).")
+        if (best := summary.get("also", {}).get(group)) is not None:
+            out.append(f"The best on dev whatever {s.band[0]}: **{best}**, reported too (not "
+                       f"the headline).")
     return "\n".join(out) + "\n"
 
 
@@ -1240,6 +1288,7 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
             **analysis,
             "chosen": summary["chosen"], "picked": {" | ".join(g): p for g, p in
                                                     summary["picked"].items()},
+            "also": {" | ".join(g): p for g, p in summary.get("also", {}).items()},
             "band": summary["band"], "sweep": {n: {str(k): v for k, v in d.items()}
                                                    for n, d in summary["sweep"].items()},
             "runs": summary["runs"]}
@@ -1258,7 +1307,7 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
     if only and only not in labels:
         raise SystemExit(f"experiment {name} has no setting {only!r}: choose one of "
                          f"{', '.join(labels)}")
-    plan = Plan(runs, jobs, threads, quick)
+    plan = Plan(runs, jobs, threads, quick, archive=None if quick else out / "runs.tar.gz")
     t0 = time.perf_counter()
     unpack_runs(out / "runs.tar.gz", runs)
     parts, kept = [], []

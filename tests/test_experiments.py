@@ -109,9 +109,11 @@ def test_the_new_readings_and_controls_are_there():
         argv = [*hd_steps.flags, *a.flags]
         pool = int(flag(argv, "--prompts-per-step")) * int(flag(argv, "--tau-max"))
         assert int(flag(argv, "--tau-max")) == 16 and int(flag(argv, "--hd-candidates")) == pool
-    (r2,) = experiments.r2po_exp(False).settings
-    official = next(a for a in r2.arms if a.name == "r2po (official policy phase)")
-    assert flag(list(official.flags), "--kl-coef") == "0.04"
+    for r2 in experiments.r2po_exp(False).settings:
+        official = next(a for a in r2.arms if a.name == "r2po (official policy phase)")
+        assert flag(list(official.flags), "--kl-coef") == "0.04"
+    r2_steps = experiments.r2po_exp(False).settings[1]      # outcome classes that exist
+    assert r2_steps.label == "steps" and flag(list(r2_steps.flags), "--reward") == "partial+format"
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +154,16 @@ def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
         assert not any("eval/accuracy" in r for r in dev_rows)           # and never test
         assert any("eval/accuracy" in r for r in test_rows)
         assert not any("eval/dev_accuracy" in r for r in test_rows)
+        summary = json.loads((tmp_path / s.label / "summary.json").read_text())
         for group in s.readings:      # one reading of each method reported, the dev's choice
             report = tmp_path / "runs" / s.label / "report"
             reported = [n for n in group if (report / experiments.slug(n)).exists()]
-            assert len(reported) == 1 and f"**{reported[0]}** reported" in sweep
+            pick = summary["picked"][" | ".join(group)]
+            best = summary["also"].get(" | ".join(group))     # outside the band, beside it
+            assert sorted(reported) == sorted(n for n in (pick, best) if n)
+            assert f"**{pick}** reported" in sweep
             assert all(f"| {n} |" not in results.split("The sweep:")[0]
-                       for n in group if n != reported[0])
+                       for n in group if n not in reported)
         if os.environ.get("REQUIRE_BENCH") == "1" or _has_mpl():
             assert (tmp_path / s.label / "accuracy.png").exists()
 
@@ -198,6 +204,45 @@ def test_choose_reading_takes_the_best_dev_accuracy_within_the_band():
     assert experiments.choose_reading(("b", "a"), tie, {"a": 1e-4, "b": 1e-4}) == "b"
 
 
+def test_the_best_dev_reading_is_reported_beside_the_band_s_pick():
+    """Where the band excludes the best reading on dev, both are reported: the band's pick with
+    the headline, the best beside it; without a band, or when the band keeps the best, one."""
+    sweep = {"a": {1e-4: [0.4]}, "b": {1e-4: [0.5]}, "c": {3e-5: [0.6]}}
+    chosen = {"a": 1e-4, "b": 1e-4, "c": 3e-5}
+    group = ("a", "b", "c")
+    banded = experiments.Setting("x", (), (), "a", readings=(group,), band=("kl", 0.1))
+    picked, also = experiments.reported_readings(banded, sweep, chosen,
+                                                 {"a": 0.01, "b": 0.05, "c": 0.5})
+    assert picked == {group: "b"} and also == {group: "c"}
+    picked, also = experiments.reported_readings(banded, sweep, chosen,
+                                                 {"a": 0.01, "b": 0.05, "c": 0.05})
+    assert picked == {group: "c"} and also == {}
+    free = experiments.Setting("x", (), (), "a", readings=(group,))
+    assert experiments.reported_readings(free, sweep, chosen, {}) == ({group: "c"}, {})
+
+
+def test_the_archive_is_packed_after_every_finished_run(tmp_path, monkeypatch):
+    """A session stopped in the middle of a setting keeps the runs it finished: the plan packs
+    OUT/runs.tar.gz again after each one."""
+    import train
+
+    def fake_main(argv):
+        out = Path(argv[argv.index("--out-dir") + 1])
+        if "3e-5" in argv:
+            raise KeyboardInterrupt        # the session stops during the second run
+        (out / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
+        return 0
+
+    monkeypatch.setattr(train, "main", fake_main)
+    runs, archive = tmp_path / "runs", tmp_path / "out" / "runs.tar.gz"
+    plan = experiments.Plan(runs, 1, 1, True, archive=archive)
+    with pytest.raises(KeyboardInterrupt):
+        plan.run_all([(["--lr", lr], runs / "arith" / "sweep" / lr) for lr in ("1e-4", "3e-5")])
+    fresh = tmp_path / "clone"
+    assert experiments.unpack_runs(archive, fresh) == 1
+    assert (fresh / "arith" / "sweep" / "1e-4" / "done").exists()
+
+
 def _budget(argv):
     budget = int(flag(argv, "--vigor-budget")) if "--vigor-budget" in argv else 0
     return budget or int(flag(argv, "--prompts-per-step")) * int(flag(argv, "--group-size"))
@@ -217,18 +262,19 @@ def test_vigor_arms_spend_the_same_rollouts_per_step(quick):
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_r2po_arms_hold_policy_updates_or_loop_steps_equal(quick):
-    (s,) = experiments.r2po_exp(quick).settings
-    r2 = [a for a in s.arms if "--r2po-schedule" in a.flags]
-    grpo = {a.name: int(flag([*s.flags, *a.flags], "--steps")) for a in s.arms if a not in r2
-            and "official" not in a.name}
-    for a in r2:
-        argv = [*s.flags, *a.flags]
-        h, p = map(int, flag(argv, "--r2po-schedule").split(","))
-        steps = int(flag(argv, "--steps"))
-        assert steps % (h + p) == 0
-        assert sorted(grpo.values()) == [steps // (h + p) * p, steps]   # equal updates, rollouts
-    assert {flag([*s.flags, *a.flags], "--reward") for a in s.arms} == {"correct+format"}
-    assert s.band and s.readings == (tuple(a.name for a in r2 if "official" not in a.name),)
+    for s in experiments.r2po_exp(quick).settings:
+        r2 = [a for a in s.arms if "--r2po-schedule" in a.flags]
+        grpo = {a.name: int(flag([*s.flags, *a.flags], "--steps")) for a in s.arms
+                if a not in r2 and "official" not in a.name}
+        for a in r2:
+            argv = [*s.flags, *a.flags]
+            h, p = map(int, flag(argv, "--r2po-schedule").split(","))
+            steps = int(flag(argv, "--steps"))
+            assert steps % (h + p) == 0
+            assert sorted(grpo.values()) == [steps // (h + p) * p, steps]   # updates, rollouts
+        rewards = {flag([*s.flags, *a.flags], "--reward") for a in s.arms}
+        assert rewards == {"correct+format" if s.label == "arith" else "partial+format"}
+        assert s.band and s.readings == (tuple(a.name for a in r2 if "official" not in a.name),)
 
 
 def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_seeds():

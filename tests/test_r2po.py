@@ -347,6 +347,16 @@ def test_distinct_answers_by_hand():
     assert metrics_lib.distinct_answers(rs) == pytest.approx((2 / 4 + 1 / 2) / 2)
 
 
+def test_distinct_chains_by_hand():
+    """Two worked chains that end on one answer are one answer but two chains."""
+    def r(pid, text):
+        return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text=text)
+    rs = [r(0, "2+3*4=2+12=14"), r(0, "2+3*4=5*4=14"), r(0, " 2+3*4=2+12=14"), r(0, "9"),
+          r(1, "5"), r(1, "5")]
+    assert metrics_lib.distinct_answers(rs) == pytest.approx((2 / 4 + 1 / 2) / 2)
+    assert metrics_lib.distinct_chains(rs) == pytest.approx((3 / 4 + 1 / 2) / 2)
+
+
 def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):
     """A subprocess under torchrun (2 ranks, gloo): the head is replicated, its gradients summed
     over ranks, the base forward passes in lockstep; both phases run and the checkpoint holds one
