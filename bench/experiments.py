@@ -329,6 +329,8 @@ def pnpo(quick: bool) -> Experiment:
                        Claim(n, 1, against=f"cumulative {tag}", acted=far)]
         claims += [Claim(f"token {tag}", None), Claim(f"cumulative {tag}", None),
                    Claim(f"gspo {tag}", None)]
+        if epochs != regimes[-1]:          # no claim across regimes (the baseline is 4 epochs')
+            claims += [Claim(n, None) for n in pnpo_names]
     diag = (("far prefixes", "ratio/far_prefix_frac"), ("clip first", "loss/clip_frac_first"),
             ("clip last", "loss/clip_frac_last"), *DIAG)
     return Experiment(
@@ -989,9 +991,12 @@ def verdict(direction: int | None, c: Comparison | None, acted: bool = True) -> 
 def claims_of(s: Setting, runs: dict) -> list[Claim]:
     """The claims to judge: Setting.claims whose arm and reference were reported (a claim on a
     reading not chosen is dropped), and Claim(arm) for every other reported arm with no claim
-    against the baseline; in the order of s.arms."""
+    against the baseline, with the mechanism diagnostic of the arm's own claims (the mechanism
+    acted or not whatever it is compared with); in the order of s.arms."""
     explicit = [c for c in s.claims if c.arm in runs and (c.against or s.baseline) in runs]
-    default = [Claim(a.name) for a in s.arms if a.name in runs and a.name != s.baseline
+    default = [Claim(a.name, acted=next((c.acted for c in s.claims
+                                         if c.arm == a.name and c.acted), None))
+               for a in s.arms if a.name in runs and a.name != s.baseline
                and not any(c.arm == a.name and (c.against or s.baseline) == s.baseline
                            for c in s.claims)]
     order = {a.name: i for i, a in enumerate(s.arms)}

@@ -227,6 +227,20 @@ def verdict_summary():
             "grid": (1e-4, 3e-5), "sweep_seeds": (0,), "picked": {}, "band": {}}
 
 
+def test_an_arm_without_a_claim_against_the_baseline_keeps_its_mechanism_diagnostic():
+    """Claim(arm) against the baseline, added for a reported arm whose claims are against other
+    arms, carries that arm's diagnostic: a mechanism that never acted is not testable against
+    any reference. An arm with a no-claim entry against the baseline gets no verdict there."""
+    moved = ("head/kl", "max > 0.01")
+    s = Setting("x", (), (Arm("base", ()), Arm("ref", ()), Arm("m", ()), Arm("n", ())), "base",
+                claims=(Claim("m", 1, against="ref", acted=moved), Claim("n", None),
+                        Claim("n", 1, against="ref")))
+    claims = experiments.claims_of(s, {"base": [], "ref": [], "m": [], "n": []})
+    assert Claim("m", 1, acted=moved) in claims
+    assert Claim("m", 1, against="ref", acted=moved) in claims
+    assert [c for c in claims if c.arm == "n" and not c.against] == [Claim("n", None)]
+
+
 def test_analyse_gives_each_verdict_on_hand_made_runs():
     a = experiments.analyse(verdict_summary())
     words = {(c["arm"], c["against"]): c["verdict"] for c in a["comparisons"]}
