@@ -85,7 +85,7 @@ class Flags:
     """Headroom-Drift: rank stored groups by variance p(1 - p) | failure 1 - p | abs-adv mean |A| (p
     = success rate, at generation) | current p_theta(1 - p_theta) (p_theta: the current policy's
     success rate, importance-weighted over the stored completions, re-scored each step); variance
-    and --hd-drift-frac 0.5: the dev split's choice"""
+    (with --hd-drift-frac 1.12 in --preset headroom-drift): the arith dev split's choice"""
     hd_groups: int = 32
     """Headroom-Drift: stored groups replayed per step (the top ones that pass the drift gate)"""
     hd_candidates: int = 64

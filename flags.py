@@ -32,10 +32,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # ---- the presets: one per paper ------------------------------------------------------------------
-# (each method's docstring says what was read, docs/methods.md links them). A preset's lr is the one
-# its experiment chose on the built-in task's dev split (bench/experiments.py: the best mean final
-# dev accuracy over lrs 3e-4, 1e-4, 3e-5, ...; bench/results/NAME/sweep.md); gspo's and pnpo's from
-# the long task (builtin_steps), where their experiment runs; drgrpo has no experiment: the default.
+# (each method's docstring says what was read, docs/methods.md links them). A preset's lr, and its
+# reading where the experiment chooses among readings (VIGOR's rule, Headroom-Drift's gate), is the
+# one its experiment chose on the built-in task's dev split (bench/experiments.py: the best mean
+# final dev accuracy over lrs 3e-4, 1e-4, 3e-5, ...; bench/results/NAME/sweep.md); gspo's and
+# pnpo's from the long task (builtin_steps), where their experiment runs; drgrpo has no
+# experiment: the default.
 
 PRESETS = {
     "grpo": ("original GRPO (DeepSeekMath, arXiv 2402.03300): no replay, symmetric clip 0.2, "
@@ -65,9 +67,9 @@ PRESETS = {
     "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560; lr 1e-4",
                      dict(replay="uniform", tau_max=4, replay_ratio=0.5, lr=1e-4)),
     "headroom-drift": ("Headroom-Drift group replay (abstract only): rank groups by p(1-p), "
-                       "gate by drift; lr 3e-5",
+                       "gate by drift (1.12 of the clip range); lr 3e-5",
                        dict(replay="headroom-drift", hd_headroom="variance", tau_max=4,
-                            hd_groups=32, hd_candidates=64, hd_drift_frac=0.5, lr=3e-5)),
+                            hd_groups=32, hd_candidates=64, hd_drift_frac=1.12, lr=3e-5)),
     "mu-grpo": ("mu-GRPO (arXiv 2605.17570, project page): 4 stages of 512 prompts x 64 updates, "
                 "clip [0, 5], veto; lr 3e-5",
                 dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix",
@@ -77,9 +79,9 @@ PRESETS = {
              "until M2 < 0.04, no eps-clip, token mean; lr 3e-5",
              dict(replay="none", ratio="token", agg="token-mean", m2po_tau=0.04, lr=3e-5)),
     "vigor": ("VIGOR (abstract only): variance-guided rollout allocation at the fixed allocation's "
-              "budget, no replay; lr 1e-4",
+              "budget (top-k, Beta(0.25) prior), no replay; lr 1e-4",
               dict(replay="none", allocation="vigor", vigor_n_init=2, vigor_n_step=2,
-                   vigor_top=16, vigor_rank="marginal", vigor_prior=1.0, vigor_weight="rollout",
+                   vigor_top=16, vigor_rank="topk", vigor_prior=0.25, vigor_weight="rollout",
                    lr=1e-4)),
     "r2po": ("R²PO (arXiv 2601.11960, official code): rank-64 residual rollout head, 8 head "
              "then 10 policy steps, KL to the initial model, reward ±1 + format, T 0.9; lr 1e-4",

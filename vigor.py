@@ -57,8 +57,8 @@ class Flags:
     """VIGOR: variance (the top prompts by reward variance) | marginal (the largest drop in sum_q
     sigma_q^2 / n_q per completion: Neyman allocation, n_q ∝ sigma_q) | topk (one round: prompts
     in order of sigma_q^2 each brought to --vigor-full completions until the budget is spent, the
-    rest keep --vigor-n-init); the defaults of --vigor-* are the dev split's choice
-    (bench/results/vigor)"""
+    rest keep --vigor-n-init); --preset vigor takes the arith dev split's choice, topk with
+    --vigor-prior 0.25 (bench/results/vigor)"""
     vigor_prior: float = 1.0
     """VIGOR: a Beta(a, a) prior on each prompt's success rate, so 2 agreeing completions are not a
     verdict of variance 0 (0 = the empirical rate, the first reading); a weak prior (0.1 to 0.5)

@@ -152,7 +152,7 @@ def test_train_setup_gives_the_buffer_the_limit_of_the_flags(cpu_only):
         run = train.setup(args, rank=0, world=1, device="cpu")
         assert run.replay.drift_max == buffer.drift_limit(frac, eps_low, eps_high)
     assert not hasattr(flags.Args(), "hd_drift_max")                 # the absolute flag is gone
-    assert flags.PRESETS["headroom-drift"][1]["hd_drift_frac"] == 0.5
+    assert flags.PRESETS["headroom-drift"][1]["hd_drift_frac"] == 1.12   # the arith dev choice
 
 
 # ---- (d) resume --------------------------------------------------------------------------------
