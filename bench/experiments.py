@@ -461,6 +461,10 @@ def headroom_drift(quick: bool) -> Experiment:
               "re-scored headroom to differ from the stored one.")
 
 
+R2PO_HEAD_LRS = ("1e-2", "1e-3", "1e-4")
+R2PO_BAND = 0.1          # the head's KL to the current base at most this at every step
+
+
 def r2po_setting(label: str, task: tuple[str, ...], reward: str, quick: bool, h: int, p: int,
                  cycles: int, prompts: int, **kw) -> Setting:
     """R²PO's arms on one task: cycles of H head loop steps then P policy loop steps (official:
@@ -505,10 +509,6 @@ def r2po_setting(label: str, task: tuple[str, ...], reward: str, quick: bool, h:
                    diagnostics=diag, readings=(readings,), band=("r2po/head_kl_current",
                                                                  R2PO_BAND),
                    claims=tuple(claims), **kw)
-
-
-R2PO_HEAD_LRS = ("1e-2", "1e-3", "1e-4")
-R2PO_BAND = 0.1          # the head's KL to the current base at most this at every step
 
 
 def r2po_exp(quick: bool) -> Experiment:
@@ -687,9 +687,13 @@ class Plan:
 
     def run_all(self, runs: list[tuple[list[str], Path]]) -> None:
         def one(job):
+            done = job[1] / "done"
+            before = done.stat().st_mtime_ns if done.exists() else None
             d = run_train(job[0], job[1], threads=self.threads, in_process=self.quick)
-            if self.archive is not None:
-                with self.lock:      # every finished run under RUNS: the last pack narrows it
+            # a run that trained (a reused one changes nothing): every finished run under RUNS,
+            # the last pack narrows it
+            if self.archive is not None and done.stat().st_mtime_ns != before:
+                with self.lock:
                     pack_runs([f.parent for f in self.out.glob("**/done")], self.out,
                               self.archive)
             return d
