@@ -55,6 +55,7 @@ session stopped mid-setting keeps what it ran). `--setting LABEL` runs one setti
 """
 import argparse
 import contextlib
+import gzip
 import hashlib
 import json
 import operator
@@ -767,14 +768,22 @@ KEPT = ("argv.json", "done", "model.sha256", "metrics.jsonl")   # what load() an
 
 def pack_runs(run_dirs: list[Path], runs: Path, archive: Path) -> None:
     """OUT/runs.tar.gz: each finished run's KEPT files, by their path under RUNS, so that a fresh
-    clone reuses them (unpack_runs) instead of training them again (about 17 KB a run)."""
+    clone reuses them (unpack_runs) instead of training them again (about 17 KB a run). The same
+    runs pack to the same bytes (no gzip time stamp, no owner), so a rerun that reuses every run
+    leaves the committed archive unchanged."""
+    def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_suffix(".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
+    with gzip.GzipFile(tmp, "wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for d in sorted(set(run_dirs)):
             for name in KEPT:
                 if (d / name).exists():
-                    tar.add(d / name, arcname=str((d / name).relative_to(runs)))
+                    tar.add(d / name, arcname=str((d / name).relative_to(runs)),
+                            filter=anonymous)
     tmp.replace(archive)
 
 
@@ -1302,7 +1311,10 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
                                                    for n, d in summary["sweep"].items()},
             "runs": summary["runs"]}
     (out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
-    plots(summary, out)
+    if not plots(summary, out):
+        print(f"no accuracy.png or sweep.png in {out}: matplotlib is not installed "
+              "(pip install -r requirements-bench.txt, then rerun: finished runs are reused)",
+              file=sys.stderr)
     return text + sweep
 
 

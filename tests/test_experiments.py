@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -386,6 +387,10 @@ def test_finished_runs_travel_in_the_results_archive(tmp_path, monkeypatch):
     done = [experiments.run_train(["--lr", lr], runs / "arith" / "sweep" / lr, threads=1,
                                   in_process=True) for lr in ("1e-4", "3e-5")]
     experiments.pack_runs(done, runs, archive)
+    packed = archive.read_bytes()
+    time.sleep(1.1)                                       # a later second: gzip's time stamp
+    experiments.pack_runs(done, runs, archive)
+    assert archive.read_bytes() == packed                 # a rerun leaves the archive as it was
     fresh = tmp_path / "clone"
     assert experiments.unpack_runs(archive, fresh) == 2
     run = fresh / "arith" / "sweep" / "1e-4"

@@ -263,12 +263,13 @@ def test_analyse_gives_each_verdict_on_hand_made_runs():
     assert at["delta"]["delta"] == pytest.approx(0.025) and at["delta"]["paired"]
 
 
-def test_table_and_summary_json_carry_the_statistics(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiments, "plots", lambda summary, out: False)
+def test_table_and_summary_json_carry_the_statistics(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(experiments, "plots", lambda summary, out: False)   # no matplotlib
     summary = verdict_summary()
     exp = experiments.Experiment("toy", "a toy paper", "it works", "everything",
                                  (summary["setting"],))
     text = experiments.write_setting(summary, tmp_path / "arith", exp)
+    assert "no accuracy.png or sweep.png" in capsys.readouterr().err   # said, not silently lost
     results = (tmp_path / "arith" / "results.md").read_text()
     assert experiments.VERDICT_RULE in results and experiments.VERDICT_RULE not in text
     header = next(line for line in results.splitlines() if line.startswith("| arm |"))
