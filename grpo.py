@@ -480,6 +480,38 @@ def far_prefix_fraction(logp: Tensor, old_logp: Tensor, mask: Tensor,
     return far.sum().double() / valid.sum().clamp(min=1)
 
 
+GSPO_DIFF_TOL = 0.1          # a weight 10% away from GSPO's counts as a different term
+
+
+@torch.no_grad()
+def gspo_differs_fraction(log_w: Tensor, logp: Tensor, old_logp: Tensor, adv: Tensor,
+                          mask: Tensor, eps_low: float, eps_high: float,
+                          tol: float = GSPO_DIFF_TOL) -> Tensor:
+    """Share of valid tokens whose surrogate term differs from the one GSPO gives them: what a
+    sequence or prefix ratio (PNPO's) changes, so whether it acted. A token's gradient weight
+    under policy_loss is
+
+        g_t = w_t   where its term is not clipped,   0 where it is
+        clipped: A > 0 and w_t > 1 + eps_high, or A < 0 and w_t < 1 - eps_low
+    with w_t = exp(log_w_t) (this call's ratio) against GSPO's s_i = exp(gspo_log_ratio) at the
+    same eps. The term differs where exactly one of the two is clipped, or neither is and
+    |log w_t - log s_i| > log(1 + tol). Tokens with A = 0 have no term under either and count as
+    equal. adv [B] or [B, T]. 0-dim."""
+    valid = mask.bool()
+    adv = adv[:, None] if adv.dim() == 1 else adv                             # [B, 1] or [B, T]
+    log_s = gspo_log_ratio(logp, old_logp, mask)                               # [B, T]
+
+    low = math.log1p(-eps_low) if eps_low < 1 else -math.inf     # eps_low = 1: no lower clip
+
+    def clipped(lw):                                                           # [B, T]
+        return ((adv > 0) & (lw > math.log1p(eps_high))) | ((adv < 0) & (lw < low))
+
+    a, b = clipped(log_w.detach()), clipped(log_s)
+    apart = (log_w.detach() - log_s).abs() > math.log1p(tol)
+    differs = valid & (adv != 0) & ((a != b) | (~a & ~b & apart))
+    return differs.sum().double() / valid.sum().clamp(min=1)
+
+
 
 # ------------------------------------ variants: the mu-GRPO negative-advantage veto
 

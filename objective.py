@@ -188,6 +188,9 @@ class Objective:
             entropy = grpo.masked_mean(grpo.entropy_from_logits(logits, self.temperature), mask)
             extra = {"entropy": entropy, "loss/veto_frac": veto_frac,
                      "ratio/far_prefix_frac": grpo.far_prefix_fraction(logp, old, mask)}
+            if f.ratio != "token":       # a sequence or prefix ratio: where it departs from GSPO
+                extra["ratio/gspo_differs_frac"] = grpo.gspo_differs_fraction(
+                    log_w, logp, old, adv, mask, eps_low, eps_high)
             if f.m2po_tau:
                 masked = (mask.bool() & ~mb["m2po_keep"]).sum().double()
                 extra["loss/m2po_masked_frac"] = masked / mask.sum().clamp(min=1)

@@ -38,15 +38,29 @@ path), not the current base. The official values beside this repository's defaul
                             step)
     reward                  correct ±1 plus format +1.25 / -1:      --reward correct+format
                             four outcome classes                    --reward-wrong -1
+    head                    W2 ReLU(W1 h), no bias, W1 d x d,       W1 r x d, W2 V x r, r =
+                            W2 V x d                                --r2po-head-rank 64
+    head init               both N(0, 1e-6²) (`random_init`)        --r2po-head-init lora: W1 ~
+                                                                    N(0, 2/d), W2 = 0 (below)
 
 The head's learning rate at this repository's scale (the built-in tiny model) is not the official
 1e-6, under which a head that starts at std 1e-6 does not move in tens of steps: it is chosen on
 the dev split (eval/dev_accuracy) among 1e-2, 1e-3, 1e-4, each with its own policy lr, among those
 whose head KL to the current base (r2po/head_kl_current) stays at most 0.1 at every step
-(bench/experiments.py's `r2po`: 1e-2 reached 0.33 on arith and 0.58 on the long task; dev chose
-1e-3 on arith, the preset's, and 1e-4 on the long task). The initial scale of the head (std 1e-6)
-is this implementation's choice. The KL to the initial model (r2po/head_kl) also grows as the base
-trains away from it, whatever the head does.
+(bench/experiments.py's `r2po`, run under the official init below: 1e-2 reached 0.33 on arith and
+0.58 on the long task; dev chose 1e-3 on arith, the preset's, and 1e-4 on the long task). The KL to
+the initial model (r2po/head_kl) also grows as the base trains away from it, whatever the head
+does.
+
+The head's initial scale, std 1e-6 on both factors, is the official code's (`random_init`; its
+unused `zero_init` zeros both, a head no gradient reaches). A product of two 1e-6 matrices sits at
+a saddle: each factor's gradient is scaled by the other, to near AdamW's eps (1e-8) on the
+built-in model, so Adam's first steps barely move the product, which grows as lr² (the head KL to
+the base stayed under 1e-9 at head lr 1e-4, 1e-4 at 1e-3, over 16 head steps: the method did not
+act). Here the head starts as LoRA does (Hu et al. 2021; `--r2po-head-init lora`, ResidualHead):
+W1 Kaiming normal, W2 = 0, the rollout policy exactly the base policy and the head's output
+growing linearly in the head lr from the first step; `--r2po-head-init official` keeps the
+official init.
 
 Where it plugs in: its flags are `Flags` below; train.setup builds `R2PO` from them (`make`) and
 hands `head` to the engine (`TorchEngine.logits_head`: the engine samples through it when
@@ -74,6 +88,7 @@ from rollout import Sampling, completion_logits, forward_logprobs, micro_batches
 
 HEADS = ("none", "residual")
 KL_ANCHORS = ("initial", "current")   # the head's KL to: the model at step 0 | the current base
+HEAD_INITS = ("lora", "official")     # ResidualHead's init: W1 Kaiming, W2 = 0 | both N(0, 1e-6²)
 HEAD_FILE = "r2po_head.safetensors"
 
 
@@ -85,6 +100,9 @@ class Flags:
     uses the base)"""
     r2po_head_rank: int = 64
     """R²PO: rank r of the head W2 ReLU(W1 h): r (d + V) parameters (64: 2% of a 0.5B model)"""
+    r2po_head_init: Literal[HEAD_INITS] = "lora"
+    """R²PO: the head's init: lora (W1 ~ N(0, 2/d), W2 = 0: starts at the base, moves from the
+    first step) | official (both N(0, 1e-6²): the official code's)"""
     r2po_schedule: str = "8,10"
     """R²PO: 'H,P' = H loop steps of the head phase (base frozen), then P of the policy phase (head
     frozen), again"""
@@ -143,18 +161,44 @@ def rarity_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> 
 
 
 class ResidualHead(torch.nn.Module):
-    """The residual rollout head W2 · ReLU(W1 · h) on the last hidden state. Low-rank, W1: r x d and
-    W2: V x r, so r (d + V) parameters: a full head (d² + V d) is more than a quarter of a 0.5B
-    model, r = 64 is 2% of Qwen2.5-0.5B (and of the built-in model). Both weights start as N(0,
-    std²) with std = 1e-6, so the rollout policy starts as the base policy (Adam's steps do not
-    depend on the gradients' scale, so the head still moves). fp32 always."""
+    """The residual rollout head on the last hidden state h [..., d],
 
-    def __init__(self, hidden: int, vocab: int, rank: int, std: float = 1e-6):
+        residual = W2 · ReLU(W1 · h)   [..., V],     W1: r x d,  W2: V x r,
+
+    low-rank, so r (d + V) parameters: a full head (the official code's W1 is d x d: d² + V d) is
+    more than a quarter of a 0.5B model, r = 64 is 2% of Qwen2.5-0.5B (and of the built-in
+    model). `init` (--r2po-head-init) draws from torch's global generator, which train.setup seeds
+    the same on every rank, after nn.Linear's own draws (as the head always has):
+
+    - lora: W1 ~ N(0, 2/d) (Kaiming normal, He et al. 2015: fan-in d, ReLU's gain), W2 = 0,
+      as LoRA starts its second factor at 0. The residual is exactly 0, so the rollout policy
+      starts exactly at the base policy; dL/dW2 = dL/dz · ReLU(W1 h)ᵀ is dL/dz's size (ReLU(W1 h)
+      is of order 1), so the head's output moves by about the head lr from the first Adam step.
+      (dL/dW1 = 0 at the first step, W2 being 0: W1 follows from the second.)
+    - official: both N(0, 1e-6²) (the official code's `random_init`). The residual is ~1e-10 and
+      each factor's gradient is scaled by the other, 1e-6: a saddle. Adam's steps do not depend
+      on the gradients' scale only while they are well above its eps (1e-8), and here they are
+      near it (~1e-8 on the built-in model), so its first steps barely move the product, which
+      then grows as lr².
+
+    fp32 always."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, init: str):
         super().__init__()
         self.w1 = torch.nn.Linear(hidden, rank, bias=False)
         self.w2 = torch.nn.Linear(rank, vocab, bias=False)
+        inits = {"lora": self.lora_init, "official": self.official_init}
+        inits[init]()
+
+    def lora_init(self) -> None:
+        """W1 ~ N(0, 2/d), W2 = 0: the residual is exactly 0."""
+        torch.nn.init.normal_(self.w1.weight, std=(2 / self.w1.in_features) ** 0.5)
+        torch.nn.init.zeros_(self.w2.weight)
+
+    def official_init(self) -> None:
+        """W1, W2 ~ N(0, 1e-6²), the official code's."""
         for w in (self.w1.weight, self.w2.weight):
-            torch.nn.init.normal_(w, std=std)
+            torch.nn.init.normal_(w, std=1e-6)
 
     def forward(self, h: Tensor) -> Tensor:
         """[..., d] -> [..., V]: the residual on the logits."""
@@ -304,5 +348,6 @@ def make(flags: Flags, shared: Shared, model, device, initial=None) -> R2PO | No
         return None
     if flags.needs_initial and initial is None:
         raise ValueError("--r2po-kl-anchor initial: R2PO needs the initial model")
-    head = ResidualHead(model.config.hidden_size, model.config.vocab_size, flags.r2po_head_rank)
+    head = ResidualHead(model.config.hidden_size, model.config.vocab_size, flags.r2po_head_rank,
+                        flags.r2po_head_init)
     return R2PO(head.to(device), flags, shared, initial if flags.needs_initial else None)

@@ -252,7 +252,8 @@ def experiment_main(args, ours: list[str], extra: list[str]) -> int:
     runs = out / "runs" if custom else ROOT / "runs" / "experiments" / args.experiment
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     text = experiments.run_experiment(args.experiment, out, runs=runs, jobs=args.jobs,
-                                      threads=threads, quick=args.quick, only=args.setting)
+                                      threads=threads, quick=args.quick, only=args.setting,
+                                      reuse_stale=args.reuse_stale)
     print(text + f"\nwrote {out}")
     return 0
 
@@ -290,6 +291,10 @@ def main(argv=None) -> int:
     p.add_argument("--setting", default="", metavar="LABEL",
                    help="with --experiment: run only this setting (e.g. arith); the README "
                         "keeps the other settings' tables from their results.md")
+    p.add_argument("--reuse-stale", default="none", choices=("none", "sweep", "all"),
+                   help="with --experiment: reuse finished runs made by other code (its hash, "
+                        "code.sha256): none (run them again), sweep (keep the sweep's, so the "
+                        "choices stand), all; the results say which code made each run")
     p.add_argument("--list-experiments", action="store_true", help="the experiments, a line each")
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, extra = ((argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv

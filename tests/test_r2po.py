@@ -1,6 +1,7 @@
 """R²PO (arXiv 2601.11960): the residual rollout head samples the training rollouts, the base
-policy answers at eval. A zero head samples exactly the base model's tokens; the engine's head
-log-probs are the trainer's; the head phase moves only the head and the policy phase only the base;
+policy answers at eval. A zero head samples exactly the base model's tokens; the lora init is one
+and moves from its first step, the official init barely; the engine's head log-probs are the
+trainer's; the head phase moves only the head and the policy phase only the base;
 eval ignores the head; the rarity advantage equals its formula by hand; checkpoints load in plain
 transformers with the head beside them, and a resumed run equals a straight one."""
 import copy
@@ -49,7 +50,13 @@ def tiny(tiny_model):
 
 
 def head_of(model, rank=8, std=1e-6):
-    return ResidualHead(model.config.hidden_size, model.config.vocab_size, rank, std=std)
+    """A head of the official init (both N(0, 1e-6²)) scaled to `std`: the tests' heads that
+    change what is sampled."""
+    head = ResidualHead(model.config.hidden_size, model.config.vocab_size, rank, "official")
+    with torch.no_grad():
+        for w in head.parameters():
+            w.mul_(std / 1e-6)
+    return head
 
 
 def r2po_of(head, args, initial=None):
@@ -60,11 +67,11 @@ def r2po_of(head, args, initial=None):
     return R2PO(head, cli.part(args, r2po.Flags), shared, initial)
 
 
-def mixed_head_rollouts(model, tok, prompts, args):
-    """(a head of std 0.05, 32 rollouts sampled through it, scored by `args`), regrouped into 7
+def mixed_head_rollouts(model, tok, prompts, args, std=0.05):
+    """(a head of `std`, 32 rollouts sampled through it, scored by `args`), regrouped into 7
     groups of mixed verdicts (odd completion length = right), not 4 all-equal ones."""
     torch.manual_seed(0)
-    head = head_of(model, std=0.05)
+    head = head_of(model, std=std)
     engine = TorchEngine(model, tok)
     engine.logits_head = head
     sampling = Sampling(temperature=1.0, max_new_tokens=6, seed=0, use_head=True)
@@ -121,8 +128,8 @@ def test_rarity_advantages_of_four_outcome_classes_by_hand():
 def test_zero_head_samples_exactly_the_base_models_tokens(tiny):
     model, tok, prompts = tiny
     engine = TorchEngine(model, tok)
-    engine.logits_head = head_of(model)
-    torch.nn.init.zeros_(engine.logits_head.w2.weight)     # W2 = 0: the residual is exactly 0
+    # --r2po-head-init lora: W2 = 0, the residual is exactly 0
+    engine.logits_head = ResidualHead(model.config.hidden_size, model.config.vocab_size, 8, "lora")
     s = dict(temperature=1.0, max_new_tokens=6, seed=3)
     base = engine.generate(prompts, 8, Sampling(**s))
     headed = engine.generate(prompts, 8, Sampling(**s, use_head=True))
@@ -170,6 +177,78 @@ def test_vllm_engine_refuses_the_head_and_flags_say_so():
             flags.check_args(flags.parse(["--preset", "r2po", f"--r2po-schedule={bad}"]))
 
 
+def test_head_inits_lora_starts_at_the_base_official_is_the_official_codes(tiny):
+    """--r2po-head-init lora (the default, the preset's): W1 ~ N(0, 2/d), W2 = 0, so the rollout
+    log-probs are the base's bit for bit; official: both N(0, 1e-6²), the head as it was made
+    before the flag. Both draw from the global generator after nn.Linear's own draws, the same
+    path, so the same seed gives the same draws, scaled. The stds are sample stds of n >= 98 x 64
+    = 6272 normals, whose relative standard error is 1/sqrt(2n) <= 0.9%: 5% is 5.6 of them."""
+    model, tok, prompts = tiny
+    d, V = model.config.hidden_size, model.config.vocab_size
+    heads = {}
+    for init in r2po.HEAD_INITS:
+        torch.manual_seed(0)
+        heads[init] = ResidualHead(d, V, 64, init)
+    lora, official = heads["lora"], heads["official"]
+    assert lora.w1.weight.std().item() == pytest.approx((2 / d) ** 0.5, rel=0.05)
+    assert torch.equal(lora.w2.weight, torch.zeros(V, 64))
+    assert all(w.std().item() == pytest.approx(1e-6, rel=0.05) for w in official.parameters())
+
+    # official, by hand: the head's init until --r2po-head-init, bit for bit
+    torch.manual_seed(0)
+    w1, w2 = torch.nn.Linear(d, 64, bias=False), torch.nn.Linear(64, V, bias=False)
+    for w in (w1.weight, w2.weight):
+        torch.nn.init.normal_(w, std=1e-6)
+    assert torch.equal(official.w1.weight, w1.weight) and torch.equal(official.w2.weight, w2.weight)
+    # lora's W1: the same draws at std sqrt(2/d) (float32 rounding of the scaling)
+    assert torch.allclose(lora.w1.weight * (1e-6 / (2 / d) ** 0.5), w1.weight, rtol=1e-5, atol=0)
+
+    # the residual is exactly 0: the rollout log-probs are the base's, bitwise
+    base = TorchEngine(model, tok).generate(prompts, 4, Sampling(temperature=1.0, seed=3,
+                                                                 max_new_tokens=6))
+    batch = rollout.collate(base, tok.pad_token_id)
+    base_logp, head_logp = r2po.head_forward(model, lora, batch, 1.0)
+    assert torch.equal(head_logp, base_logp)
+
+    # the flag reaches the head through r2po.make; the default is lora
+    def made(**kw):
+        f = r2po.Flags(r2po_head="residual", r2po_kl_anchor="current", **kw)
+        return r2po.make(f, None, model, "cpu").head
+    assert torch.equal(made().w2.weight, torch.zeros(V, 64))
+    assert made(r2po_head_init="official").w2.weight.std().item() == pytest.approx(1e-6, rel=0.05)
+    assert flags.parse(["--preset", "r2po"]).r2po_head_init == "lora"
+
+
+def test_lora_head_moves_from_its_first_step_the_official_one_barely(tiny):
+    """One head step at head lr 1e-4 (the long task's dev choice), each init from seed 0, on the
+    same rollouts (sampled from a head of std 1e-6, so both ratios start at 1): lora's W2 gradient
+    is dL/dz's size, Adam moves W2 by about the lr and the head's output by about the lr too;
+    official's factors have gradients near Adam's eps (1e-8), the product barely moves (as lr²:
+    the ratio falls as 1 / lr, about 340 at 1e-3). Measured on this CPU: mean |change of the
+    residual| 1.4e-3 (lora) against 4.2e-7 (official)."""
+    model, tok, prompts = tiny
+    args = flags.Args(r2po_head="residual", r2po_head_lr=1e-4, r2po_kl_anchor="current")
+    _, rollouts = mixed_head_rollouts(model, tok, prompts, args, std=1e-6)
+    batch = rollout.collate(rollouts, tok.pad_token_id)
+    with torch.no_grad():
+        out, _ = rollout.completion_logits(model, batch, output_hidden_states=True)
+    T = batch["completion_mask"].shape[1]
+    h = out.hidden_states[-1][:, -(T + 1):-1]                       # [B, T, d] what the head sees
+    mask = batch["completion_mask"].bool()
+    moved = {}
+    for init in r2po.HEAD_INITS:
+        torch.manual_seed(0)
+        head = ResidualHead(model.config.hidden_size, model.config.vocab_size, 64, init)
+        with torch.no_grad():
+            before = head(h)                                                        # [B, T, V]
+        m = r2po_of(head, args).head_step(model, rollouts, tok.pad_token_id, 1).reduce(1)
+        assert m["r2po/head_groups_used"] > 0
+        with torch.no_grad():
+            moved[init] = (head(h) - before)[mask].abs().mean().item()
+    assert moved["lora"] > 0.1 * args.r2po_head_lr
+    assert moved["lora"] > 1e3 * moved["official"]
+
+
 def test_head_parameters_stay_under_a_tenth_of_the_model(tiny):
     model = tiny[0]
     n_model = sum(p.numel() for p in model.parameters())
@@ -184,7 +263,7 @@ def test_head_parameters_stay_under_a_tenth_of_the_model(tiny):
 
 def test_phases_follow_the_schedule():
     def phases(args):
-        return r2po_of(ResidualHead(4, 4, 1), args)
+        return r2po_of(ResidualHead(4, 4, 1, "lora"), args)
 
     args = flags.Args(r2po_head="residual", r2po_schedule="2,3")
     assert [phases(args).phase(s) for s in range(7)] == ["head"] * 2 + ["policy"] * 3 + ["head"] * 2
@@ -315,10 +394,10 @@ def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
             == {n for n, _ in load_model(MODEL)[0].named_parameters()})
     saved = load_file(str(ckpt / r2po.HEAD_FILE))
     assert set(saved) == {"w1.weight", "w2.weight"} and saved["w2.weight"].shape == (98, 64)
-    head = ResidualHead(128, 98, 64)
+    head = ResidualHead(128, 98, 64, "lora")
     head.load_state_dict(saved)                                    # round-trips into the module
     assert all(torch.equal(p, saved[n]) for n, p in head.state_dict().items())
-    assert saved["w1.weight"].abs().max() > 1e-4                   # trained: it started at std 1e-6
+    assert saved["w2.weight"].abs().max() > 1e-4         # trained: it started at 0 (init lora)
 
     (b / "checkpoints").mkdir(parents=True)
     shutil.copytree(a / "checkpoints" / "step_000002", b / "checkpoints" / "step_000002")
