@@ -7,16 +7,17 @@ what they are worth. Steps 1 (generate) and 2 (score) of the loop.
     fresh, generated, pos = alloc.generate_and_score(prompts, mine, pos, step=step, metrics=m)
 
 - Who gets how many: a fixed `group_size` per prompt (one engine.generate), or VIGOR's
-  variance-guided group sizes at the same budget (vigor.py, handed in as a `vigor.Vigor`); DAPO's
-  dynamic sampling drops the groups whose verdicts are all equal and refills the batch with up to
+  variance-guided group sizes at the same budget (vigor.py, handed in as a `vigor.Vigor`; it ranks
+  prompts by the variance of `credit`, which it is handed with the grader); DAPO's dynamic
+  sampling drops the groups whose verdicts are all equal and refills the batch with up to
   `--dynamic-sampling-rounds` more rounds of new prompts.
 - How they are graded: the task's grader and answer form (verify.grader, verify.format_rule of
   --train-data), resolved once in train.setup; each rollout's r.correct and r.formatted are set
   once, here.
-- What they are worth: the shaped reward r.reward (`shaped_reward`: the verdict or, with --reward
-  partial, the long task's partial credit; the answer form's term; DAPO's soft overlong penalty),
-  then one advantage r.advantage per rollout from its own group (grpo.ADVANTAGES, the GRPO group
-  key grpo.group_ids), set once.
+- What they are worth: the shaped reward r.reward (`shaped_reward`: the verdict's term `credit`,
+  the verdict or, with --reward partial, the long task's partial credit; the answer form's term;
+  DAPO's soft overlong penalty), then one advantage r.advantage per rollout from its own group
+  (grpo.ADVANTAGES, the GRPO group key grpo.group_ids), set once.
 """
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -75,35 +76,47 @@ def grade(rollouts, grader=verify.grade, form=verify.integer_form) -> None:
         r.formatted = form(r.text)
 
 
+def credit(rollouts, flags: Flags) -> torch.Tensor:
+    """c_i in [0, 1], the verdict's term of the reward [B]: the reward is wrong + (right - wrong) c
+    (shaped_reward), and VIGOR ranks prompts by the variance of c (Allocation.generate hands this
+    to it; the "+format" term and DAPO's overlong penalty are not in c), so the two read one rule:
+
+        --reward correct, correct+format:   c = v,                v = r.correct (1 / 0)
+        --reward partial, partial+format:   c = (v + share) / 2,  share = verify.step_share
+
+    share = verify.step_share(r.text, r.answer), the share of the response's "=" steps whose value
+    is the gold's. So c is 1 exactly when the verdict is right and every step keeps the value. A
+    right answer scores c >= 1/2 (> 1/2 under the long task's grader, whose right final step keeps
+    the value), a wrong one c = share / 2 <= 1/2: the grader's order is kept, and the partial
+    credit orders the responses within each verdict. A chain of right steps left unreduced
+    ("61-6-1=55-1": not the task's plain integer) gets 1/2, one wrong at step k of K that carries
+    the error on (k - 1) / 2K, garbage and "" 0. Meant for the step-by-step task (builtin_steps),
+    whose answers are "="-chains of integers; on a benchmark's \\boxed{} answers the share is
+    mostly 0 and c = v / 2. A known weakness, not yet closed: a response that only restates the
+    question keeps its value, so it scores 1/2 like a right chain left unreduced (the question is
+    not at hand here to tell the two apart)."""
+    c = torch.tensor([r.correct for r in rollouts])                                  # [B] v
+    if flags.reward.startswith("partial"):
+        share = torch.tensor([verify.step_share(r.text, r.answer) for r in rollouts])  # [B]
+        c = (c + share) / 2
+    return c
+
+
 def shaped_reward(rollouts, flags: Flags, max_len: int) -> torch.Tensor:
     """r_i, the reward the advantage is computed from [B]:
 
-        --reward correct:          r = wrong + (right - wrong) v,   v = r.correct (1 / 0)
-        --reward partial:          r = wrong + (right - wrong) c,   c = (v + share) / 2
+        r = wrong + (right - wrong) c,   c = credit(rollouts, flags): v, or (v + share) / 2
         "+format" (correct+format, partial+format): + (ok if formatted else bad)
         then, with --overlong-buffer, + DAPO's soft overlong penalty (L_max = max_len)
 
     right, wrong, ok, bad = --reward-right, --reward-wrong, --format-ok, --format-bad (defaults 1,
     0, 1.25, -1: the verdict alone is 1 / 0; R²PO's official reward is right 1, wrong -1 with its
-    format term, four outcome classes). partial's share = verify.step_share(r.text, r.answer),
-    the share of the response's "=" steps whose value is the gold's. So the credit c is 1 exactly
-    when the verdict is right and every step keeps the value. A right answer scores c >= 1/2 (>
-    1/2 under the long task's grader, whose right final step keeps the value), a wrong one c =
-    share / 2 <= 1/2: the grader's order is kept, and the partial credit orders the responses
-    within each verdict. A chain of right steps left unreduced ("61-6-1=55-1": not the task's
-    plain integer) gets 1/2, one wrong at step k of K that carries the error on (k - 1) / 2K,
-    garbage and "" 0. It replaces the verdict's term only: r.correct stays the grader's 1 / 0
-    (dynamic sampling, VIGOR and the metrics read it). Meant for the step-by-step task
-    (builtin_steps), whose answers are "="-chains of integers; on a benchmark's \\boxed{} answers
-    the share is mostly 0 and c = v / 2. A known weakness, not yet closed: a response that only
-    restates the question keeps its value, so it scores 1/2 like a right chain left unreduced (the
-    question is not at hand here to tell the two apart); --reward partial has had no run yet."""
+    format term, four outcome classes). --reward partial's credit (`credit`) replaces the
+    verdict's term only: r.correct stays the grader's 1 / 0 (dynamic sampling and the samples'
+    log read it; VIGOR ranks on c). The long task's VIGOR, Headroom-Drift and R²PO experiments
+    (bench/results/) ran with --reward partial."""
     f = flags
-    credit = torch.tensor([r.correct for r in rollouts])                             # [B] v
-    if f.reward.startswith("partial"):
-        share = torch.tensor([verify.step_share(r.text, r.answer) for r in rollouts])  # [B]
-        credit = (credit + share) / 2
-    rewards = credit * (f.reward_right - f.reward_wrong) + f.reward_wrong
+    rewards = credit(rollouts, f) * (f.reward_right - f.reward_wrong) + f.reward_wrong
     if f.reward.endswith("+format"):
         formatted = torch.tensor([r.formatted for r in rollouts])                    # [B]
         rewards = rewards + torch.where(formatted, f.format_ok, f.format_bad)
@@ -146,15 +159,19 @@ class Allocation:
     def grade(self, rollouts) -> None:
         grade(rollouts, self.grader, self.form)
 
+    def credit(self, rollouts) -> torch.Tensor:
+        return credit(rollouts, self.f)
+
     def generate(self, prompts: list, *, step: int, round_: int, metrics: Metrics) -> list:
         """1. `group_size` completions per prompt, or VIGOR's group sizes (its rounds seeded
-        round_ + 1, ...; its numbers go to `metrics`), each graded once."""
+        round_ + 1, ...; its numbers go to `metrics`), each graded once; VIGOR ranks its prompts
+        by the variance of `credit`, the verdict's term of the reward `score` trains on."""
         def sampling_for(k: int) -> Sampling:
             return replace(self.sampling, seed=self.seed_of(step, round_ + k))
 
         if self.vigor is not None:
             return self.vigor.generate(self.engine, prompts, sampling_for, step, self.grade,
-                                       metrics)
+                                       self.credit, metrics)
         new = self.engine.generate(prompts, self.group_size, sampling_for(0), version=step)
         self.grade(new)
         return new

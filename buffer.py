@@ -402,9 +402,13 @@ class GroupReplay:
         self._last.update(_empty_group_stats())
         if cands:
             gated = sum(d > self.drift_max for d in drift)
+            reference = self.reference(cands)
             self._last.update({"replay/drift_candidates": len(cands),
                                "replay/drift_mean": float(np.mean(drift)),
-                               "replay/drift_gated_frac": gated / len(cands)})
+                               "replay/drift_gated_frac": gated / len(cands),
+                               "replay/hd_reference": len(reference),
+                               "replay/hd_changed_frac":
+                                   len(set(reference) - set(chosen)) / len(reference)})
         if passing:
             age = [step - g[0].version for g in passing for _ in g]
             now, stored = [headroom[i] for i in chosen], [self.headroom_of(g) for g in passing]
@@ -418,6 +422,16 @@ class GroupReplay:
                                "replay/age_max": int(max(age)),
                                "replay/abs_adv_sampled": float(np.mean(abs_adv))})
         return out
+
+    def reference(self, cands: list[list[Rollout]]) -> list[int]:
+        """What the method's two decisions are measured against: the candidates (their indices)
+        that ranking by the headroom fixed at generation (headroom_of) with no gate would replay,
+        the first `groups` in that order (ties: newer first, then candidate order). The share of
+        them not replayed, replay/hd_changed_frac, is what the drift gate and the re-scored
+        headroom changed: the gate alone under a fixed reading, both under current."""
+        stored = [self.headroom_of(g) for g in cands]
+        order = sorted(range(len(cands)), key=lambda i: (-stored[i], -cands[i][0].version))
+        return order[:self.groups]
 
     def stats(self) -> dict:
         """replay/size (rollouts stored) and replay/stored_groups now, replay/evicted (groups) at
@@ -450,7 +464,8 @@ def _flat(groups: list[list[Rollout]]) -> list[bool]:
 def _empty_group_stats() -> dict:
     return {**_empty_sample_stats(), "replay/groups": 0, "replay/headroom_mean": 0.0,
             "replay/headroom_stored_mean": 0.0, "replay/headroom_shift": 0.0,
-            "replay/drift_mean": 0.0, "replay/drift_gated_frac": 0.0, "replay/drift_candidates": 0}
+            "replay/drift_mean": 0.0, "replay/drift_gated_frac": 0.0, "replay/drift_candidates": 0,
+            "replay/hd_changed_frac": 0.0, "replay/hd_reference": 0}
 
 
 def _empty_sample_stats() -> dict:
@@ -484,7 +499,8 @@ MEAN_WEIGHTS = {"replay/age_mean": "replay/sampled", "replay/abs_adv_sampled": "
                 "replay/headroom_stored_mean": "replay/groups",
                 "replay/headroom_shift": "replay/groups",
                 "replay/drift_mean": "replay/drift_candidates",
-                "replay/drift_gated_frac": "replay/drift_candidates"}
+                "replay/drift_gated_frac": "replay/drift_candidates",
+                "replay/hd_changed_frac": "replay/hd_reference"}
 MAXIMA = ("replay/age_max",)
 NO_REPLAY = {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0}
 

@@ -21,7 +21,21 @@ opposite failure, with prior 1: a hopeless prompt (0 right of n) keeps sigma^2 =
 evenly (tests/test_vigor.py: 7 hopeless prompts of 10 take 61% of it). Two readings concentrate
 without starving anyone (every prompt keeps its n_init): a weak prior, --vigor-prior 0.1 to 0.5
 (smoothed_variance), and --vigor-rank topk (by_top_k: the highest-variance prompts each brought to
---vigor-full completions, in one round); neither has been compared on the dev split yet.
+--vigor-full completions, in one round). bench/results/vigor/*/sweep.md compared them on dev: arith
+chose top-k with prior 0.25 (--preset vigor's reading), the mixed-difficulty task marginal with
+prior 0.25, the long task marginal with prior 1 (those runs ranked the long task's prompts by their
+0/1 verdicts under its --reward partial, before VIGOR ranked by the credit, below).
+
+The variance is of each completion's credit c in [0, 1], the verdict's term of the reward the
+advantage is computed from (allocation.credit, handed in by the allocation with the grader): c = v,
+the 0/1 verdict, under --reward correct and correct+format; c = (v + share) / 2 under partial and
+partial+format. The reward is wrong + (right - wrong) c, an affine map that scales every prompt's
+variance by (right - wrong)^2 alike, so ranking by c is ranking by the trained reward's verdict
+term; the "+format" term and DAPO's overlong penalty are not in the ranking (no preset combines
+them with VIGOR). Under --reward partial a prompt whose completions are all wrong but differ in
+their shares carries signal GRPO trains on, and VIGOR no longer reads it as hopeless: at prior 0 it
+gets completions a verdict's variance of 0 denied it; with a prior, a hopeless prompt's smoothed
+variance can still outrank its spread (smoothed_variance).
 """
 import collections
 import functools
@@ -97,11 +111,12 @@ class Vigor:
         self.f = flags
         self.budget = budget
 
-    def generate(self, engine, prompts: list[Prompt], sampling_for, version: int, grade,
+    def generate(self, engine, prompts: list[Prompt], sampling_for, version: int, grade, credit,
                  metrics=None) -> list[Rollout]:
-        """One step's completions of `prompts` by variance-guided allocation (vigor_generate)."""
+        """One step's completions of `prompts` by variance-guided allocation (vigor_generate), with
+        the allocation's `grade` and `credit` (allocation.credit of its --reward)."""
         f = self.f
-        out, _ = vigor_generate(engine, prompts, sampling_for, version, grade,
+        out, _ = vigor_generate(engine, prompts, sampling_for, version, grade, credit=credit,
                                 n_init=f.vigor_n_init, n_step=f.vigor_n_step, top=f.vigor_top,
                                 budget=self.budget, rank=f.vigor_rank, prior=f.vigor_prior,
                                 full=f.vigor_full, metrics=metrics)
@@ -115,23 +130,42 @@ class Vigor:
         return adv * torch.tensor(prompt_weights(rollouts), dtype=adv.dtype)
 
 
-def smoothed_variance(rollouts: list[Rollout], prior: float) -> tuple[dict, dict]:
-    """({prompt_id: n_q}, {prompt_id: sigma_q^2}) with a Beta(prior, prior) prior on each prompt's
-    success rate: after s_q right of n_q,
+def smoothed_variance(rollouts: list[Rollout], credits: list[float],
+                      prior: float) -> tuple[dict, dict]:
+    """({prompt_id: n_q}, {prompt_id: sigma_q^2}): the variance of each prompt's credits c_i (in
+    [0, 1]; credits[i] is rollouts[i]'s, allocation.credit's), smoothed by a = prior pseudo-credits
+    at 0 and a at 1: the population variance of its n_q credits and those 2a,
 
-        p_q = (s_q + prior) / (n_q + 2 prior)   (the posterior mean),   sigma_q^2 = p_q (1 - p_q)
+        m_q  = (sum_i c_i + a) / (n_q + 2a),   m2_q = (sum_i c_i^2 + a) / (n_q + 2a)
+        sigma_q^2 = m_q (1 - m_q) - (m_q - m2_q)                 (= m2_q - m_q^2)
 
-    so 0 right of 2 with prior 1 is p = 1/4, sigma^2 = 3/16, not a verdict of 0; prior 0 is the
-    empirical p(1 - p), the population variance of 0/1 verdicts. The prior sets how far a hopeless
-    prompt (0 right of n: p = a / (n + 2a), sigma^2 = a (n + a) / (n + 2a)^2) trails one at p = 1/2
-    (sigma^2 = 1/4), by the factor (n + 2a)^2 / (4 a (n + a)): 4/3 at a = 1, n = 2; 1.8 at a = 0.5;
-    5.8 at a = 0.1."""
-    n, s = collections.Counter(), collections.Counter()
-    for r in rollouts:
+    and sigma_q^2 = 0 exactly where a = 0 and the n_q credits are all equal (not left to rounding:
+    past 32 equal float32 credits the two terms can differ by about 1e-17). On 0/1 verdicts (the
+    credit under --reward correct) c^2 = c, so m2_q = m_q and sigma_q^2 = p_q (1 - p_q) to the last
+    bit, with p_q = m_q = (s_q + a) / (n_q + 2a) the mean of a Beta(a, a) posterior after s_q right
+    of n_q: 0 right of 2 with prior 1 is p = 1/4, sigma^2 = 3/16, not a verdict of 0; prior 0 is the
+    empirical p (1 - p). The prior sets how far a hopeless prompt (0 right of n: p = a / (n + 2a),
+    sigma^2 = a (n + a) / (n + 2a)^2) trails one at p = 1/2 (sigma^2 = 1/4), by the factor
+    (n + 2a)^2 / (4 a (n + a)): 4/3 at a = 1, n = 2; 1.8 at a = 0.5; 5.8 at a = 0.1. Under --reward
+    partial, 2 wrong with credits 1/8 and 3/8 (shares 1/4, 3/4) have sigma^2 = 5/64 - 1/16 = 1/64
+    at prior 0, where their verdicts' is 0; with a prior the pseudo-credits can outweigh that
+    spread: at a = 0.25 the two have 0.0725, a hopeless prompt's 0 and 0 have 0.09."""
+    n, s, s2 = collections.Counter(), collections.Counter(), collections.Counter()
+    values = collections.defaultdict(set)
+    for r, c in zip(rollouts, credits, strict=True):
         n[r.prompt_id] += 1
-        s[r.prompt_id] += r.correct
-    p = {q: (s[q] + prior) / (n[q] + 2 * prior) for q in n}
-    return dict(n), {q: p[q] * (1 - p[q]) for q in n}
+        s[r.prompt_id] += c
+        s2[r.prompt_id] += c * c
+        values[r.prompt_id].add(c)
+    var = {}
+    for q in n:
+        m = (s[q] + prior) / (n[q] + 2 * prior)
+        m2 = (s2[q] + prior) / (n[q] + 2 * prior)
+        # m2 - m^2, written so that on 0/1 credits (m2 = m) it is p (1 - p) to the last bit
+        var[q] = m * (1 - m) - (m - m2)
+        if prior == 0 and len(values[q]) == 1:
+            var[q] = 0.0                                      # all equal: no signal, exactly
+    return dict(n), var
 
 
 def by_variance(prompts, n, var, top: int, n_step: int, left: int) -> list[Prompt]:
@@ -215,17 +249,17 @@ def allocator(rank: str, *, top: int, n_step: int, full: int, budget: int, n_pro
     return functools.partial(by_rank, top=top, n_step=n_step)
 
 
-def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, grade, *, n_init: int,
-                   n_step: int, top: int, budget: int, rank: str = "variance", prior: float = 0.0,
-                   full: int = 0, metrics=None) -> tuple[list[Rollout], dict]:
+def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, grade, *, credit,
+                   n_init: int, n_step: int, top: int, budget: int, rank: str = "variance",
+                   prior: float = 0.0, full: int = 0, metrics=None) -> tuple[list[Rollout], dict]:
     """VIGOR's variance-guided allocation. The paper was not available; this is the reading of its
     abstract ("begins with a small number of rollouts for all examples in a batch and iteratively
     allocates additional rollouts to those with the highest group reward variance until a fixed
     total rollout budget is reached"):
 
         round 0:  every prompt gets n_init completions;
-        round k:  with sigma_q^2 each prompt's reward variance so far (smoothed_variance: a
-                  Beta(prior, prior) prior on its success rate; prior 0 = the empirical one),
+        round k:  with sigma_q^2 the variance of each prompt's credits so far (smoothed_variance:
+                  `prior` pseudo-credits at 0 and at 1; prior 0 = the empirical variance),
                   --vigor-rank variance: the `top` prompts of highest sigma^2 (> 0 only) get
                   n_step more each (by_variance); marginal: top x n_step completions go one by one
                   to the largest gain in sum_q sigma_q^2 / n_q (by_marginal_gain); topk: the
@@ -235,23 +269,24 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
                   only when every sigma^2 is 0 under variance or marginal, possible only with
                   prior 0). Every prompt keeps its n_init: none is starved.
 
-    The readings and the defaults: the module docstring.
-
-    `sampling_for(k)` is round k's Sampling (its own seed); `grade(rollouts)` sets each one's
-    r.correct (the variance is of those verdicts). A prompt's completions keep its prompt_id, so its
-    whole variable-size group is one GRPO group. Returns (rollouts grouped by prompt in prompt
-    order, stats); with `metrics` (a metrics.Metrics) the stats are also reported there, each with
-    how it combines over ranks."""
+    The readings and the defaults: the module docstring. `sampling_for(k)` is round k's Sampling
+    (its own seed). Each round's new rollouts are graded, `grade(rollouts)` (r.correct), then
+    credited, `credit(rollouts)` -> [B] (allocation.credit, from r.correct, r.text, r.answer): the
+    variance is of those credits, and so is vigor/zero_std_frac_before (the share of prompts whose
+    n_init credits are all equal). A prompt's completions keep its prompt_id: its variable-size
+    group is one GRPO group. Returns (rollouts grouped by prompt in prompt order, stats), also
+    reported to `metrics` (a metrics.Metrics) if given, each with how it combines over ranks."""
     allocate = allocator(rank, top=top, n_step=n_step, full=full, budget=budget,
                          n_prompts=len(prompts))
     if budget < n_init * len(prompts):
         raise ValueError(f"VIGOR: budget {budget} < n_init {n_init} x {len(prompts)} prompts")
     out = engine.generate(prompts, n_init, sampling_for(0), version=version)
     grade(out)
-    zero_before = sum(v == 0 for v in smoothed_variance(out, 0.0)[1].values()) / len(prompts)
+    credits = credit(out).tolist()                          # credits[i] is out[i]'s
+    zero_before = sum(v == 0 for v in smoothed_variance(out, credits, 0.0)[1].values())
     rounds = 0
     while len(out) < budget:
-        n, var = smoothed_variance(out, prior)
+        n, var = smoothed_variance(out, credits, prior)
         extra = allocate(prompts, n, var, left=budget - len(out))
         if not extra:
             break
@@ -259,6 +294,7 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
         new = engine.generate(extra, 1, sampling_for(rounds), version=version)
         grade(new)
         out += new
+        credits += credit(new).tolist()
     order = {p.prompt_id: i for i, p in enumerate(prompts)}
     # stable: each group's completions in generation order
     out.sort(key=lambda r: order[r.prompt_id])
@@ -266,7 +302,7 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
     sizes = [count[p.prompt_id] for p in prompts]
     stats = {"vigor/rounds": rounds, "vigor/group_size_min": min(sizes),
              "vigor/group_size_max": max(sizes), "vigor/group_size_mean": sum(sizes) / len(sizes),
-             "vigor/zero_std_frac_before": zero_before}
+             "vigor/zero_std_frac_before": zero_before / len(prompts)}
     if metrics is not None:
         metrics.min("vigor/group_size_min", stats["vigor/group_size_min"])
         metrics.max("vigor/group_size_max", stats["vigor/group_size_max"])

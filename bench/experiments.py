@@ -56,6 +56,7 @@ session stopped mid-setting keeps what it ran). `--setting LABEL` runs one setti
 import argparse
 import ast
 import contextlib
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -78,7 +79,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stats import Comparison, mean_std, paired, welch  # noqa: E402  (bench/stats.py)
+from stats import Comparison, holm, mean_std, p_value, paired, welch  # noqa: E402
 
 LR_GRID = (3e-4, 1e-4, 3e-5)
 SWEEP_SEEDS = (0, 1)
@@ -168,6 +169,22 @@ PARTIAL = ("--reward", "partial")             # the long task's many-valued rewa
 DIAG = (("ratio max", "ratio/max"), ("ratio min", "ratio/min"), ("clip frac", "loss/clip_frac"),
         ("KL to behaviour", "loss/ppo_kl"), ("entropy", "entropy"))
 EXTRA_SEEDS = (105, 106, 107, 108, 109)       # replay's 10 paired seeds: REPORT_SEEDS + these
+STRESS_SEEDS = REPORT_SEEDS + EXTRA_SEEDS     # a stress setting's 10, fixed with its definition
+ACTED = 0.01     # a mechanism acted where it changed at least 1% of what it acts on (tokens,
+                 # groups; R²PO: 0.01 nats of head KL), averaged over every step of every seed
+STRESS_DROP = 0.05   # the stress lr: where the baseline's dev accuracy is this far below its best
+
+
+def stress_lr(sweep: dict[float, list[float]]) -> float | None:
+    """A stress setting's shared lr from the dev sweep of its dev-lr setting's baseline: the
+    smallest swept lr above the chosen one (choose) at which the baseline's mean final dev accuracy
+    is at least STRESS_DROP below that of the chosen one, i.e. where it is unstable; None where it
+    never is. Fixed in each stress setting's definition (shared_lr), checked against the committed
+    sweep by tests/test_experiments.py."""
+    best = choose(sweep)
+    top = statistics.mean(sweep[best])
+    return min((lr for lr in sweep if lr > best and statistics.mean(sweep[lr]) <= top -
+                STRESS_DROP), default=None)
 
 
 def every(steps: int) -> str:
@@ -291,9 +308,11 @@ def mu_arms(u: int, m: int, group: int, deltas: tuple[str, ...] = ()) -> tuple[A
 
 
 def mu_claims(arms: tuple[Arm, ...], big: int) -> tuple[Claim, ...]:
-    """mu-GRPO keeps up with GRPO mu = 4 (on par) and beats the relaxed clip without the veto;
-    naive GRPO at large mu falls behind. The veto's diagnostic: it fired."""
-    fired = ("loss/veto_frac", "max > 0")
+    """mu-GRPO keeps up with GRPO mu = 4 (on par: it matches or exceeds) and beats the relaxed clip
+    without the veto; naive GRPO at large mu falls behind. The veto's diagnostic: the share of
+    loss tokens it removed (ACTED), which gates the claim against the relaxed clip (the veto is
+    the only difference) and is reported beside the on-par claim (a claim about the method)."""
+    fired = ("loss/veto_frac", f"mean > {ACTED:g}")
     out = [Claim(f"naive mu={big}", -1), Claim(f"[0,5] no veto mu={big}", None),
            Claim(f"m2po mu={big}", None)]
     for a in arms:
@@ -316,15 +335,26 @@ def mu_grpo(quick: bool) -> Experiment:
         arith, steps = mu_arms(128, 128, 8, deltas), mu_arms(256, 32, 8, deltas)
         names = tuple(a.name for a in arith if a.name.startswith("mu-grpo"))
         long_names = tuple(a.name for a in steps if a.name.startswith("mu-grpo"))
+        # the stage arms evaluate after each of their 4 stages: every arm's final is its accuracy
+        # at 75% and 100% of the updates (GRPO mu = 4 interpolated between its evaluations)
+        ends = (0.75, 1.0)
         settings = (Setting("arith", ARITH + common, arith, "grpo mu=4", "updates",
-                            diagnostics=diag, readings=(names,), claims=mu_claims(arith, 32)),
+                            diagnostics=diag, readings=(names,), claims=mu_claims(arith, 32),
+                            final_at=ends),
                     Setting("steps", STEPS + common, steps, "grpo mu=4", "updates",
                             diagnostics=diag, eval_size=STEPS_EVAL, readings=(long_names,),
-                            claims=mu_claims(steps, 64)))
+                            claims=mu_claims(steps, 64), final_at=ends),
+                    # the stress setting: every arm at the lr where GRPO mu = 4 is unstable on
+                    # the long task's dev sweep (stress_lr: 23.8% against 36.5% at 3e-5)
+                    Setting("steps-stress", STEPS + common, steps, "grpo mu=4", "updates",
+                            diagnostics=diag, eval_size=STEPS_EVAL, readings=(long_names,),
+                            claims=mu_claims(steps, 64), final_at=ends, shared_lr=1e-4,
+                            sweep_of="steps", learns_in="steps", seeds=STRESS_SEEDS))
         notes = ("arith: U = 128, M = 128 (mu 32); steps: U = 256, M = 32 (mu 64), the regime "
-                 "where the relaxed clip without the veto drifts. The veto threshold delta is a "
-                 f"reading chosen on dev among {', '.join(deltas)}: at 1e-4 it never fires on "
-                 "these 98-token vocabularies.")
+                 "where the relaxed clip without the veto drifts; steps-stress: the same at one "
+                 "shared lr 1e-4, where GRPO mu = 4 is unstable on dev, 10 seeds. The veto "
+                 f"threshold delta is a reading chosen on dev among {', '.join(deltas)}: at 1e-4 "
+                 "it never fires on these 98-token vocabularies.")
     return Experiment(
         "mu-grpo", "mu-GRPO (arXiv 2605.17570)",
         "\"under the same 4096-update training budget\", mu-GRPO at mu = 1024 updates per refresh "
@@ -346,7 +376,8 @@ def pnpo(quick: bool) -> Experiment:
     ppo_clip = ("--eps-low", "0.2", "--eps-high", "0.28")
     regimes = ("4",) if quick else ("1", "4")
     arms, readings, claims = [], [], []
-    far = ("ratio/far_prefix_frac", "mean > 0.05")     # where the prefix ratios can differ
+    # PNPO's diagnostic: the share of tokens whose term differs from GSPO's (weight or clip)
+    acted = ("ratio/gspo_differs_frac", f"mean > {ACTED:g}")
     for epochs in regimes:
         e, tag = ("--epochs", epochs), f"e{epochs} x 4"
         pnpo_names = (f"pnpo {tag}", f"pnpo-geo {tag}")
@@ -358,15 +389,29 @@ def pnpo(quick: bool) -> Experiment:
         readings.append(pnpo_names)
         direction = 1 if epochs == "4" else 0        # beats GSPO at 4 epochs, matches it at 1
         for n in pnpo_names:
-            claims += [Claim(n, direction, against=f"gspo {tag}", acted=far,
+            claims += [Claim(n, direction, against=f"gspo {tag}", acted=acted,
                              headline=epochs == "4"),
-                       Claim(n, 1, against=f"cumulative {tag}", acted=far)]
+                       Claim(n, 1, against=f"cumulative {tag}", acted=acted)]
         claims += [Claim(f"token {tag}", None), Claim(f"cumulative {tag}", None),
                    Claim(f"gspo {tag}", None)]
         if epochs != regimes[-1]:          # no claim across regimes (the baseline is 4 epochs')
             claims += [Claim(n, None) for n in pnpo_names]
-    diag = (("far prefixes", "ratio/far_prefix_frac"), ("clip first", "loss/clip_frac_first"),
+    diag = (("differs from GSPO", "ratio/gspo_differs_frac"),
+            ("far prefixes", "ratio/far_prefix_frac"), ("clip first", "loss/clip_frac_first"),
             ("clip last", "loss/clip_frac_last"), *DIAG)
+    settings = [Setting("steps", common, tuple(arms), f"gspo e{regimes[-1]} x 4", "fresh",
+                        sweep=sweep, diagnostics=diag, eval_size=STEPS_EVAL,
+                        readings=tuple(readings), claims=tuple(claims))]
+    if not quick:
+        # the stress setting: the 4-epoch arms (the claim that PNPO stabilises reuse) at the lr
+        # where GSPO is unstable on dev (stress_lr: 10.9% against 28.5% at 3e-5), 10 seeds
+        four = tuple(a for a in arms if a.name.endswith("e4 x 4"))
+        settings.append(Setting(
+            "steps-stress", common, four, "gspo e4 x 4", "fresh", sweep=sweep, diagnostics=diag,
+            eval_size=STEPS_EVAL, readings=(readings[-1],),
+            claims=tuple(c for c in claims if c.arm in {a.name for a in four}
+                         and (c.against or "gspo e4 x 4") in {a.name for a in four}),
+            shared_lr=1e-4, sweep_of="steps", learns_in="steps", seeds=STRESS_SEEDS))
     return Experiment(
         "pnpo", "PNPO (arXiv 2608.01418)",
         "the prefix-normalised ratio beats GSPO when each batch is reused for 4 epochs and matches "
@@ -377,11 +422,14 @@ def pnpo(quick: bool) -> Experiment:
         "the exact cumulative prefix ratio (what PNPO normalises) as a third ratio. PNPO's two "
         "readings (the prefix's geometric mean; the token's ratio times the geometric mean of "
         "the ones before it) chosen on dev",
-        (Setting("steps", common, tuple(arms), f"gspo e{regimes[-1]} x 4", "fresh", sweep=sweep,
-                 diagnostics=diag, eval_size=STEPS_EVAL, readings=tuple(readings),
-                 claims=tuple(claims)),),
-        notes="Diagnostic: far prefixes = the share of tokens whose exact prefix ratio is beyond "
-              "e^+-1 (grpo.far_prefix_fraction); below 5% the readings cannot differ much.")
+        tuple(settings),
+        notes="Diagnostic: differs from GSPO = the share of tokens whose surrogate term (weight "
+              "or clip) differs from the one GSPO's sequence ratio gives them "
+              "(grpo.gspo_differs_fraction), the claim's mechanism test; far prefixes = the "
+              "share whose exact prefix ratio is beyond e^+-1 (grpo.far_prefix_fraction). "
+              "steps-stress: the 4-epoch arms at one shared lr 1e-4, where GSPO is unstable on "
+              "dev, 10 seeds (the 1-epoch claim is on par, not a stabiliser's, and is not run "
+              "there).")
 
 
 def vigor_setting(label: str, task: tuple[str, ...], size: tuple[str, ...], prompts: int,
@@ -404,8 +452,8 @@ def vigor_setting(label: str, task: tuple[str, ...], size: tuple[str, ...], prom
     diag = (("prompts with signal/step", "rollout/prompts_with_signal"),
             ("zero-var rollouts/step", "rollout/zero_var_rollouts"),
             ("largest group", "vigor/group_size_max"), *DIAG)
-    # reallocated: some prompt got more than the even share of 8
-    acted = ("vigor/group_size_max", "max > 8")
+    # reallocated: on average over the steps the largest group is above the even share of 8
+    acted = ("vigor/group_size_max", "mean > 8")
     claims = (Claim("vigor (first reading)", 1, acted=acted),
               *(Claim(n, 1, acted=acted, headline=True) for n in readings))
     return Setting(label, common, arms, "fixed G=8", "fresh", diagnostics=diag,
@@ -446,6 +494,7 @@ def headroom_drift(quick: bool) -> Experiment:
             ("headroom", "replay/headroom_mean"),
             ("stored headroom", "replay/headroom_stored_mean"),
             ("headroom shift", "replay/headroom_shift"),
+            ("changed by gate/re-score", "replay/hd_changed_frac"),
             ("replay age", "replay/age_mean"), *DIAG)
 
     def setting(label, task, steps, prompts, tau, **kw):
@@ -461,12 +510,11 @@ def headroom_drift(quick: bool) -> Experiment:
                 Arm(readings[1], hd + ("--hd-headroom", "variance", "--hd-drift-frac", "0.5")),
                 Arm(readings[2], hd + ("--hd-headroom", "current", "--hd-drift-frac", "0.5")))
         metric = f"eval/builtin/mean@{k}" if label == "arith" else "final"
-        gated = ("replay/drift_gated_frac", "max > 0")
+        # the method acted where its gate (and, for the re-scored reading, the current headroom)
+        # changed which groups are replayed: GroupReplay.reference
+        acted = ("replay/hd_changed_frac", f"mean > {ACTED:g}")
         claims = []
         for n in readings:
-            # the re-scored reading acts only where the current headroom differs from the stored
-            # (mean |h now - h stored| of the replayed groups above 0.01 of its 0.25 range)
-            acted = ("replay/headroom_shift", "mean > 0.01") if "current" in n else gated
             claims += [Claim(n, 1, metric=metric, acted=acted, headline=True),
                        Claim(n, 1, against="naive-replay", metric=metric, acted=acted)]
         claims.append(Claim("naive-replay", None))
@@ -477,7 +525,16 @@ def headroom_drift(quick: bool) -> Experiment:
                         finals=((f"mean@{k} T=1", f"eval/builtin/mean@{k}"),))]
     if not quick:
         # the long task: groups that age (tau_max 16), the partial-credit reward
-        settings.append(setting("steps", STEPS + PARTIAL, 32, 16, 16, eval_size=STEPS_EVAL))
+        steps = setting("steps", STEPS + PARTIAL, 32, 16, 16, eval_size=STEPS_EVAL)
+        # the stress setting: the lr where GRPO is unstable on the long task's dev sweep
+        # (stress_lr: 7.8% against 35.5% at 1e-4), the readings whose gate fires (0.5 of the
+        # clip range), 10 seeds
+        fires = tuple(n for n in steps.readings[0] if "gate 0.5" in n)
+        kept = {"grpo (replay recipe)", "naive-replay", *fires}
+        settings += [steps, dataclasses.replace(
+            steps, label="steps-stress", arms=tuple(a for a in steps.arms if a.name in kept),
+            readings=(fires,), claims=tuple(c for c in steps.claims if c.arm in kept),
+            shared_lr=3e-4, sweep_of="steps", learns_in="steps", seeds=STRESS_SEEDS)]
     return Experiment(
         "headroom-drift", "Headroom-Drift group replay (abstract only)",
         "\"Headroom ranks stored groups by remaining learning value, while Drift gates them by "
@@ -492,7 +549,9 @@ def headroom_drift(quick: bool) -> Experiment:
         f"mean@{k} at temperature 1 (the paper's Mean@k), greedy beside it",
         tuple(settings),
         notes="arith: tau_max 4; steps: tau_max 16, where stored groups age enough for the "
-              "re-scored headroom to differ from the stored one.")
+              "re-scored headroom to differ from the stored one; steps-stress: the same at one "
+              "shared lr 3e-4, where GRPO is unstable on dev, the gate at 0.5 of the clip range, "
+              "10 seeds.")
 
 
 R2PO_HEAD_LRS = ("1e-2", "1e-3", "1e-4")
@@ -531,7 +590,8 @@ def r2po_setting(label: str, task: tuple[str, ...], reward: str, quick: bool, h:
             ("format errors", "rollout/format_error"),
             ("head KL (current)", "r2po/head_kl_current"),
             ("head KL (initial)", "r2po/head_kl"), *DIAG)
-    moved = ("r2po/head_kl_current", "max > 0.01")      # the head changes the sampling
+    # the head changes the sampling: its KL to the current base, mean over every step and seed
+    moved = ("r2po/head_kl_current", f"mean > {ACTED:g}")
     claims = [Claim(n, 1, acted=moved, headline=True) for n in readings]
     claims += [Claim(n, 1, against=f"grpo {policy} steps (equal policy updates)", acted=moved)
                for n in readings]
@@ -943,21 +1003,30 @@ def unpack_runs(archive: Path, runs: Path) -> int:
 
 TARGET_FRAC = 0.9
 BUDGETS = (0.25, 0.5, 0.75, 1.0)   # accuracy at these fractions of the baseline's x-range
-PAR_MARGIN = 0.02                  # "on par": the 95% CI of Δ inside ±2 accuracy points
+PAR_MARGIN = 0.02                  # "on par": not worse than the reference by more than this
 X_COL = {"fresh": 1, "updates": 2, "wall": 3}   # a curve point's column of each x
 VERDICT_RULE = (
     "**Verdict** (bench/experiments.py `verdict`, one rule for every claim, fixed before the "
     "runs, as the seeds are: every arm on all of its setting's seeds): Δ = the arm's metric minus"
     " its reference's, with its 95% CI (paired over the seeds both ran where the two share the "
-    "prompt stream, equal --prompts-per-step and --seed; else Welch's). \"not testable here\" when "
-    "the claim's mechanism diagnostic (a metrics key and a predicate on the arm's reported runs, "
-    "e.g. loss/veto_frac max > 0) says the mechanism never acted, checked first; else, for a "
-    "claim that the arm is better (worse) than its reference: \"reproduced\" when the CI lies above"
-    " (below) 0, \"contradicted\" when it lies below (above) 0; for a claim that the two are on "
-    f"par: \"reproduced\" when the CI lies inside ±{100 * PAR_MARGIN:g} points (PAR_MARGIN), "
-    "\"contradicted\" when it lies outside them; otherwise \"inconclusive (95% CI [lo, hi])\", "
-    "in points. A CI with an end on 0 does not exclude 0; one with an end on the margin lies "
-    "inside it.")
+    "prompt stream, equal --prompts-per-step and --seed; else Welch's). First, \"not testable "
+    "here: the baseline does not learn\" for every claim of a setting whose baseline's gain "
+    "(final minus step-0 accuracy, paired over its seeds; a stress setting: the baseline of its "
+    "dev-lr setting, Setting.learns_in) has a 95% CI that does not lie above 0. Then, for a claim "
+    "that the arm is better (worse) than its reference: \"not testable here: the mechanism did "
+    "not act\" when its diagnostic (a metrics key's mean over every step of every reported seed "
+    "of the arm above the bound stated with it; the stabilisers' shares of tokens or groups and "
+    f"R²PO's head KL: ACTED = {ACTED:g}) says it "
+    "did not; else \"reproduced\" when the CI lies above (below) 0, \"contradicted\" when it "
+    "lies below (above) 0. For a claim that the arm matches or exceeds its reference (on par, "
+    f"one-sided: non-inferiority at the margin {100 * PAR_MARGIN:g} points, PAR_MARGIN): "
+    f"\"reproduced\" when the CI's lower end is at or above -{100 * PAR_MARGIN:g} points, "
+    f"\"contradicted\" when its upper end is below -{100 * PAR_MARGIN:g}; the mechanism's "
+    "diagnostic is reported beside it, not a gate (the claim is the method's as a whole). "
+    "Otherwise \"inconclusive (95% CI [lo, hi])\", in points. A CI with an end on 0 does not "
+    "exclude 0. Beside each verdict, its Holm-adjusted form (holm_verdicts): the same words from "
+    "the two-sided p-value of Δ = 0 (on par: Δ = -margin), Holm's step-down adjustment over the "
+    "testable claims of the setting, reproduced/contradicted where the adjusted p < 0.05.")
 
 
 def final_accuracy(curve: list) -> float:
@@ -1043,11 +1112,12 @@ def _seed_streams(s: Setting, name: str, runs: list[dict]) -> list[tuple[object,
     return out
 
 
-def metric_value(run: dict, metric: str, col: int, x_range: float) -> float | None:
-    """A run's value of a claim's metric: "final" (final_accuracy), "at P%" (value_at P% of
-    x_range) or a metrics key (its last value, Setting.finals)."""
+def metric_value(run: dict, metric: str, col: int, x_range: float,
+                 final_at: tuple[float, ...] = (), x: str = "fresh") -> float | None:
+    """A run's value of a claim's metric: "final" (run_final), "at P%" (value_at P% of x_range)
+    or a metrics key (its last value, Setting.finals)."""
     if metric == "final":
-        return final_accuracy(run["curve"])
+        return run_final(run["curve"], final_at, x)
     if metric.startswith("at ") and metric.endswith("%"):
         return value_at(run["curve"], col, float(metric[3:-1]) / 100 * x_range)
     return run.get("last", {}).get(metric)
@@ -1063,7 +1133,7 @@ def compare_runs(s: Setting, runs: dict, arm: str, ref: str, metric: str = "fina
     def values(name):
         pairs = zip(_seed_streams(s, name, runs[name]), runs[name])
         return {seed: (v, st) for (seed, st), r in pairs
-                if (v := metric_value(r, metric, col, x_range)) is not None}
+                if (v := metric_value(r, metric, col, x_range, s.final_at, s.x)) is not None}
     a, b = values(arm), values(ref)
     if not a or not b:
         return None
@@ -1113,30 +1183,77 @@ def mechanism_acted(runs: list[dict], key: str, predicate: str) -> bool:
     return left is not None and right is not None and OPS[op](left, right)
 
 
-def verdict(direction: int | None, c: Comparison | None, acted: bool = True) -> str:
-    """VERDICT_RULE: "not testable here" where the mechanism did not act (checked first); "—"
-    where there is no claim (direction None); for direction +1 / -1: "reproduced" where the CI
-    [lo, hi] excludes 0 on the claimed side (direction x lo > 0 and direction x hi > 0),
-    "contradicted" where it excludes it on the other; for direction 0: "reproduced" where
-    -PAR_MARGIN <= lo and hi <= PAR_MARGIN, "contradicted" where lo > PAR_MARGIN or
-    hi < -PAR_MARGIN; else "inconclusive (95% CI [lo, hi])" in points (x 100)."""
-    if not acted:
-        return "not testable here"
+NOT_LEARNING = "not testable here: the baseline does not learn"
+NOT_ACTED = "not testable here: the mechanism did not act"
+
+
+def verdict(direction: int | None, c: Comparison | None, acted: bool = True,
+            learns: bool = True) -> str:
+    """VERDICT_RULE: "—" where there is no claim (direction None); NOT_LEARNING where the
+    setting's baseline does not learn (learns False); for direction +1 / -1: NOT_ACTED where the
+    mechanism did not act, "reproduced" where the CI [lo, hi] excludes 0 on the claimed side
+    (direction x lo > 0 and direction x hi > 0), "contradicted" where it excludes it on the
+    other; for direction 0 (matches or exceeds; `acted` is not a gate): "reproduced" where lo >=
+    -PAR_MARGIN, "contradicted" where hi < -PAR_MARGIN; else "inconclusive (95% CI [lo, hi])" in
+    points (x 100)."""
     if direction is None:
         return "—"
+    if not learns:
+        return NOT_LEARNING
+    if direction != 0 and not acted:
+        return NOT_ACTED
     if c is None or c.lo is None:
         return "inconclusive (95% CI undefined: fewer than 2 seeds)"
     lo, hi = c.lo, c.hi
     if direction == 0:
-        if -PAR_MARGIN <= lo and hi <= PAR_MARGIN:
+        if lo >= -PAR_MARGIN:
             return "reproduced"
-        if lo > PAR_MARGIN or hi < -PAR_MARGIN:
+        if hi < -PAR_MARGIN:
             return "contradicted"
     elif direction * lo > 0 and direction * hi > 0:
         return "reproduced"
     elif direction * lo < 0 and direction * hi < 0:
         return "contradicted"
     return f"inconclusive (95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}])"
+
+
+def holm_verdicts(claims: list[dict]) -> list[str]:
+    """The Holm-adjusted verdict of each judged claim (analyse's comparison dicts, one setting):
+    the claims whose raw verdict is reproduced, contradicted or inconclusive form the family;
+    each one's p = stats.p_value of Δ = 0 (direction 0: Δ = -PAR_MARGIN), adjusted by stats.holm;
+    "reproduced" where the adjusted p < 0.05 and Δ lies on the claimed side of the null (direction
+    0: above -PAR_MARGIN), "contradicted" where it is < 0.05 on the other, else "inconclusive
+    (Holm p = ...)"; the other claims keep their raw word ("—", "not testable here: ...")."""
+    def p_of(c):
+        if c["direction"] is None or c["verdict"].startswith("not testable") or c["se"] is None:
+            return None
+        null = -PAR_MARGIN if c["direction"] == 0 else 0.0
+        return p_value(Comparison(c["delta"], c["se"], c["df"], *c["ci"], c["n"], c["paired"]),
+                       null)
+    adjusted = holm([p_of(c) for c in claims])
+    out = []
+    for c, p in zip(claims, adjusted):
+        if p is None:
+            out.append(c["verdict"])
+            continue
+        side = 1 if c["direction"] == 0 else c["direction"]
+        null = -PAR_MARGIN if c["direction"] == 0 else 0.0
+        if p < 0.05:
+            out.append("reproduced" if side * (c["delta"] - null) > 0 else "contradicted")
+        else:
+            out.append(f"inconclusive (Holm p = {p:.2g})")
+    return out
+
+
+def baseline_gain(s: Setting, runs: list[dict]) -> Comparison:
+    """The baseline's gain over seeds: paired(final accuracy, step-0 accuracy) of each run."""
+    return paired([run_final(r["curve"], s.final_at, s.x) for r in runs],
+                  [r["curve"][0][4] for r in runs])
+
+
+def learned(gain: dict | None) -> bool:
+    """Whether a baseline learned: its gain's 95% CI (comparison_json) lies above 0."""
+    return gain is not None and gain["ci"][0] is not None and gain["ci"][0] > 0
 
 
 def claims_of(s: Setting, runs: dict) -> list[Claim]:
@@ -1159,17 +1276,17 @@ def comparison_json(c: Comparison | None) -> dict | None:
                                    "n": c.n, "paired": c.paired}
 
 
-def arm_aes(rs: list[dict], base: list[dict]) -> float | None:
+def arm_aes(rs: list[dict], base: list[dict], final=final_accuracy) -> float | None:
     """O1-Pruner's accuracy-efficiency score (eval.aes) of an arm against the baseline: the mean
     final accuracies and the mean response lengths of the last training step (response/len_mean,
     sampled rollouts: the evaluation logs no length); None without lengths."""
     from eval import aes
     lengths = [r["len_end"] for r in rs if r.get("len_end")]
     base_lengths = [r["len_end"] for r in base if r.get("len_end")]
-    base_acc = statistics.mean(final_accuracy(r["curve"]) for r in base)
+    base_acc = statistics.mean(final(r["curve"]) for r in base)
     if not lengths or not base_lengths or base_acc <= 0:
         return None
-    return aes(statistics.mean(final_accuracy(r["curve"]) for r in rs),
+    return aes(statistics.mean(final(r["curve"]) for r in rs),
                statistics.mean(lengths), base_acc, statistics.mean(base_lengths))
 
 
@@ -1179,18 +1296,26 @@ def analyse(summary: dict) -> dict:
     did not gain), the budgets (BUDGETS x x_range, x_range = the smallest last x of the
     baseline's runs), per arm its final accuracy, Δ to the baseline (compare_runs), x and wall
     time to target with reached k/n and the ratio bound, accuracy at each budget with its Δ; and
-    per claim (claims_of) its Δ, CI, pairing, diagnostic and verdict. JSON-ready."""
+    per claim (claims_of) its Δ, CI, pairing, diagnostic, verdict and Holm-adjusted verdict; the
+    baseline's gain (baseline_gain) and the gain the learning gate reads (summary["gate"]: the
+    learns_in setting's, else this one's). JSON-ready."""
     s, runs = summary["setting"], summary["runs"]
     col = X_COL[s.x]
+
+    def final(curve):
+        return run_final(curve, s.final_at, s.x)
+
+    gain = comparison_json(baseline_gain(s, runs[s.baseline]))
+    gate = summary.get("gate") if s.learns_in else gain
     start = statistics.mean(r["curve"][0][4] for rs in runs.values() for r in rs)
-    base = statistics.mean(final_accuracy(r["curve"]) for r in runs[s.baseline])
+    base = statistics.mean(final(r["curve"]) for r in runs[s.baseline])
     target = start + TARGET_FRAC * (base - start) if base > start else None
     x_range = min(r["curve"][-1][col] for r in runs[s.baseline])
     budgets = [{"label": f"at {100 * q:g}%", "x": q * x_range} for q in BUDGETS]
     base_t = {x: to_target(runs[s.baseline], target, x) for x in (s.x, "wall")} if target else {}
     arms = {}
     for name, rs in runs.items():
-        finals = [final_accuracy(r["curve"]) for r in rs]
+        finals = [final(r["curve"]) for r in rs]
         acc, std = mean_std(finals)
         entry = {"seeds": [seed for seed, _ in _seed_streams(s, name, rs)],
                  "final": {"mean": acc, "std": std, "per_seed": finals},
@@ -1211,7 +1336,7 @@ def analyse(summary: dict) -> dict:
                 "mean": statistics.mean(vals) if vals else None, "n": len(vals),
                 "delta": None if name == s.baseline else comparison_json(
                     compare_runs(s, runs, name, s.baseline, b["label"], x_range))}
-        entry["aes"] = arm_aes(rs, runs[s.baseline])
+        entry["aes"] = arm_aes(rs, runs[s.baseline], final)
         arms[name] = entry
     comparisons = []
     also = set(summary.get("also", {}).values())     # reported beside the pick: no headline
@@ -1223,12 +1348,17 @@ def analyse(summary: dict) -> dict:
             "arm": c.arm, "against": ref, "metric": c.metric, "direction": c.direction,
             "headline": c.headline and c.arm not in also,
             "diagnostic": c.acted and {"key": c.acted[0], "predicate": c.acted[1],
-                                       "acted": acted},
+                                       "acted": acted, "value": aggregate(
+                                           runs[c.arm], c.acted[1].split()[0], c.acted[0]),
+                                       "gates": c.direction not in (0, None)},
             **(comparison_json(cmp) or {"delta": None, "se": None, "df": None,
                                         "ci": [None, None], "n": 0, "paired": None}),
-            "verdict": verdict(c.direction, cmp, acted)})
+            "verdict": verdict(c.direction, cmp, acted, learned(gate))})
+    for c, word in zip(comparisons, holm_verdicts(comparisons)):
+        c["holm"] = word
     return {"start": start, "target": target, "x": s.x, "x_range": x_range, "budgets": budgets,
-            "arms": arms, "comparisons": comparisons}
+            "arms": arms, "comparisons": comparisons, "baseline_gain": gain,
+            "gate": {"setting": s.learns_in or s.label, "gain": gate, "learned": learned(gate)}}
 
 
 def fmt(x, spec: str) -> str:
@@ -1312,7 +1442,8 @@ def table(summary: dict, analysis: dict | None = None) -> str:
         at = []
         for b in a_["budgets"]:
             cell = e["at"][b["label"]]
-            at.append(fmt(cell["mean"] and 100 * cell["mean"], ".1f") + (
+            held = f" [{cell['n']}/{len(rs)} seeds]" if cell["n"] < len(rs) else ""
+            at.append(fmt(cell["mean"] and 100 * cell["mean"], ".1f") + held + (
                 f" ({points(cell['delta'])})" if cell["delta"] else ""))
         v = verdicts.get(a.name)
         word = "—" if v is None else v["verdict"] + (
@@ -1328,16 +1459,31 @@ def table(summary: dict, analysis: dict | None = None) -> str:
                  fmt(avg("refreshes"), ".0f"), fmt(avg("updates"), ".0f"),
                  f"{fmt(avg('gen'), '.1f')} / {fmt(avg('upd'), '.1f')}", *lasts, *diag]
         out.append("| " + " | ".join(cells) + " |")
+    gate = a_.get("gate")
+    if gate:
+        out += ["", f"The learning gate: {gate['setting']}'s baseline {s.baseline} gained "
+                    f"{points(gate['gain'])} points over its step-0 accuracy (paired over its "
+                    f"seeds): {'it learns' if gate['learned'] else 'it does not learn'}."]
     out += ["", "Verdicts:", "", "| claim | metric | the paper claims | Δ [95% CI] | SE | df | "
-            "pairing | mechanism acted | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+            "pairing | mechanism acted | verdict | Holm (setting) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for c in a_["comparisons"]:
-        g = c["diagnostic"]
-        acted = "—" if not g else f"{g['key']} {g['predicate']}: {'yes' if g['acted'] else 'no'}"
         out.append(f"| {c['arm']} vs {c['against']} | {c['metric']} | "
                    f"{claim_words(c['direction'])} | {points(c)} | "
                    f"{fmt(c['se'] and 100 * c['se'], '.2f')} | {fmt(c['df'], '.3g')} | "
-                   f"{pairing(c)} | {acted} | {c['verdict']} |")
+                   f"{pairing(c)} | {acted_cell(c['diagnostic'])} | {c['verdict']} | "
+                   f"{c.get('holm', '—')} |")
     return "\n".join(out) + "\n"
+
+
+def acted_cell(g: dict | None) -> str:
+    """A claim's diagnostic: the key, its value against the predicate, whether it held, and
+    whether it gates the claim (on par: reported, not a gate)."""
+    if not g:
+        return "—"
+    value = "not logged" if g.get("value") is None else f"{g['value']:.3g}"
+    gates = "" if g.get("gates", True) else " (reported, not a gate)"
+    return f"{g['key']} {g['predicate']}: {value}, {'yes' if g['acted'] else 'no'}{gates}"
 
 
 def sweep_table(summary: dict) -> str:
@@ -1431,8 +1577,19 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
     and the plots; returns the text for the experiment's README (results.md less the rule)."""
     out.mkdir(parents=True, exist_ok=True)
     s = summary["setting"]
+    if s.learns_in:                      # the gate reads the dev-lr setting's baseline
+        other = out.parent / s.learns_in / "summary.json"
+        if not other.exists():
+            raise SystemExit(f"setting {s.label} reads whether {s.learns_in}'s baseline learns: "
+                             f"run --setting {s.learns_in} first ({other} is missing)")
+        summary = {**summary, "gate": json.loads(other.read_text()).get("baseline_gain")}
     analysis = analyse(summary)
-    text = (f"## {s.label}\n\nCommon flags: `{' '.join(s.flags)}`"
+    where = f", in {s.sweep_of} (the same runs)" if s.sweep_of else ""
+    stress = ("" if s.shared_lr is None else
+              f"A stress setting: every arm at one shared lr {s.shared_lr:g} (stress_lr: where "
+              f"{s.baseline} is unstable on {s.learns_in or 'its'}'s dev sweep); only the "
+              f"readings are swept, at that lr{where}.\n\n")
+    text = (f"## {s.label}\n\n{stress}Common flags: `{' '.join(s.flags)}`"
             + (f"; sweep runs add `{' '.join(s.sweep)}`" if s.sweep else "") + "\n\n"
             + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
             + code_line(summary.get("codes")) + table(summary, analysis))
@@ -1533,8 +1690,8 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
 
 def headline_rows(results_dir: Path, every: bool = False) -> tuple[list[list[str]], list[Path]]:
     """(rows, skipped): a row [paper, setting, arm vs reference, the paper's claim, Δ [95% CI],
-    pairing, verdict] per headline claim (Claim.headline; a setting without one: its first claim
-    with a direction), or with `every` per claim with a direction, of every
+    pairing, verdict, Holm verdict] per headline claim (Claim.headline; a setting without one: its
+    first claim with a direction), or with `every` per claim with a direction, of every
     RESULTS_DIR/*/**/summary.json (the experiments in EXPERIMENTS' order, then by path); skipped:
     the summary.json files without comparisons (written before verdicts were)."""
     order = {name: i for i, name in enumerate(EXPERIMENTS)}
@@ -1553,7 +1710,7 @@ def headline_rows(results_dir: Path, every: bool = False) -> tuple[list[list[str
             metric = "" if c["metric"] == "final" else f" ({c['metric']})"
             rows.append([data.get("paper") or path.parent.parent.name, data["setting"],
                          f"{c['arm']} vs {c['against']}{metric}", claim_words(c["direction"]),
-                         points(c), pairing(c), c["verdict"]])
+                         points(c), pairing(c), c["verdict"], c.get("holm", "—")])
     return rows, skipped
 
 
@@ -1567,7 +1724,7 @@ def headline_table(results_dir: Path, every: bool = False) -> str:
 
 def headline_markdown(rows: list[list[str]]) -> str:
     out = ["| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | paired? | "
-           "verdict |", "|---|---|---|---|---|---|---|"]
+           "verdict | Holm (setting) |", "|---|---|---|---|---|---|---|---|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out) + "\n"
 

@@ -141,3 +141,30 @@ def welch(a: list[float], b: list[float]) -> Comparison:
     df = ((qa + qb) ** 2 / (qa ** 2 / (na - 1) + qb ** 2 / (nb - 1)) if qa + qb > 0
           else float(na + nb - 2))
     return _interval(delta, se, df, na + nb, False)
+
+
+# ---- tests of a claim, and Holm's adjustment over a family of them ----------------------------
+
+def p_value(c: Comparison, null: float = 0.0) -> float | None:
+    """The two-sided p-value of H0: Δ = null from a Comparison, p = 2 (1 - F_df(|Δ - null| / SE))
+    with F_df the Student-t cdf (t_cdf), so p < 0.05 exactly where the 95% CI excludes null; SE
+    = 0: 0 where Δ != null, else 1; None where SE is undefined (fewer than 2 values)."""
+    if c.se is None:
+        return None
+    if c.se == 0:
+        return 0.0 if c.delta != null else 1.0
+    return min(1.0, 2 * (1 - t_cdf(abs(c.delta - null) / c.se, c.df)))
+
+
+def holm(ps: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values over the family ps (None: not in the family, stays None):
+    with the m p-values sorted p_(1) <= ... <= p_(m),
+        p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)),
+    so rejecting where p~ < alpha keeps the family-wise error rate at alpha (Holm 1979)."""
+    family = sorted((p, i) for i, p in enumerate(ps) if p is not None)
+    out: list[float | None] = [None] * len(ps)
+    running, m = 0.0, len(family)
+    for j, (p, i) in enumerate(family):
+        running = max(running, min(1.0, (m - j) * p))
+        out[i] = running
+    return out

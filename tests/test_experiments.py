@@ -62,7 +62,7 @@ def test_pnpo_holds_everything_but_the_ratio_clip_and_epochs():
     """4 mini-batches a step in every arm (every update after the first off-policy), at 1 and 4
     epochs: the token, GSPO, exact cumulative ratio and PNPO's two readings (chosen on dev); the
     claims carry the far-prefix diagnostic."""
-    (s,) = experiments.pnpo(False).settings
+    s, stress = experiments.pnpo(False).settings
     assert flag(list(s.flags), "--mini-batches") == "4"
     ratios = {flag(list(a.flags), "--ratio") for a in s.arms}
     assert ratios == {"token", "gspo", "pnpo", "pnpo-geo", "cumulative"}
@@ -73,7 +73,11 @@ def test_pnpo_holds_everything_but_the_ratio_clip_and_epochs():
     on_gspo = {c.arm: c.direction for c in s.claims if c.against.startswith("gspo")}
     assert on_gspo == {"pnpo e1 x 4": 0, "pnpo-geo e1 x 4": 0, "pnpo e4 x 4": 1,
                        "pnpo-geo e4 x 4": 1}
-    assert all(c.acted[0] == "ratio/far_prefix_frac" for c in s.claims if c.direction is not None)
+    assert all(c.acted == ("ratio/gspo_differs_frac", "mean > 0.01")
+               for c in s.claims if c.direction is not None)
+    assert [a.name for a in stress.arms] == [a.name for a in s.arms if a.name.endswith("e4 x 4")]
+    assert stress.readings == (("pnpo e4 x 4", "pnpo-geo e4 x 4"),)
+    assert stress.flags == s.flags and stress.sweep == s.sweep      # the dev sweep's runs
 
 
 def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
@@ -99,7 +103,7 @@ def test_the_new_readings_and_controls_are_there():
     (dapo,) = experiments.dapo(False).settings
     control = next(a for a in dapo.arms if a.name == "grpo 16 updates")
     assert flag([*dapo.flags, *control.flags], "--mini-batches") == "16"
-    arith, steps = experiments.mu_grpo(False).settings
+    arith, steps, _ = experiments.mu_grpo(False).settings
     deltas = {flag([*steps.flags, *a.flags], "--veto-threshold") for a in steps.arms
               if a.name.startswith("mu-grpo")}
     assert deltas == {"1e-2", "1e-3", "1e-4"} and len(steps.readings[0]) == 3
@@ -403,3 +407,45 @@ def test_finished_runs_travel_in_the_results_archive(tmp_path, monkeypatch):
     experiments.run_train(["--lr", "1e-4"], run, threads=1, in_process=True)
     assert len(calls) == 2                                                    # reused
     assert experiments.unpack_runs(tmp_path / "none.tar.gz", fresh) == 0
+
+
+STRESS = {"mu-grpo": "steps", "pnpo": "steps", "headroom-drift": "steps"}
+
+
+def test_each_stress_setting_is_at_the_lr_the_rule_gives_on_the_committed_dev_sweep():
+    """A stress setting (shared_lr) runs every arm at stress_lr of its dev-lr setting's baseline
+    sweep (the committed summary.json's): the smallest lr above the chosen one where the baseline's
+    mean final dev accuracy is STRESS_DROP below; its arms, flags and sweep are the dev setting's,
+    so the readings are chosen on the same sweep runs; 10 seeds; the gate reads the dev setting."""
+    assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.33], 3e-4: [0.1]}) == 3e-4
+    assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.31]}) == 1e-4
+    assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.35]}) is None
+    for name, dev_label in STRESS.items():
+        settings = {s.label: s for s in experiments.EXPERIMENTS[name](False).settings}
+        stress, dev = settings["steps-stress"], settings[dev_label]
+        assert stress.sweep_of == stress.learns_in == dev_label
+        assert stress.flags == dev.flags and stress.baseline == dev.baseline
+        assert {a.name: a.flags for a in stress.arms}.items() <= \
+            {a.name: a.flags for a in dev.arms}.items()
+        assert stress.seeds == experiments.STRESS_SEEDS and len(stress.seeds) == 10
+        committed = ROOT / "bench" / "results" / name / dev_label / "summary.json"
+        if committed.exists():
+            sweep = json.loads(committed.read_text())["sweep"][dev.baseline]
+            assert stress.shared_lr == experiments.stress_lr(
+                {float(lr): accs for lr, accs in sweep.items()}), name
+
+
+def test_every_mechanism_diagnostic_is_one_predicate_form():
+    """Every claim's diagnostic reads a metrics key's mean over every step of every reported seed
+    ("mean > X"); the stabilisers' shares (veto, PNPO's terms, Headroom-Drift's selection) and
+    R²PO's head KL at ACTED."""
+    shares = {"loss/veto_frac", "ratio/gspo_differs_frac", "replay/hd_changed_frac",
+              "r2po/head_kl_current"}
+    for name, make in experiments.EXPERIMENTS.items():
+        for s in make(False).settings:
+            for c in s.claims:
+                if c.acted:
+                    agg, op, rhs = c.acted[1].split()
+                    assert (agg, op) == ("mean", ">"), (name, c)
+                    if c.acted[0] in shares:
+                        assert float(rhs) == experiments.ACTED, (name, c)

@@ -316,3 +316,39 @@ def test_drift_is_the_mean_over_rollouts_of_the_absolute_mean_log_ratio():
     with pytest.raises(ValueError, match="logprobs"):
         buffer.GroupReplay(tau_max=2).sample(1, 0)          # no forward given: no drift gate
 
+
+
+def test_changed_frac_is_the_share_of_the_ungated_stored_ranking_not_replayed():
+    """hd_changed_frac against GroupReplay.reference, the first `groups` candidates by the stored
+    headroom with no gate. Stored p(1-p): A = (1, 1, 0, 0) h 1/4, B = (1, 0, 0, 0) h 3/16, C =
+    (1, 1, 1, 0) h 3/16 (C newer: ranked before B). groups 2: the reference is {A, C}. Gate A
+    (drift above the limit): B and C are replayed, 1 of the 2 reference groups changed. Current:
+    raising every correct completion by log 3 re-scores A 3/16, B 1/4, C 9/100 (w = 3, 3, 3, 1:
+    p = 9/10): B, A replayed, C of {A, C} changed: 1/2 with no gate at all."""
+    a, b, c = (group(0, 0, [1.0, 1.0, 0.0, 0.0]), group(1, 0, [1.0, 0.0, 0.0, 0.0]),
+               group(2, 1, [1.0, 1.0, 1.0, 0.0]))
+    limit = 0.1
+
+    def drifted(rollouts):                               # A's every token drifts by 2 x limit
+        return [[lp + (2 * limit if r.prompt_id == 0 else 0.0) for lp in r.logprobs]
+                for r in rollouts]
+    replay = buffer.GroupReplay(tau_max=4, groups=2, candidates=8, drift_max=limit,
+                                logprobs=drifted)
+    replay.add(a + b, step=0)
+    replay.add(c, step=1)
+    assert [cands[0].prompt_id for cands in replay.candidates(2)] == [0, 2, 1]
+    out = replay.sample(2, 0)
+    assert {r.prompt_id for r in out} == {1, 2}
+    s = replay.stats()
+    assert s["replay/hd_reference"] == 2 and s["replay/hd_changed_frac"] == 0.5
+    policy = Policy()
+    current = buffer.GroupReplay(tau_max=4, headroom="current", groups=2, candidates=8,
+                                 drift_max=10.0, logprobs=policy)
+    current.add(a + b, step=0)
+    current.add(c, step=1)
+    current.sample(2, 0)
+    assert current.stats()["replay/hd_changed_frac"] == 0.0          # the policy has not moved
+    policy.shift.update({0: LOG3, 1: LOG3, 2: LOG3})
+    out = current.sample(2, 0)
+    assert {r.prompt_id for r in out} == {0, 1}
+    assert current.stats()["replay/hd_changed_frac"] == 0.5

@@ -3,6 +3,7 @@ quantile, the paired and Welch comparisons, final accuracy, censored time to tar
 a budget, the pairing read from the runs' flags, the mechanism diagnostic, the verdict rule, the
 results table and summary.json, and the README's headline table from hand-made summary.json
 files. No runs: everything here is hand-made curves."""
+import dataclasses
 import json
 import math
 import subprocess
@@ -85,6 +86,30 @@ def test_final_accuracy_is_the_mean_of_the_last_two_evaluations():
     assert experiments.final_accuracy(curve([0.2, 0.4, 0.5, 0.7])) == pytest.approx(0.6)
     assert experiments.final_accuracy(curve([0.2, 0.4])) == pytest.approx(0.4)   # not step 0
     assert experiments.final_accuracy(curve([0.2])) == pytest.approx(0.2)
+
+
+def test_final_at_fractions_of_the_x_range_interpolates_between_evaluations():
+    """mu-GRPO's stage arms evaluate at 25/50/75/100% of the updates, GRPO mu = 4 every 5 of 64
+    steps: final_at (0.75, 1.0) takes both at the same points. Evaluations at 0, 1, 2, 3, 4 of x
+    0..400: at 75% (x 300) the evaluation there, 0.5; with evaluations at 0, 100, 250, 400 the 75%
+    point lies 50/150 of the way from 0.4 (at 250) to 0.7 (at 400): 0.5."""
+    assert experiments.run_final(curve([0.2, 0.3, 0.4, 0.5, 0.7]), (0.75, 1.0)) == \
+        pytest.approx(0.6)
+    sparse = [(0, 0, 0, 0.0, 0.2), (1, 100, 1, 1.0, 0.3), (2, 250, 2, 2.0, 0.4),
+              (3, 400, 3, 3.0, 0.7)]
+    assert experiments.run_final(sparse, (0.75, 1.0)) == pytest.approx((0.5 + 0.7) / 2)
+    assert experiments.run_final(sparse) == experiments.final_accuracy(sparse) == \
+        pytest.approx(0.55)
+    assert experiments.run_final(sparse, (0.75,), "updates") == pytest.approx(0.4 + 0.25 * 0.3)
+
+
+def test_budget_cells_say_how_many_seeds_they_hold():
+    """A run that ends before a budget has no value there: the cell says [k/n seeds]."""
+    summary = verdict_summary()
+    summary["runs"]["noisy"][0] = run([0.2, 0.3], seed=100, stream=["4", "100"])   # ends at 100
+    text = experiments.table(summary)
+    row = next(line for line in text.splitlines() if line.startswith("| noisy |"))
+    assert "[4/5 seeds]" in row
 
 
 def test_aes_of_an_arm_against_the_baseline_by_hand():
@@ -191,14 +216,72 @@ def test_the_verdict_rule_gives_each_word():
     assert v(1, C(0.0, 0.05)).startswith("inconclusive")               # touching 0: not excluded
     assert v(-1, C(-0.05, -0.01)) == "reproduced"
     assert v(-1, C(0.01, 0.05)) == "contradicted"
-    m = experiments.PAR_MARGIN                                         # on par: inside ±margin
+    m = experiments.PAR_MARGIN          # on par: matches or exceeds, one-sided at -margin
     assert v(0, C(-m / 2, m)) == "reproduced"
-    assert v(0, C(m + 0.001, m + 0.03)) == "contradicted"
-    assert v(0, C(-m / 2, 2 * m)).startswith("inconclusive")
-    assert v(1, C(0.01, 0.05), acted=False) == "not testable here"     # checked first
-    assert v(0, C(-m / 2, m), acted=False) == "not testable here"
+    assert v(0, C(m + 0.001, m + 0.03)) == "reproduced"               # much better: not against
+    assert v(0, C(-m, 0.01)) == "reproduced"                           # an end on the margin
+    assert v(0, C(-m - 0.03, -m - 0.001)) == "contradicted"            # worse by more than m
+    assert v(0, C(-1.5 * m, 2 * m)) == "inconclusive (95% CI [-3.0, +4.0])"
+    not_acted = "not testable here: the mechanism did not act"
+    assert v(1, C(0.01, 0.05), acted=False) == not_acted == experiments.NOT_ACTED
+    assert v(-1, C(-0.05, -0.01), acted=False) == not_acted
+    assert v(0, C(-m / 2, m), acted=False) == "reproduced"             # on par: not a gate
+    assert v(0, C(-m - 0.03, -m - 0.001), acted=False) == "contradicted"   # a loss is a loss
+    no_gain = "not testable here: the baseline does not learn"
+    for d, c in ((1, C(0.01, 0.05)), (0, C(-m / 2, m)), (-1, C(-0.05, -0.01))):
+        assert v(d, c, learns=False) == no_gain == experiments.NOT_LEARNING   # checked first
+    assert v(1, C(0.01, 0.05), acted=False, learns=False) == no_gain
     assert v(1, stats.paired([0.5], [0.4])).startswith("inconclusive (95% CI undefined")
     assert v(None, C(0.01, 0.05)) == "—"
+    assert v(None, C(0.01, 0.05), learns=False) == "—"
+
+
+def test_the_learning_gate_reads_the_baselines_gain_ci():
+    """learned: the baseline's gain (final - step-0 accuracy, paired over seeds) has a 95% CI above
+    0. Gains +1, +2, +3 points: mean 2, sd 1, SE 1/sqrt 3, CI 2 +- 4.303 x 0.577 = [-0.48, +4.48]
+    points: includes 0, does not learn; +2, +3, +4: [0.52, 5.48]: learns; a collapse (all -5): its
+    CI below 0: does not learn either."""
+    s = verdict_setting()
+
+    def gain(points):
+        runs = [run([0.2, 0.2 + p / 100, 0.2 + p / 100], seed=i) for i, p in enumerate(points)]
+        return experiments.comparison_json(experiments.baseline_gain(s, runs))
+    g = gain([1, 2, 3])
+    assert g["ci"] == [pytest.approx(0.02 - 0.04303 / 3 ** 0.5, abs=1e-5),
+                       pytest.approx(0.02 + 0.04303 / 3 ** 0.5, abs=1e-5)]
+    assert not experiments.learned(g)
+    assert experiments.learned(gain([2, 3, 4]))
+    assert not experiments.learned(gain([-5, -5.1, -4.9]))
+    assert not experiments.learned(None)
+
+
+def test_holm_adjusts_over_the_settings_testable_claims():
+    """Three testable claims with p = 0.01, 0.04, 0.03 (two-sided, from Δ / SE at df 4): Holm's
+    adjusted p 0.03, 0.06, 0.06: the first stays reproduced, the other two become inconclusive;
+    a "not testable" claim and a claim with no direction are outside the family and keep their
+    word. On par: the null is Δ = -margin."""
+    t = stats.t_quantile
+
+    def claim(p, direction=1, verdict="reproduced", null=0.0):
+        se = 0.01
+        delta = null + t(1 - p / 2, 4) * se               # two-sided p of Δ = null is exactly p
+        return {"direction": direction, "verdict": verdict, "delta": delta, "se": se, "df": 4,
+                "ci": [delta - t(0.975, 4) * se, delta + t(0.975, 4) * se], "n": 5,
+                "paired": True}
+    m = experiments.PAR_MARGIN
+    claims = [claim(0.01), claim(0.04), claim(0.03, direction=0, null=-m),
+              claim(0.001, verdict=experiments.NOT_ACTED), claim(0.001, direction=None,
+                                                                 verdict="—")]
+    words = experiments.holm_verdicts(claims)
+    assert words[0] == "reproduced"
+    assert words[1] == "inconclusive (Holm p = 0.06)"
+    assert words[2] == "inconclusive (Holm p = 0.06)"
+    assert words[3:] == [experiments.NOT_ACTED, "—"]
+    assert stats.holm([0.01, 0.04, None, 0.03]) == [pytest.approx(0.03), pytest.approx(0.06),
+                                                    None, pytest.approx(0.06)]
+    worse = claim(0.001, direction=1)
+    worse["delta"] = -worse["delta"]                        # significant, on the other side
+    assert experiments.holm_verdicts([worse]) == ["contradicted"]
 
 
 def verdict_setting():
@@ -249,7 +332,7 @@ def test_analyse_gives_each_verdict_on_hand_made_runs():
                      ("worse", "base"): "contradicted",
                      ("noisy", "base"): words[("noisy", "base")],
                      ("par", "base"): "reproduced",
-                     ("veto", "base"): "not testable here"}
+                     ("veto", "base"): experiments.NOT_ACTED}
     assert words[("noisy", "base")].startswith("inconclusive (95% CI [")
     par = next(c for c in a["comparisons"] if c["arm"] == "par")
     assert par["paired"] and par["n"] == 5 and par["df"] == 4
@@ -261,6 +344,42 @@ def test_analyse_gives_each_verdict_on_hand_made_runs():
     assert [b["x"] for b in a["budgets"]] == [75, 150, 225, 300]
     at = a["arms"]["better"]["at"]["at 50%"]      # halfway from step 1 to 2: half of +5
     assert at["delta"]["delta"] == pytest.approx(0.025) and at["delta"]["paired"]
+    assert a["gate"]["learned"] and a["baseline_gain"]["delta"] == pytest.approx(0.22)
+    holm = {(c["arm"], c["against"]): c["holm"] for c in a["comparisons"]}
+    assert holm[("veto", "base")] == experiments.NOT_ACTED          # outside the family
+    veto = next(c for c in a["comparisons"] if c["arm"] == "veto")
+    assert veto["diagnostic"]["value"] == 0.0 and veto["diagnostic"]["gates"]
+
+
+def test_a_baseline_that_does_not_learn_makes_every_claim_not_testable():
+    """The same arms, the baseline's final equal to its start on every seed but one (gain CI
+    around 0): every claim with a direction says the baseline does not learn."""
+    summary = verdict_summary()
+    summary["runs"]["base"] = [run([0.2, 0.2, 0.2 + 0.001 * (i % 2)], seed=100 + i,
+                                   stream=["4", str(100 + i)]) for i in range(5)]
+    a = experiments.analyse(summary)
+    assert not a["gate"]["learned"]
+    assert {c["verdict"] for c in a["comparisons"]} == {experiments.NOT_LEARNING}
+
+
+def test_a_stress_setting_reads_the_gate_of_its_dev_lr_setting(tmp_path, monkeypatch):
+    """learns_in: the gate is the other setting's baseline gain, read from its summary.json (so a
+    collapsing baseline at the stress lr does not silence the claims); missing: a clear error."""
+    monkeypatch.setattr(experiments, "plots", lambda summary, out: False)
+    summary = verdict_summary()
+    stress = dataclasses.replace(summary["setting"], label="stress", learns_in="arith",
+                                 shared_lr=1e-4)
+    summary["runs"]["base"] = [run([0.2, 0.1, 0.1], seed=100 + i, stream=["4", str(100 + i)])
+                               for i in range(5)]               # collapses at the stress lr
+    with pytest.raises(SystemExit, match="run --setting arith first"):
+        experiments.write_setting({**summary, "setting": stress}, tmp_path / "stress")
+    experiments.write_setting(verdict_summary(), tmp_path / "arith")   # it learned there
+    experiments.write_setting({**summary, "setting": stress}, tmp_path / "stress")
+    data = json.loads((tmp_path / "stress" / "summary.json").read_text())
+    assert data["gate"]["setting"] == "arith" and data["gate"]["learned"]
+    assert experiments.NOT_LEARNING not in {c["verdict"] for c in data["comparisons"]}
+    assert "A stress setting: every arm at one shared lr 0.0001" in (
+        tmp_path / "stress" / "results.md").read_text()
 
 
 def test_table_and_summary_json_carry_the_statistics(tmp_path, monkeypatch, capsys):
@@ -315,12 +434,12 @@ def test_headline_table_from_hand_made_summaries(tmp_path):
     text = experiments.headline_table(tmp_path)
     lines = text.splitlines()
     assert lines[0] == ("| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | "
-                        "paired? | verdict |")
+                        "paired? | verdict | Holm (setting) |")
     assert lines[2:] == [       # EXPERIMENTS' order (replay before mu-grpo); no-claim rows left out
         "| replay paper | arith | rollout-replay vs grpo | better | +1.2 [+0.2, +2.2] | paired "
-        "| reproduced |",
+        "| reproduced | — |",
         "| mu-GRPO | steps | mu-grpo vs grpo mu=4 (at 50%) | on par (±2) | +0.3 [-2.6, +3.3] | "
-        "unpaired (Welch) | inconclusive (95% CI [-2.6, +3.3]) |"]
+        "unpaired (Welch) | inconclusive (95% CI [-2.6, +3.3]) | — |"]
     rows, skipped = experiments.headline_rows(tmp_path)
     assert skipped == [tmp_path / "dapo" / "arith" / "summary.json"]
     proc = subprocess.run([sys.executable, "bench/experiments.py", "--headline", str(tmp_path)],

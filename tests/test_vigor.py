@@ -1,16 +1,24 @@
 """VIGOR's variance-guided allocation (vigor.vigor_generate): the budget, who gets the extra
 completions, and variable-size groups through the advantages, the loss's normaliser and the replay
 buffer; the readings (a Beta prior, marginal-gain ranking, prompt weighting) on hand-built
-groups."""
+groups; the variance of the reward's credit (allocation.credit) under --reward partial."""
+import functools
+
 import pytest
 import torch
 
+import allocation
 import buffer
 import grpo
+import verify
 import vigor
 from data import Prompt
+from metrics import Metrics
 from rollout import Rollout, Sampling
 from vigor import vigor_generate
+
+# the credit under --reward correct, c = v (allocation.credit, as Allocation hands it to VIGOR)
+VERDICTS = functools.partial(allocation.credit, flags=allocation.Flags())
 
 # prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2
 # right 1 in 4, 3 always wrong. Variances after 2 completions: 0, 0.25, 0 or 0.25 (...) , 0.
@@ -43,7 +51,8 @@ def grade(rollouts):
 def run(budget, n_init=2, n_step=2, top=2):
     engine, prompts = PatternEngine(), [Prompt(i, [1]) for i in PATTERNS]
     out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=100 + k), 0, grade,
-                                n_init=n_init, n_step=n_step, top=top, budget=budget)
+                                credit=VERDICTS, n_init=n_init, n_step=n_step, top=top,
+                                budget=budget)
     sizes = {p: sum(r.prompt_id == p for r in out) for p in PATTERNS}
     return out, stats, sizes, engine
 
@@ -77,8 +86,8 @@ def test_highest_variance_first():
 
 def test_all_zero_variance_stops_early():
     engine, prompts = PatternEngine(), [Prompt(0, [1]), Prompt(3, [1])]
-    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, grade, n_init=2,
-                                n_step=2, top=2, budget=12)
+    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, grade,
+                                credit=VERDICTS, n_init=2, n_step=2, top=2, budget=12)
     assert len(out) == 4 and stats["vigor/rounds"] == 0
     assert stats["vigor/zero_std_frac_before"] == 1.0
 
@@ -108,17 +117,40 @@ def test_variable_size_groups_advantages_normaliser_and_replay():
     assert {r.prompt_id for r in drawn} == {7, 9}
 
 
+def beta_posterior_variance(rollouts, prior):
+    """{prompt_id: p_q (1 - p_q)} of the 0/1 verdicts, p_q = (s_q + prior) / (n_q + 2 prior): the
+    variance VIGOR ranked by before it read the reward's credit, computed as that code did."""
+    import collections
+    n, s = collections.Counter(), collections.Counter()
+    for r in rollouts:
+        n[r.prompt_id] += 1
+        s[r.prompt_id] += r.correct
+    p = {q: (s[q] + prior) / (n[q] + 2 * prior) for q in n}
+    return {q: p[q] * (1 - p[q]) for q in n}
+
+
 @pytest.mark.parametrize("reading", [(), ("--vigor-rank", "variance", "--vigor-prior", "0")])
-def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only, reading):
+def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only, monkeypatch, reading):
     """`--preset vigor` on the built-in task: 8 prompts x 4 = a budget of 32 completions per step,
-    2 each first, the rest by the preset's reading (the dev's: marginal gain with a Beta(1, 1)
-    prior, which may spread them evenly) or the first reading (the highest variance: some group
-    gets more than 4); the metrics say so."""
+    2 each first, the rest by the preset's reading (arith dev's: top-k with a Beta(0.25, 0.25)
+    prior) or the first reading (the highest variance: some group gets more than 4); the metrics
+    say so. Under --reward correct the credit VIGOR is handed is the verdict, and every variance it
+    ranks by is the Beta posterior's p (1 - p) of the verdicts to the last bit
+    (beta_posterior_variance), so its group sizes are those of the verdict reading."""
     import io
     import json
     from contextlib import redirect_stderr, redirect_stdout
 
     import train
+    smoothed_variance, calls = vigor.smoothed_variance, []
+
+    def checked(rollouts, credits, prior):
+        n, var = smoothed_variance(rollouts, credits, prior)
+        assert credits == [r.correct for r in rollouts]
+        assert var == beta_posterior_variance(rollouts, prior)                    # ==, not approx
+        calls.append(prior)
+        return n, var
+    monkeypatch.setattr(vigor, "smoothed_variance", checked)
     out = tmp_path / "run"
     with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         rc = train.main(["--preset", "vigor", "--steps", "2", "--prompts-per-step", "8",
@@ -133,6 +165,9 @@ def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only, reading):
         assert m["vigor/group_size_max"] > 4 or not reading
         assert m["vigor/group_size_mean"] == pytest.approx(4.0)
         assert m["replay/sampled"] == 0          # the preset: VIGOR on plain GRPO, no replay
+    # per step: vigor/zero_std_frac_before's (prior 0), then each round's (the reading's prior)
+    prior = 0.0 if reading else 0.25
+    assert len(calls) >= 2 * 2 and set(calls) == {0.0, prior}
 
 
 # ---- the readings: --vigor-prior, --vigor-rank marginal, --vigor-weight prompt ------------------
@@ -140,8 +175,8 @@ def test_vigor_preset_trains_through_the_loop(tmp_path, cpu_only, reading):
 def run_reading(budget, rank="marginal", prior=1.0, n_init=2, n_step=2, top=2, full=0):
     engine, prompts = PatternEngine(), [Prompt(i, [1]) for i in PATTERNS]
     out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=100 + k), 0, grade,
-                                n_init=n_init, n_step=n_step, top=top, budget=budget, rank=rank,
-                                prior=prior, full=full)
+                                credit=VERDICTS, n_init=n_init, n_step=n_step, top=top,
+                                budget=budget, rank=rank, prior=prior, full=full)
     return out, stats, {p: sum(r.prompt_id == p for r in out) for p in PATTERNS}
 
 
@@ -150,9 +185,9 @@ def test_beta_prior_by_hand():
     3/16. Without a prior the first and last are 0."""
     rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], correct=c)
           for q, c in [(0, 0), (0, 0), (1, 1), (1, 0), (2, 1), (2, 1)]]
-    n, var = vigor.smoothed_variance(rs, 1.0)
+    n, var = vigor.smoothed_variance(rs, VERDICTS(rs).tolist(), 1.0)
     assert n == {0: 2, 1: 2, 2: 2} and var == {0: 3 / 16, 1: 1 / 4, 2: 3 / 16}
-    assert vigor.smoothed_variance(rs, 0.0)[1] == {0: 0.0, 1: 0.25, 2: 0.0}
+    assert vigor.smoothed_variance(rs, VERDICTS(rs).tolist(), 0.0)[1] == {0: 0.0, 1: 0.25, 2: 0.0}
 
 
 def test_marginal_gain_by_hand_a_zero_variance_prompt_still_gets_rollouts():
@@ -221,16 +256,31 @@ def test_score_scales_advantages_by_prompt_weight():
 
 # ---- the readings that concentrate: a weak --vigor-prior, --vigor-rank topk ---------------------
 
+@pytest.mark.parametrize("prior", [0.0, 0.1, 0.25, 0.5, 1.0, 3.0])
+def test_smoothed_variance_of_verdicts_is_the_beta_posteriors_to_the_last_bit(prior):
+    """On 0/1 credits c^2 = c, so m2_q = m_q and sigma_q^2 = m_q (1 - m_q) - 0.0: the Beta(a, a)
+    posterior's p (1 - p) bit for bit (==), for every s right of n up to 40, the rollouts of all
+    the prompts interleaved."""
+    import random
+    cases = [(n, s) for n in range(1, 41) for s in range(n + 1)]
+    rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
+                  correct=float(i < s)) for q, (n, s) in enumerate(cases) for i in range(n)]
+    random.Random(0).shuffle(rs)
+    n, var = vigor.smoothed_variance(rs, VERDICTS(rs).tolist(), prior)
+    assert n == {q: nq for q, (nq, _) in enumerate(cases)}
+    assert var == beta_posterior_variance(rs, prior)
+
+
 def test_weak_prior_by_hand():
     """Beta(1/2, 1/2): 0 right of 2 -> p = (0 + 1/2) / 3 = 1/6, sigma^2 = 5/36; 1 of 2 -> 1/2, 1/4;
     2 of 2 -> 5/6, 5/36. The hopeless prompt trails by (n + 2a)^2 / (4 a (n + a)) = 9/5, against
     4/3 with Beta(1, 1) (3/16 against 1/4)."""
     rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], correct=c)
           for q, c in [(0, 0), (0, 0), (1, 1), (1, 0), (2, 1), (2, 1)]]
-    _, var = vigor.smoothed_variance(rs, 0.5)
+    _, var = vigor.smoothed_variance(rs, VERDICTS(rs).tolist(), 0.5)
     assert var == pytest.approx({0: 5 / 36, 1: 1 / 4, 2: 5 / 36})
     assert var[1] / var[0] == pytest.approx(9 / 5)
-    _, var = vigor.smoothed_variance(rs, 1.0)
+    _, var = vigor.smoothed_variance(rs, VERDICTS(rs).tolist(), 1.0)
     assert var[1] / var[0] == pytest.approx(4 / 3)
 
 
@@ -258,8 +308,9 @@ def test_top_k_spends_the_budget_even_when_no_prompt_has_variance():
     marginal stop at 4 (test_all_zero_variance_stops_early); topk ranks them anyway (prompt order):
     N = max(2 x 12 // 2, 6) = 12, prompt 0 gets the 8 left."""
     engine, prompts = PatternEngine(), [Prompt(0, [1]), Prompt(3, [1])]
-    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, grade, n_init=2,
-                                n_step=2, top=2, budget=12, rank="topk")
+    out, stats = vigor_generate(engine, prompts, lambda k: Sampling(seed=k), 0, grade,
+                                credit=VERDICTS, n_init=2, n_step=2, top=2, budget=12,
+                                rank="topk")
     assert len(out) == 12 and stats["vigor/group_size_min"] == 2
     assert sum(r.prompt_id == 0 for r in out) == 10
 
@@ -312,8 +363,8 @@ class HopelessEngine:
 def hopeless_sizes(rank, prior, full=0):
     prompts = [Prompt(q, [1]) for q in range(10)]
     out, stats = vigor_generate(HopelessEngine(), prompts, lambda k: Sampling(seed=k), 0, grade,
-                                n_init=2, n_step=2, top=16, budget=80, rank=rank, prior=prior,
-                                full=full)
+                                credit=VERDICTS, n_init=2, n_step=2, top=16, budget=80,
+                                rank=rank, prior=prior, full=full)
     assert len(out) == 80
     return [sum(r.prompt_id == q for r in out) for q in range(10)], stats
 
@@ -350,3 +401,101 @@ def test_with_70_percent_hopeless_prompts_the_concentrating_readings_spend_less_
     # the floor: no prompt ever has fewer than its first 2, whatever the reading
     for rank, prior in (("marginal", 0.1), ("topk", 0.1), ("topk", 0.0), ("marginal", 0.5)):
         assert min(hopeless_sizes(rank, prior)[0]) >= 2
+
+
+# ---- --reward partial: the variance of the partial credit, c = (v + share) / 2 ------------------
+
+class ChainEngine:
+    """3 prompts, gold 5, each answered by cycling through its chains (verify.step_share, the
+    long task's grader verify.grade_integer): prompt 0 all wrong with different shares
+    ("2+3=4=4=4": 1 of 4 steps keeps 5, c = (0 + 1/4) / 2 = 1/8; "2+3=5=5=4": 3 of 4, c = 3/8),
+    1 all wrong with share 0 ("9": c = 0), 2 all right ("2+3=5": c = (1 + 1) / 2 = 1)."""
+    chains = {0: ["2+3=4=4=4", "2+3=5=5=4"], 1: ["9"], 2: ["2+3=5"]}
+
+    def __init__(self):
+        self.made = {q: 0 for q in self.chains}
+
+    def generate(self, prompts, n, sampling, version=0):
+        out = []
+        for p in prompts:
+            for _ in range(n):
+                chains = self.chains[p.prompt_id]
+                text = chains[self.made[p.prompt_id] % len(chains)]
+                out.append(Rollout(prompt_id=p.prompt_id, prompt_ids=[1], completion_ids=[2],
+                                   logprobs=[-1.0], text=text, answer="5", version=version))
+                self.made[p.prompt_id] += 1
+        return out
+
+
+GRADE_INTEGER = functools.partial(allocation.grade, grader=verify.grade_integer)
+PARTIAL = functools.partial(allocation.credit, flags=allocation.Flags(reward="partial"))
+
+
+def test_partial_credit_variance_by_hand():
+    """After 2 each, the credits (ChainEngine) and their variance (smoothed_variance), prior 0:
+
+        prompt 0: 1/8, 3/8:  m = 1/4, m2 = (1/64 + 9/64) / 2 = 5/64,
+                  sigma^2 = 1/4 x 3/4 - (1/4 - 5/64) = 12/64 - 11/64 = 1/64 (= 5/64 - 1/16)
+        prompt 1: 0, 0:      m = m2 = 0, sigma^2 = 0
+        prompt 2: 1, 1:      m = m2 = 1, sigma^2 = 0
+
+    every one 0 on the verdicts (0, 0; 0, 0; 1, 1). With a prior the pseudo-credits at 0 and 1
+    weigh more than prompt 0's spread: at a = 0.25 (--preset vigor's) prompt 0 has m = 0.75 / 2.5
+    = 0.3, m2 = (10/64 + 0.25) / 2.5 = 0.1625, sigma^2 = 0.1625 - 0.09 = 0.0725, and prompt 1
+    m = 0.1, sigma^2 = 0.1 x 0.9 = 0.09: a hopeless prompt still outranks one all wrong with
+    spread; at a = 1, 19/128 against 3/16."""
+    rs = ChainEngine().generate([Prompt(q, [1]) for q in range(3)], 2, Sampling())
+    GRADE_INTEGER(rs)
+    credits = PARTIAL(rs).tolist()
+    assert [r.correct for r in rs] == [0, 0, 0, 0, 1, 1]
+    assert credits == [1 / 8, 3 / 8, 0, 0, 1, 1]
+    assert vigor.smoothed_variance(rs, credits, 0.0)[1] == {0: 1 / 64, 1: 0.0, 2: 0.0}
+    assert vigor.smoothed_variance(rs, VERDICTS(rs).tolist(), 0.0)[1] == {0: 0, 1: 0, 2: 0}
+    _, var = vigor.smoothed_variance(rs, credits, 0.25)
+    assert var == pytest.approx({0: 0.0725, 1: 0.09, 2: 0.09}, abs=1e-15)
+    _, var = vigor.smoothed_variance(rs, credits, 1.0)
+    assert var == pytest.approx({0: 19 / 128, 1: 3 / 16, 2: 3 / 16}, abs=1e-15)
+
+
+@pytest.mark.parametrize("rank", ["variance", "marginal"])
+def test_partial_credit_gives_the_budget_to_the_all_wrong_prompt_with_spread(rank):
+    """n_init 2, prior 0, a budget of 8 (2 left after 3 x 2): under --reward partial only prompt
+    0 has sigma^2 > 0 (1/64, test_partial_credit_variance_by_hand), so both extra completions go to
+    it, prompt 1 (all wrong, share 0) gets none; vigor/zero_std_frac_before 2/3. On the verdicts
+    (--reward correct) no prompt has variance: no round, 6 completions, zero_std_frac_before 1."""
+    prompts = [Prompt(q, [1]) for q in range(3)]
+
+    def sizes(credit):
+        out, stats = vigor_generate(ChainEngine(), prompts, lambda k: Sampling(seed=k), 0,
+                                    GRADE_INTEGER, credit=credit, n_init=2, n_step=2, top=2,
+                                    budget=8, rank=rank, prior=0.0)
+        return [sum(r.prompt_id == q for r in out) for q in range(3)], stats
+
+    got, stats = sizes(PARTIAL)
+    assert got == [4, 2, 2] and stats["vigor/rounds"] == 1
+    assert stats["vigor/zero_std_frac_before"] == pytest.approx(2 / 3)
+    got, stats = sizes(VERDICTS)
+    assert got == [2, 2, 2] and stats["vigor/rounds"] == 0
+    assert stats["vigor/zero_std_frac_before"] == 1.0
+
+
+@pytest.mark.parametrize("reward", ["correct", "partial", "partial+format"])
+def test_the_allocation_hands_vigor_the_credit_it_trains_on(reward):
+    """Through Allocation.generate_and_score (built as train.setup builds it, tests/tiny.py): VIGOR
+    ranks by allocation.credit of the run's --reward, the reward's own term (with --reward-right
+    1, --reward-wrong 0, r.reward is c, plus the form's term under +format): under partial prompt
+    0 gets the 2 extra completions, under correct there is no round."""
+    import flags
+    from tiny import allocation_of
+    a = flags.Args(train_data="builtin_steps", reward=reward, allocation="vigor",
+                   vigor_rank="variance", vigor_prior=0.0, vigor_n_init=2, vigor_n_step=2,
+                   vigor_top=2, vigor_budget=8, prompts_per_step=3, group_size=2)
+    alloc = allocation_of(a, ChainEngine())
+    prompts = [Prompt(q, [1]) for q in range(3)]
+    _, generated, _ = alloc.generate_and_score(prompts, [0, 1, 2], 0, step=0, metrics=Metrics())
+    sizes = [sum(r.prompt_id == q for r in generated) for q in range(3)]
+    assert sizes == ([2, 2, 2] if reward == "correct" else [4, 2, 2])
+    form = [1.25 if verify.integer_form(r.text) else -1.0 for r in generated]
+    expected = [c + (f if reward.endswith("+format") else 0.0)
+                for c, f in zip(alloc.credit(generated).tolist(), form)]
+    assert [r.reward for r in generated] == pytest.approx(expected)
