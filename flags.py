@@ -57,9 +57,11 @@ PRESETS = {
              "no replay; lr 3e-5 (the long task's)",
              dict(replay="none", ratio="gspo", agg="seq-mean-token-mean", eps_low=3e-4,
                   eps_high=4e-4, mini_batches=4, lr=3e-5)),
-    "pnpo": ("PNPO (arXiv 2608.01418): prefix geometric-mean ratio, 4 epochs per batch "
-             "(off-policy regime); lr 3e-5 (the long task's)",
-             dict(replay="none", ratio="pnpo", epochs=4, lr=3e-5)),
+    "pnpo": ("PNPO (arXiv 2608.01418): prefix geometric-mean ratio, GSPO's clip 3e-4/4e-4 and "
+             "aggregation, 4 mini-batches x 4 epochs per batch (off-policy regime); lr 3e-5 (the "
+             "long task's)",
+             dict(replay="none", ratio="pnpo", agg="seq-mean-token-mean", eps_low=3e-4,
+                  eps_high=4e-4, mini_batches=4, epochs=4, lr=3e-5)),
     "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults "
                        "but lr 1e-4",
                        dict(replay="prioritized", priority_alpha=1.0, tau_max=4, replay_ratio=0.5,

