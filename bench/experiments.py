@@ -965,7 +965,8 @@ def code_line(codes: dict | None) -> str:
     def name(h):
         return "the current code" if h == codes["current"] else h[:12] if len(h) == 64 else h
 
-    parts = [f"{n} by {name(h)}" for h, n in sorted(codes["runs"].items(), key=lambda kv: -kv[1])]
+    parts = [f"{n} made before the code was recorded" if h == "not recorded" else
+             f"{n} by {name(h)}" for h, n in sorted(codes["runs"].items(), key=lambda kv: -kv[1])]
     return (f"Runs (sweep and report) by the trainer's code (code_hash, now "
             f"{codes['current'][:12]}): {', '.join(parts)}.\n\n")
 
