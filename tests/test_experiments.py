@@ -94,7 +94,7 @@ def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
                 argv = [*s.flags, *a.flags]
                 most = 10 if s.label == "smollm2" else 5
                 assert int(flag(argv, "--eval-every")) <= most, (name, a.name)
-            ten = (name == "replay" and s.label != "smollm2") or s.shared_lr is not None
+            ten = (name == "replay" and s.label != "smollm2") or s.label.endswith("-stress")
             assert len(s.seeds) == (10 if ten else 5), (name, s.label)
             assert s.seeds[:5] == experiments.REPORT_SEEDS
 
