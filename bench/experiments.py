@@ -629,12 +629,36 @@ def r2po_setting(label: str, task: tuple[str, ...], reward: str, quick: bool, h:
                    claims=tuple(claims), **kw)
 
 
+R2PO_MOVES = "1e-2"       # the head lr at which the head moves on arith (head KL up to 0.33 on dev)
+R2PO_STRESS_LR = 1e-4    # every arm's choice on arith's dev sweep (GRPO at 72 steps: 38.0% dev)
+
+
+def r2po_stress(arith: Setting) -> Setting:
+    """R²PO where its head moves: arith's GRPO arms and its head lr R2PO_MOVES reading, no band
+    (the band kept the head near the base on dev, where it barely acted: head KL at most 0.0042 at
+    1e-3 on arith), every arm at the policy lr every arm chose on arith's dev sweep (not stress_lr:
+    the stress here is the head's lr, the policy's stays where GRPO learns best), 10 seeds. The
+    dev sweep's readings are not swept again: one reading, fixed here before any of its runs."""
+    reading = f"r2po head lr {R2PO_MOVES}"
+    keep = {reading, arith.baseline, *(a.name for a in arith.arms if "equal policy" in a.name)}
+    claims = tuple(c for c in arith.claims
+                   if c.arm in keep and (c.against or arith.baseline) in keep)
+    return dataclasses.replace(
+        arith, label="arith-stress", arms=tuple(a for a in arith.arms if a.name in keep),
+        readings=(), band=None, claims=claims, shared_lr=R2PO_STRESS_LR, sweep_of="arith",
+        learns_in="arith", seeds=STRESS_SEEDS,
+        lr_note=f"A stress setting for the head: every arm at lr {R2PO_STRESS_LR:g} (what every "
+                f"arm chose on arith's dev sweep) and R²PO's head at lr {R2PO_MOVES}, where it "
+                "moves (head KL to the current base up to 0.33 on arith's dev sweep), no band.")
+
+
 def r2po_exp(quick: bool) -> Experiment:
     if quick:
         settings = (r2po_setting("arith", ARITH, "correct+format", True, 1, 1, 2,
                                  QUICK_PROMPTS),)
     else:
-        settings = (r2po_setting("arith", ARITH, "correct+format", False, 8, 10, 4, 32),
+        arith = r2po_setting("arith", ARITH, "correct+format", False, 8, 10, 4, 32)
+        settings = (arith, r2po_stress(arith),
                     # many outcome classes: the partial credit (share of right "=" steps) with the
                     # format term, on the long task's chains
                     r2po_setting("steps", STEPS, "partial+format", False, 4, 5, 4, 16,

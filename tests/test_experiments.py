@@ -282,8 +282,10 @@ def test_r2po_arms_hold_policy_updates_or_loop_steps_equal(quick):
             assert steps % (h + p) == 0
             assert sorted(grpo.values()) == [steps // (h + p) * p, steps]   # updates, rollouts
         rewards = {flag([*s.flags, *a.flags], "--reward") for a in s.arms}
-        assert rewards == {"correct+format" if s.label == "arith" else "partial+format"}
-        assert s.band and s.readings == (tuple(a.name for a in r2 if "official" not in a.name),)
+        assert rewards == {"partial+format" if s.label == "steps" else "correct+format"}
+        if s.label != "arith-stress":    # one reading, no band: its own test below
+            assert s.band and s.readings == (tuple(a.name for a in r2
+                                                   if "official" not in a.name),)
 
 
 def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_seeds():
@@ -433,6 +435,25 @@ def test_each_stress_setting_is_at_the_lr_the_rule_gives_on_the_committed_dev_sw
             sweep = json.loads(committed.read_text())["sweep"][dev.baseline]
             assert stress.shared_lr == experiments.stress_lr(
                 {float(lr): accs for lr, accs in sweep.items()}), name
+
+
+def test_r2pos_stress_setting_is_the_head_lr_that_moves_at_every_arms_dev_lr():
+    """R²PO's stress is its head's lr, not the policy's: arith's arms at the policy lr every arm
+    chose on arith's committed dev sweep, the head at R2PO_MOVES (whose head KL on that sweep left
+    the band, > 0.1), no band, no readings to sweep again, 10 seeds, the gate read on arith."""
+    settings = {s.label: s for s in experiments.r2po_exp(False).settings}
+    stress, arith = settings["arith-stress"], settings["arith"]
+    assert stress.sweep_of == stress.learns_in == "arith" and stress.band is None
+    assert stress.readings == () and stress.seeds == experiments.STRESS_SEEDS
+    assert {a.name: a.flags for a in stress.arms}.items() <= \
+        {a.name: a.flags for a in arith.arms}.items()
+    (head,) = [a for a in stress.arms if a.name.startswith("r2po")]
+    assert flag([*stress.flags, *head.flags], "--r2po-head-lr") == experiments.R2PO_MOVES
+    assert [c.arm for c in stress.claims if c.headline] == [head.name]
+    committed = json.loads((ROOT / "bench" / "results" / "r2po" / "arith" / "summary.json")
+                           .read_text())
+    assert set(committed["chosen"].values()) == {experiments.R2PO_STRESS_LR}
+    assert committed["band"][head.name] > experiments.R2PO_BAND
 
 
 def test_every_mechanism_diagnostic_is_one_predicate_form():
