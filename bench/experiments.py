@@ -1066,7 +1066,8 @@ VERDICT_RULE = (
     "not act\" when its diagnostic (a metrics key's mean over every step of every reported seed "
     "of the arm above the bound stated with it; the stabilisers' shares of tokens or groups and "
     f"R²PO's head KL: ACTED = {ACTED:g}) says it "
-    "did not; else \"reproduced\" when the CI lies above (below) 0, \"contradicted\" when it "
+    "did not, \"not testable here: its diagnostic was not logged\" when the code that made "
+    "the runs did not log its key; else \"reproduced\" when the CI lies above (below) 0, \"contradicted\" when it "
     "lies below (above) 0. For a claim that the arm matches or exceeds its reference (on par, "
     f"one-sided: non-inferiority at the margin {100 * PAR_MARGIN:g} points, PAR_MARGIN): "
     f"\"reproduced\" when the CI's lower end is at or above -{100 * PAR_MARGIN:g} points, "
@@ -1234,13 +1235,15 @@ def mechanism_acted(runs: list[dict], key: str, predicate: str) -> bool:
 
 NOT_LEARNING = "not testable here: the baseline does not learn"
 NOT_ACTED = "not testable here: the mechanism did not act"
+NOT_LOGGED = "not testable here: its diagnostic was not logged"     # runs older than the key
 
 
-def verdict(direction: int | None, c: Comparison | None, acted: bool = True,
+def verdict(direction: int | None, c: Comparison | None, acted: bool | None = True,
             learns: bool = True) -> str:
     """VERDICT_RULE: "—" where there is no claim (direction None); NOT_LEARNING where the
-    setting's baseline does not learn (learns False); for direction +1 / -1: NOT_ACTED where the
-    mechanism did not act, "reproduced" where the CI [lo, hi] excludes 0 on the claimed side
+    setting's baseline does not learn (learns False); for direction +1 / -1: NOT_LOGGED where
+    the diagnostic's key is in none of the runs (acted None), NOT_ACTED where the mechanism did
+    not act, "reproduced" where the CI [lo, hi] excludes 0 on the claimed side
     (direction x lo > 0 and direction x hi > 0), "contradicted" where it excludes it on the
     other; for direction 0 (matches or exceeds; `acted` is not a gate): "reproduced" where lo >=
     -PAR_MARGIN, "contradicted" where hi < -PAR_MARGIN; else "inconclusive (95% CI [lo, hi])" in
@@ -1249,6 +1252,8 @@ def verdict(direction: int | None, c: Comparison | None, acted: bool = True,
         return "—"
     if not learns:
         return NOT_LEARNING
+    if direction != 0 and acted is None:
+        return NOT_LOGGED
     if direction != 0 and not acted:
         return NOT_ACTED
     if c is None or c.lo is None:
@@ -1393,16 +1398,17 @@ def analyse(summary: dict) -> dict:
         ref = c.against or s.baseline
         cmp = compare_runs(s, runs, c.arm, ref, c.metric, x_range)
         acted = mechanism_acted(runs[c.arm], *c.acted) if c.acted else True
+        value = c.acted and aggregate(runs[c.arm], c.acted[1].split()[0], c.acted[0])
         comparisons.append({
             "arm": c.arm, "against": ref, "metric": c.metric, "direction": c.direction,
             "headline": c.headline and c.arm not in also,
             "diagnostic": c.acted and {"key": c.acted[0], "predicate": c.acted[1],
-                                       "acted": acted, "value": aggregate(
-                                           runs[c.arm], c.acted[1].split()[0], c.acted[0]),
+                                       "acted": acted, "value": value,
                                        "gates": c.direction not in (0, None)},
             **(comparison_json(cmp) or {"delta": None, "se": None, "df": None,
                                         "ci": [None, None], "n": 0, "paired": None}),
-            "verdict": verdict(c.direction, cmp, acted, learned(gate))})
+            "verdict": verdict(c.direction, cmp, None if c.acted and value is None else acted,
+                               learned(gate))})
     for c, word in zip(comparisons, holm_verdicts(comparisons)):
         c["holm"] = word
     return {"start": start, "target": target, "x": s.x, "x_range": x_range, "budgets": budgets,

@@ -224,6 +224,9 @@ def test_the_verdict_rule_gives_each_word():
     assert v(0, C(-1.5 * m, 2 * m)) == "inconclusive (95% CI [-3.0, +4.0])"
     not_acted = "not testable here: the mechanism did not act"
     assert v(1, C(0.01, 0.05), acted=False) == not_acted == experiments.NOT_ACTED
+    # runs made before their diagnostic's key was logged: not "did not act", not judged either
+    assert v(1, C(0.01, 0.05), acted=None) == experiments.NOT_LOGGED
+    assert v(0, C(0.01, 0.05), acted=None) == "reproduced"            # on par: not a gate
     assert v(-1, C(-0.05, -0.01), acted=False) == not_acted
     assert v(0, C(-m / 2, m), acted=False) == "reproduced"             # on par: not a gate
     assert v(0, C(-m - 0.03, -m - 0.001), acted=False) == "contradicted"   # a loss is a loss
@@ -349,6 +352,19 @@ def test_analyse_gives_each_verdict_on_hand_made_runs():
     assert holm[("veto", "base")] == experiments.NOT_ACTED          # outside the family
     veto = next(c for c in a["comparisons"] if c["arm"] == "veto")
     assert veto["diagnostic"]["value"] == 0.0 and veto["diagnostic"]["gates"]
+
+
+def test_runs_without_the_diagnostics_key_are_not_logged_not_did_not_act():
+    """Runs a code made before it logged a claim's key (the archive's older runs): the claim says
+    its diagnostic was not logged, not that the mechanism did not act."""
+    summary = verdict_summary()
+    for r in summary["runs"]["veto"]:
+        r["maxima"] = {}
+        r["means"] = {}
+    a = experiments.analyse(summary)
+    veto = next(c for c in a["comparisons"] if c["arm"] == "veto")
+    assert veto["diagnostic"]["value"] is None and veto["verdict"] == experiments.NOT_LOGGED
+    assert veto["holm"] == experiments.NOT_LOGGED
 
 
 def test_a_baseline_that_does_not_learn_makes_every_claim_not_testable():
