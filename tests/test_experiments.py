@@ -470,3 +470,16 @@ def test_every_mechanism_diagnostic_is_one_predicate_form():
                     assert (agg, op) == ("mean", ">"), (name, c)
                     if c.acted[0] in shares:
                         assert float(rhs) == experiments.ACTED, (name, c)
+
+
+def test_a_bf16_setting_is_refused_where_the_cpu_emulates_bf16(monkeypatch):
+    """The real model's setting trains under --precision bf16: on a CPU without bf16 instructions
+    (no avx512_bf16, no amx_bf16 in /proc/cpuinfo) and no CUDA it is not run, with the reason;
+    with either flag, or a setting in fp32, it runs."""
+    (smollm2,) = [s for s in experiments.replay(False).settings if s.label == "smollm2"]
+    (arith,) = [s for s in experiments.replay(False).settings if s.label == "arith"]
+    avx2 = "flags\t\t: fpu sse2 avx avx2 fma"
+    assert "avx512_bf16" in experiments.slow_bf16(smollm2, avx2)
+    assert experiments.slow_bf16(smollm2, avx2 + " avx512f avx512_bf16") == ""
+    assert experiments.slow_bf16(smollm2, avx2 + " amx_bf16 amx_tile") == ""
+    assert experiments.slow_bf16(arith, avx2) == ""
