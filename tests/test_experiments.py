@@ -118,11 +118,11 @@ def test_the_new_readings_and_controls_are_there():
         argv = [*hd_steps.flags, *a.flags]
         pool = int(flag(argv, "--prompts-per-step")) * int(flag(argv, "--tau-max"))
         assert int(flag(argv, "--tau-max")) == 16 and int(flag(argv, "--hd-candidates")) == pool
-    for r2 in experiments.r2po_exp(False).settings:
-        official = next(a for a in r2.arms if a.name == "r2po (official policy phase)")
+    r2 = {s.label: s for s in experiments.r2po_exp(False).settings}
+    for label in ("arith", "steps"):              # arith-stress: the head's lr alone, no official
+        official = next(a for a in r2[label].arms if a.name == "r2po (official policy phase)")
         assert flag(list(official.flags), "--kl-coef") == "0.04"
-    r2_steps = experiments.r2po_exp(False).settings[1]      # outcome classes that exist
-    assert r2_steps.label == "steps" and flag(list(r2_steps.flags), "--reward") == "partial+format"
+    assert flag(list(r2["steps"].flags), "--reward") == "partial+format"   # outcome classes
 
 
 @pytest.fixture(scope="module")
