@@ -1311,11 +1311,12 @@ def learned(gain: dict | None) -> bool:
 
 
 def claims_of(s: Setting, runs: dict) -> list[Claim]:
-    """The claims to judge: Setting.claims whose arm and reference were reported (a claim on a
-    reading not chosen is dropped), and Claim(arm) for every other reported arm with no claim
+    """The claims to judge: Setting.claims whose arm and reference were reported and differ (a
+    claim on a reading not chosen is dropped), and Claim(arm) for every other reported arm with no claim
     against the baseline, with the mechanism diagnostic of the arm's own claims (the mechanism
     acted or not whatever it is compared with); in the order of s.arms."""
-    explicit = [c for c in s.claims if c.arm in runs and (c.against or s.baseline) in runs]
+    explicit = [c for c in s.claims if c.arm in runs and (c.against or s.baseline) in runs
+                and c.arm != (c.against or s.baseline)]      # a stress setting's own baseline
     default = [Claim(a.name, acted=next((c.acted for c in s.claims
                                          if c.arm == a.name and c.acted), None))
                for a in s.arms if a.name in runs and a.name != s.baseline

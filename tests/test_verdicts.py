@@ -325,6 +325,10 @@ def test_an_arm_without_a_claim_against_the_baseline_keeps_its_mechanism_diagnos
     assert Claim("m", 1, acted=moved) in claims
     assert Claim("m", 1, against="ref", acted=moved) in claims
     assert [c for c in claims if c.arm == "n" and not c.against] == [Claim("n", None)]
+    # an arm never judged against itself (a stress setting whose baseline is another's arm)
+    s = Setting("x", (), (Arm("base", ()), Arm("m", ())), "base",
+                claims=(Claim("base", None, against="base"), Claim("m", 1)))
+    assert experiments.claims_of(s, {"base": [], "m": []}) == [Claim("m", 1)]
 
 
 def test_analyse_gives_each_verdict_on_hand_made_runs():
