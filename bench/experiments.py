@@ -1067,8 +1067,9 @@ VERDICT_RULE = (
     "of the arm above the bound stated with it; the stabilisers' shares of tokens or groups and "
     f"R²PO's head KL: ACTED = {ACTED:g}) says it "
     "did not, \"not testable here: its diagnostic was not logged\" when the code that made "
-    "the runs did not log its key; else \"reproduced\" when the CI lies above (below) 0, \"contradicted\" when it "
-    "lies below (above) 0. For a claim that the arm matches or exceeds its reference (on par, "
+    "the runs did not log its key; else \"reproduced\" when the CI lies above (below) 0, "
+    "\"contradicted\" when it lies below (above) 0. For a claim that the arm matches or "
+    "exceeds its reference (on par, "
     f"one-sided: non-inferiority at the margin {100 * PAR_MARGIN:g} points, PAR_MARGIN): "
     f"\"reproduced\" when the CI's lower end is at or above -{100 * PAR_MARGIN:g} points, "
     f"\"contradicted\" when its upper end is below -{100 * PAR_MARGIN:g}; the mechanism's "
@@ -1312,8 +1313,8 @@ def learned(gain: dict | None) -> bool:
 
 def claims_of(s: Setting, runs: dict) -> list[Claim]:
     """The claims to judge: Setting.claims whose arm and reference were reported and differ (a
-    claim on a reading not chosen is dropped), and Claim(arm) for every other reported arm with no claim
-    against the baseline, with the mechanism diagnostic of the arm's own claims (the mechanism
+    claim on a reading not chosen is dropped), and Claim(arm) for every other reported arm with no
+    claim against the baseline, with the mechanism diagnostic of the arm's own claims (the mechanism
     acted or not whatever it is compared with); in the order of s.arms."""
     explicit = [c for c in s.claims if c.arm in runs and (c.against or s.baseline) in runs
                 and c.arm != (c.against or s.baseline)]      # a stress setting's own baseline

@@ -472,7 +472,7 @@ def test_every_mechanism_diagnostic_is_one_predicate_form():
                         assert float(rhs) == experiments.ACTED, (name, c)
 
 
-def test_a_bf16_setting_is_refused_where_the_cpu_emulates_bf16(monkeypatch):
+def test_a_bf16_setting_is_refused_where_the_cpu_emulates_bf16():
     """The real model's setting trains under --precision bf16: on a CPU without bf16 instructions
     (no avx512_bf16, no amx_bf16 in /proc/cpuinfo) and no CUDA it is not run, with the reason;
     with either flag, or a setting in fp32, it runs."""
