@@ -250,26 +250,30 @@ def replay(quick: bool) -> Experiment:
 
 
 SMOLLM2 = ("--model", "assets/smollm2-135m-instruct", "--train-data", "builtin",
-           "--max-new-tokens", "16", "--precision", "bf16")
+           "--max-new-tokens", "16")        # fp32: runs on every CPU kind (smollm2_setting)
 
 
-SMOLLM2_LR = 2e-5     # each arm's choice on the dev sweep of docs/smollm2.md (its runs not kept)
-SMOLLM2_NOTE = ("Every arm at lr 2e-5: each arm's own choice (choose) on the dev sweep of "
-                "docs/smollm2.md (20 steps of seed 0, 200 dev prompts; GRPO 18.0% and replay "
-                "15.25% dev at 2e-5), fixed before any test run; that sweep's run folders were "
-                "lost before they were archived, so its numbers are in docs/smollm2.md only.")
+SMOLLM2_LR = 2e-5     # each arm's choice on the dev sweeps of docs/smollm2.md (their runs not kept)
+SMOLLM2_NOTE = ("Every arm at lr 2e-5, each arm's own choice (choose) on a dev sweep of "
+                "docs/smollm2.md (20 steps of seed 0, 200 dev prompts), fixed before any test "
+                "run: replay's in fp32 (the demo's: 12.5% dev at 2e-5) and in bf16 (15.25%), "
+                "GRPO's in bf16 (18.0%); bf16 autocast keeps fp32 weights and AdamW, and the one "
+                "arm swept at both precisions chose the same lr. Those sweeps' run folders were "
+                "not archived, so their numbers are in docs/smollm2.md only.")
 
 
 def smollm2_setting(arms: tuple[Arm, ...], diag: tuple, claims: tuple) -> Setting:
     """The replay claim on the real model (docs/smollm2.md): the demo's recipe (8 prompts x 8, 16
     new tokens, the instruct template, 40 steps, greedy accuracy on all 500 test prompts every 10
-    steps) under bf16 autocast, which costs 0.70x fp32's run here (measured before any run of it);
-    GRPO and prioritized replay only (naive replay would cost 5 more runs of about 40 min); the lr
-    of each on the demo's dev sweep (1e-4, 5e-5, 2e-5; 1e-5 past its edge), 20 steps of seed 0,
-    200 dev prompts at steps 10 and 20 (the demo's fp32 sweep does not carry over to bf16). That
-    sweep ran (docs/smollm2.md) and chose 2e-5 for both arms, but its run folders were lost with
-    the machine before they were archived: the lr is fixed here (SMOLLM2_LR) from it, before any
-    test run, rather than swept again at 8 runs of about 16 min."""
+    steps) in fp32, the demo's precision; GRPO and prioritized replay only (naive replay would cost
+    5 more runs of about an hour). bf16 autocast was chosen first (0.70x fp32's run on an AVX-512
+    CPU), but on a CPU without bf16 instructions torch emulates it at 4.6x fp32 (slow_bf16), and
+    two of the three sessions' machines had none, so the setting was moved to fp32 before any test
+    run finished: the ten runs can then finish across sessions on any CPU kind. The lr of each arm
+    (SMOLLM2_LR, SMOLLM2_NOTE) comes from the dev sweeps of docs/smollm2.md (the demo's grid 1e-4,
+    5e-5, 2e-5; 1e-5 past its edge; 20 steps of seed 0, 200 dev prompts at steps 10 and 20): both
+    arms chose 2e-5 in bf16, and replay chose 2e-5 in fp32 too. Their run folders were lost with
+    the machine before they were archived, so the lr is fixed here rather than swept again."""
     return Setting("smollm2", SMOLLM2 + ("--steps", "40", "--prompts-per-step", "8",
                                          "--eval-every", "10"),
                    tuple(a for a in arms if a.name != "naive-replay"), "grpo (replay recipe)",
@@ -974,8 +978,9 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     def report_dir(arm, seed):
         return run_dir(base, "report", arm.name, chosen[arm.name], seed)
 
+    # seed by seed, every arm of a seed before the next seed: a stopped call leaves pairs
     plan.run_all([(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
-                  for a in arms for sd in report_seeds], "report")
+                  for sd in report_seeds for a in arms], "report")
     runs = {a.name: [{**load(report_dir(a, sd), "eval/accuracy", keys, s.final_at, s.x),
                       "seed": sd,
                       "stream": stream(json.loads((report_dir(a, sd) / "argv.json").read_text()))}
