@@ -39,12 +39,12 @@ ratio to the baseline (a bound where seeds are censored), accuracy at each budge
 CI, the verdict, completion length at the start and the end, the diagnostics; then every claim's
 verdict and VERDICT_RULE), sweep.md (every arm x lr: final dev accuracy per seed, the chosen one
 marked), accuracy.png (test accuracy against the setting's x-axis and wall time: mean over seeds,
-band min..max), sweep.png, seeds.png where the setting asks (Setting.seed_curves: every seed's
-curve) and summary.json (the runs and every number of the tables: analyse());
-OUT/README.md collects the experiment's claim, what it holds equal, the verdict rule and every
-setting's table. `python bench/experiments.py --headline` prints the README's headline table from
-every bench/results/*/**/summary.json (headline_table). The runs go to
-RUNS/<setting>/{sweep,report}/ARM/lr-LR/seed-S/ (RUNS = runs/experiments/NAME by default,
+band min..max), sweep.png where there are sweep runs, seeds.png where the setting asks
+(Setting.seed_curves: every seed's curve) and summary.json (the runs and every number of the
+tables: analyse()); OUT/README.md collects the experiment's claim, what it holds equal, the
+verdict rule and every setting's table. `python bench/experiments.py --headline` prints the
+README's headline table from every bench/results/*/**/summary.json (headline_table). The runs go
+to RUNS/<setting>/{sweep,report}/ARM/lr-LR/seed-S/ (RUNS = runs/experiments/NAME by default,
 OUT/runs with --out); a run keeps its run.log, argv.json, metrics.jsonl, updates.jsonl and
 samples.jsonl (its checkpoints are deleted once it is done). Runs are `python train.py ...` in
 subprocesses (in-process `train.main` under --quick); a finished run (its `done` file) is reused
@@ -1548,8 +1548,17 @@ def acted_cell(g: dict | None) -> str:
     return f"{g['key']} {g['predicate']}: {value}, {'yes' if g['acted'] else 'no'}{gates}"
 
 
+def swept(summary: dict) -> bool:
+    """Whether the setting has dev-sweep runs (not one whose lr was fixed elsewhere: smollm2's)."""
+    return any(summary["sweep"].get(a.name) for a in summary["setting"].arms)
+
+
 def sweep_table(summary: dict) -> str:
     s = summary["setting"]
+    if not swept(summary):
+        return (f"No sweep runs here: every arm at the lr fixed before the test runs "
+                f"({', '.join(f'{n} {lr:g}' for n, lr in summary['chosen'].items())}; the "
+                f"setting's note above says where it was chosen).\n")
     grid = sorted({lr for d in summary["sweep"].values() for lr in d}, reverse=True)
     seeds = ", ".join(map(str, summary["sweep_seeds"]))
     out = [f"final eval/dev_accuracy (%), seeds {seeds}: mean (per seed); **chosen**; an lr past "
@@ -1586,7 +1595,8 @@ def sweep_table(summary: dict) -> str:
 
 
 def plots(summary: dict, out: Path) -> bool:
-    """accuracy.png and sweep.png; False without matplotlib."""
+    """accuracy.png, sweep.png (where there are sweep runs) and seeds.png (where the setting
+    asks); False without matplotlib."""
     try:
         import matplotlib
     except ImportError:
@@ -1619,6 +1629,17 @@ def plots(summary: dict, out: Path) -> bool:
     fig.suptitle(f"{s.label}: mean over seeds, band min..max", fontsize=10)
     fig.savefig(out / "accuracy.png", dpi=90)
     plt.close(fig)
+    if swept(summary):
+        sweep_plot(summary, out, plt)
+    if s.seed_curves:
+        seed_plot(summary, out, plt)
+    return True
+
+
+def sweep_plot(summary: dict, out: Path, plt) -> None:
+    """sweep.png: each arm's mean final dev accuracy against the lr."""
+    s = summary["setting"]
+    colors = plt.get_cmap("tab10").colors
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     for i, a in enumerate(s.arms):
         grid = sorted(summary["sweep"][a.name])
@@ -1630,9 +1651,6 @@ def plots(summary: dict, out: Path) -> bool:
     ax.legend(fontsize=7)
     fig.savefig(out / "sweep.png", dpi=90)
     plt.close(fig)
-    if s.seed_curves:
-        seed_plot(summary, out, plt)
-    return True
 
 
 def seed_plot(summary: dict, out: Path, plt) -> None:
@@ -1679,7 +1697,8 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
               f"{s.baseline} is unstable on {s.learns_in or 'its'}'s dev sweep); only the "
               f"readings are swept, at that lr{where}.\n\n")
     text = (f"## {s.label}\n\n{stress}Common flags: `{' '.join(s.flags)}`"
-            + (f"; sweep runs add `{' '.join(s.sweep)}`" if s.sweep else "") + "\n\n"
+            + (f"; sweep runs add `{' '.join(s.sweep)}`" if s.sweep and swept(summary) else "")
+            + "\n\n"
             + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
             + code_line(summary.get("codes")) + table(summary, analysis))
     sweep = "\nThe sweep:\n\n" + sweep_table(summary)

@@ -155,3 +155,28 @@ def test_experiment_plots_draw_every_seed_where_the_setting_asks(tmp_path):
         out.mkdir()
         assert experiments.plots(summary, out)
         assert (out / "accuracy.png").exists() and (out / "seeds.png").exists() == seeds
+
+
+def test_a_setting_without_sweep_runs_says_so_and_draws_no_sweep(tmp_path):
+    """smollm2's lr was fixed on sweeps kept outside the archive (Setting.lr_note): no runs to
+    draw, so sweep.md says where the lr came from instead of an empty table, and no sweep.png (an
+    empty plot) is drawn beside accuracy.png."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import experiments
+    from experiments import Arm, Setting
+    arms = (Arm("grpo", ()), Arm("replay", ()))
+    s = Setting("smollm2", (), arms, "grpo", shared_lr=2e-5)
+    summary = {"setting": s, "chosen": {"grpo": 2e-5, "replay": 2e-5},
+               "sweep": {"grpo": {}, "replay": {}}, "sweep_seeds": [0], "grid": [2e-5],
+               "runs": {name: [{"seed": 100, "curve": [(0, 0, 0, 0.0, 0.1), (1, 64, 1, 1.0, 0.2)]}]
+                        for name in ("grpo", "replay")}}
+    assert not experiments.swept(summary)
+    text = experiments.sweep_table(summary)
+    assert text.startswith("No sweep runs here") and "grpo 2e-05, replay 2e-05" in text
+    assert "|" not in text
+    summary["sweep"]["grpo"] = {2e-5: [0.1]}
+    assert experiments.swept(summary) and "| grpo |" in experiments.sweep_table(summary)
+    if HAS_MPL:
+        summary["sweep"]["grpo"] = {}
+        assert experiments.plots(summary, tmp_path)
+        assert (tmp_path / "accuracy.png").exists() and not (tmp_path / "sweep.png").exists()
