@@ -139,6 +139,7 @@ class Setting:
     sweep_seeds: tuple[int, ...] = SWEEP_SEEDS
     dev_size: int | None = None                # dev prompts per sweep eval (None: eval_size)
     shared_lr: float | None = None             # a stress setting: every arm at this lr, no lr sweep
+    own_lr: tuple[str, ...] = ()               # under shared_lr, arms swept on `grid` all the same
     lr_note: str = ""                          # why shared_lr, where it is not a stress setting's
     sweep_of: str = ""                         # read the sweep runs of this setting (same flags)
     final_at: tuple[float, ...] = ()           # final = mean accuracy at these fractions of x
@@ -254,34 +255,40 @@ SMOLLM2 = ("--model", "assets/smollm2-135m-instruct", "--train-data", "builtin",
 
 
 SMOLLM2_LR = 2e-5     # each arm's choice on the dev sweeps of docs/smollm2.md (their runs not kept)
+SMOLLM2_NAIVE_GRID = (5e-5, 2e-5, 1e-5)    # naive replay's own dev sweep (archived)
 SMOLLM2_NOTE = ("Every arm at lr 2e-5, each arm's own choice (choose) on a dev sweep of "
                 "docs/smollm2.md (20 steps of seed 0, 200 dev prompts), fixed before any test "
                 "run: replay's in fp32 (the demo's: 12.5% dev at 2e-5) and in bf16 (15.25%), "
                 "GRPO's in bf16 (18.0%); bf16 autocast keeps fp32 weights and AdamW, and the one "
                 "arm swept at both precisions chose the same lr. Those sweeps' run folders were "
-                "not archived, so their numbers are in docs/smollm2.md only.")
+                "not archived, so their numbers are in docs/smollm2.md only. Naive replay, added "
+                "after those arms' test runs, runs at its own choice on its archived dev sweep "
+                "(the sweep below), made before any of its test runs.")
 
 
 def smollm2_setting(arms: tuple[Arm, ...], diag: tuple, claims: tuple) -> Setting:
     """The replay claim on the real model (docs/smollm2.md): the demo's recipe (8 prompts x 8, 16
     new tokens, the instruct template, 40 steps, greedy accuracy on all 500 test prompts every 10
-    steps) in fp32, the demo's precision; GRPO and prioritized replay only (naive replay would cost
-    5 more runs of about an hour). bf16 autocast was chosen first (0.70x fp32's run on an AVX-512
-    CPU), but on a CPU without bf16 instructions torch emulates it at 4.6x fp32 (slow_bf16), and
-    two of the three sessions' machines had none, so the setting was moved to fp32 before any test
-    run finished: the ten runs can then finish across sessions on any CPU kind. The lr of each arm
-    (SMOLLM2_LR, SMOLLM2_NOTE) comes from the dev sweeps of docs/smollm2.md (the demo's grid 1e-4,
-    5e-5, 2e-5; 1e-5 past its edge; 20 steps of seed 0, 200 dev prompts at steps 10 and 20): both
-    arms chose 2e-5 in bf16, and replay chose 2e-5 in fp32 too. Their run folders were lost with
-    the machine before they were archived, so the lr is fixed here rather than swept again."""
+    steps) in fp32, the demo's precision. bf16 autocast was chosen first (0.70x fp32's run on an
+    AVX-512 CPU), but on a CPU without bf16 instructions torch emulates it at 4.6x fp32
+    (slow_bf16), and two of the three sessions' machines had none, so the setting was moved to
+    fp32 before any test run finished: the runs can then finish across sessions on any CPU kind.
+    GRPO's and prioritized replay's lr (SMOLLM2_LR, SMOLLM2_NOTE) comes from the dev sweeps of
+    docs/smollm2.md (the demo's grid 1e-4, 5e-5, 2e-5; 1e-5 past its edge; 20 steps of seed 0,
+    200 dev prompts at steps 10 and 20): both chose 2e-5 in bf16, and replay chose 2e-5 in fp32
+    too. Their run folders were lost with the machine before they were archived, so that lr is
+    fixed here rather than swept again. Naive replay was added after those ten test runs (the
+    paper's second baseline: the priority against reuse alone): its lr is its own choice on an
+    archived dev sweep (SMOLLM2_NAIVE_GRID, the same 20 steps of seed 0 and 200 dev prompts, past
+    an edge on the 1-2-5 ladder), made before any of its test runs."""
     return Setting("smollm2", SMOLLM2 + ("--steps", "40", "--prompts-per-step", "8",
                                          "--eval-every", "10"),
-                   tuple(a for a in arms if a.name != "naive-replay"), "grpo (replay recipe)",
+                   arms, "grpo (replay recipe)",
                    "fresh", sweep=("--steps", "20", "--eval-every", "10"), diagnostics=diag,
-                   claims=tuple(c for c in claims if "naive-replay" not in (c.arm, c.against)),
-                   grid=(1e-4, 5e-5, 2e-5), ladder="1-2-5", sweep_seeds=(0,), dev_size=200,
-                   finals=(("format errors", "rollout/format_error"),), seed_curves=True,
-                   shared_lr=SMOLLM2_LR, lr_note=SMOLLM2_NOTE)
+                   claims=claims, grid=SMOLLM2_NAIVE_GRID, ladder="1-2-5", sweep_seeds=(0,),
+                   dev_size=200, finals=(("format errors", "rollout/format_error"),),
+                   seed_curves=True, shared_lr=SMOLLM2_LR, lr_note=SMOLLM2_NOTE,
+                   own_lr=("naive-replay",))
 
 
 def dapo(quick: bool) -> Experiment:
@@ -927,17 +934,22 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     """Sweep, choose, report (every arm on all of the setting's seeds) for one setting; its
     summary. A stress setting (s.shared_lr) sweeps no lr: every arm runs at shared_lr, and only
     the readings are swept, at that lr, to choose among them (in s.sweep_of's folders where given:
-    the same flags, so the same runs)."""
+    the same flags, so the same runs); an arm of s.own_lr is swept on the grid all the same and
+    runs at its own choice (an arm added to a setting whose lr was fixed before it)."""
     grid = QUICK_GRID if plan.quick else s.grid
     sweep_seeds = s.sweep_seeds[:1] if plan.quick else s.sweep_seeds
     report_seeds = s.seeds[:1] if plan.quick else s.seeds
     test = str(QUICK_EVAL if plan.quick else s.eval_size)
     dev = str(QUICK_EVAL if plan.quick else s.dev_size or s.eval_size)
     base = plan.out / s.label
-    swept_arms = s.arms
-    if s.shared_lr is not None:
-        grid = (s.shared_lr,)
-        swept_arms = tuple(a for a in s.arms if any(a.name in g for g in s.readings))
+    own = s.arms                                           # arms that choose their own lr
+    todo = [(a, lr) for a in s.arms for lr in grid]
+    if s.shared_lr is not None:                            # the readings at shared_lr, own_lr's
+        own = tuple(a for a in s.arms if a.name in s.own_lr)   # arms on the grid
+        todo = [(a, s.shared_lr) for a in s.arms if any(a.name in g for g in s.readings)]
+        todo += [(a, lr) for a in own for lr in grid]
+        grid = grid if own else (s.shared_lr,)
+    swept_arms = tuple(dict.fromkeys(a for a, _ in todo))
 
     def argv(arm, lr, seed, split):
         sizes = ("--dev-size", dev, "--eval-size", "0") if split == "dev" else (
@@ -953,8 +965,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     keys += tuple(c.metric for c in s.claims if "/" in c.metric)     # a metrics key's last value
     sweep = {a.name: {} for a in s.arms}
     swept = {}                                             # (arm, lr) -> its sweep runs, loaded
-    todo = [(a, lr) for a in swept_arms for lr in grid]
-    extend = 0 if plan.quick or s.shared_lr is not None else EXTEND
+    extend = 0 if plan.quick or not own else EXTEND
     for _ in range(1 + extend):                            # the grid, then past its edge
         plan.run_all([(argv(a, lr, sd, "dev"), sweep_dir(a, lr, sd))
                       for a, lr in todo for sd in sweep_seeds], "sweep")
@@ -962,10 +973,9 @@ def run_setting(s: Setting, plan: Plan) -> dict:
             swept[a.name, lr] = [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys,
                                       s.final_at, s.x) for sd in sweep_seeds]
             sweep[a.name][lr] = [r["final"] for r in swept[a.name, lr]]
-        todo = [(a, lr) for a in swept_arms
+        todo = [(a, lr) for a in own
                 if (lr := past_edge(sweep[a.name], s.ladder)) is not None]
-    chosen = {a.name: s.shared_lr if s.shared_lr is not None else choose(sweep[a.name])
-              for a in s.arms}
+    chosen = {a.name: choose(sweep[a.name]) if a in own else s.shared_lr for a in s.arms}
     band = {}                                # the band metric's max at each arm's chosen lr
     if s.band:
         band = {a.name: max((m for r in swept[a.name, chosen[a.name]]

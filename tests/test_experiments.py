@@ -486,3 +486,52 @@ def test_a_bf16_setting_is_refused_where_the_cpu_emulates_bf16():
     assert experiments.slow_bf16(bf16, avx2 + " amx_bf16 amx_tile") == ""
     assert "--precision" not in smollm2.flags
     assert experiments.slow_bf16(smollm2, avx2) == ""
+
+
+def test_smollm2_naive_arm_differs_from_prioritized_by_the_draw_alone():
+    """The real model's naive-replay arm (issue: priority or reuse) parses to the prioritized arm's
+    flags but for the replay draw: the same tau_max, replay ratio, recipe and seed stream."""
+    import flags as train_flags
+    (s,) = [s for s in experiments.replay(False).settings if s.label == "smollm2"]
+    arms = {a.name: a for a in s.arms}
+    assert set(arms) == {"grpo (replay recipe)", "naive-replay", "rollout-replay"}
+    parsed = {name: dataclasses.asdict(train_flags.parse(
+        [*s.flags, *arms[name].flags, "--lr", "2e-5", "--seed", "100"]))
+        for name in ("naive-replay", "rollout-replay")}
+    differ = {k for k in parsed["naive-replay"]
+              if parsed["naive-replay"][k] != parsed["rollout-replay"][k]}
+    assert differ == {"replay", "preset"}
+    assert (parsed["naive-replay"]["replay"], parsed["rollout-replay"]["replay"]) == (
+        "uniform", "prioritized")
+    assert s.own_lr == ("naive-replay",) and s.shared_lr == 2e-5
+    assert set(s.grid) >= {1e-5, 2e-5, 5e-5} and s.sweep_seeds == (0,) and s.dev_size == 200
+
+
+def test_an_own_lr_arm_is_swept_beside_a_shared_lr(monkeypatch, tmp_path):
+    """Under shared_lr, an arm of own_lr is swept on the grid (past its edge on the ladder) and
+    runs at its own choice; the others run at shared_lr and sweep nothing."""
+    arms = (experiments.Arm("grpo", ()), experiments.Arm("naive", ("--replay", "uniform")))
+    s = experiments.Setting("x", ("--steps", "2"), arms, "grpo", grid=(5e-5, 2e-5),
+                            ladder="1-2-5", sweep_seeds=(0,), seeds=(100,), shared_lr=2e-5,
+                            own_lr=("naive",))
+    dev = {5e-5: 0.1, 2e-5: 0.3, 1e-5: 0.2}       # 2e-5 best at the grid's edge: 1e-5 swept too
+    jobs = []
+    monkeypatch.setattr(experiments.Plan, "run_all",
+                        lambda self, runs, split="report": jobs.extend((split, d) for _, d in runs))
+
+    def fake_load(d, metric, *a):
+        lr = float(d.parent.name[3:])
+        acc = dev[lr] if "sweep" in d.parts else 0.5
+        return {"final": acc, "maxima": {}, "curve": [(0, 0, 0, 0.0, acc)]}
+    monkeypatch.setattr(experiments, "load", fake_load)
+    monkeypatch.setattr(experiments, "stream", lambda argv: None)
+    for arm in arms:
+        d = experiments.run_dir(tmp_path / "x", "report", arm.name, 2e-5, 100)
+        d.mkdir(parents=True)
+        (d / "argv.json").write_text("[]")
+    out = experiments.run_setting(s, experiments.Plan(tmp_path, 1, 1, False))
+    swept = sorted(d.parent.name for split, d in jobs if split == "sweep")
+    assert swept == ["lr-1e-05", "lr-2e-05", "lr-5e-05"]
+    assert all("naive" in d.parts for split, d in jobs if split == "sweep")
+    assert out["chosen"] == {"grpo": 2e-5, "naive": 2e-5}
+    assert out["sweep"]["grpo"] == {} and set(out["sweep"]["naive"]) == set(dev)
