@@ -1,13 +1,11 @@
-"""Replay: a rollout-level, advantage-prioritized, age-bounded buffer for GRPO (`RolloutReplay`),
-and Headroom-Drift's group-level replay (`GroupReplay`, its own docstring below), behind one
-interface.
+"""Replay: a rollout-level, advantage-prioritized, age-bounded buffer for GRPO (`RolloutReplay`).
 
     python buffer.py          # fills a toy buffer, samples from it, prints the stats
 
 In the trainer, at each step (fresh = this step's scored rollouts, advantages set, version = step):
 
-    replay = make_replay("prioritized", tau_max=4, ratio=0.5, alpha=1.0, seed=0)   # once
-    batch = fresh + replay.sample(step, len(fresh))      # fresh-anchored: the replayed ones after
+    replay = make(flags, seed=0)                             # once; None for --replay none
+    batch = fresh + replay.sample(step, len(fresh))    # fresh-anchored: the replayed ones after
     replay.add(fresh, step)
     report(replay, metrics)                                  # its numbers, each as it reduces
 
@@ -44,34 +42,29 @@ Departures and definitional choices (the paper states only the proportionality a
 - Fewer than k eligible (positive-weight) rollouts: all of them are returned.
 - Optional capacity bound: after `add`, the oldest rollouts (lowest version, then earliest inserted)
   are dropped until `len(buffer) <= capacity`.
-- `make_replay("none", ...)` returns None: no replay is an absent buffer, and the trainer's `if
-  replay is not None` shows it at the line where the batch is built.
+- `make(flags)` with `--replay none` returns None: no replay is an absent buffer, and the
+  trainer's `if replay is not None` shows it at the line where the batch is built.
 
 Storage: a numpy object array of records next to parallel numpy arrays of version and |A|, in
 insertion order; eviction compacts all three with one boolean mask and sampling is vectorised, so
 neither loops over rollouts in Python. The buffer holds references to the caller's `Rollout` objects
 and never writes to them; callers must treat what `sample` returns as read-only.
 """
-import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
-import torch
 
-import grpo
 from rollout import Rollout
 
-REPLAY_KINDS = ("none", "uniform", "prioritized", "headroom-drift")
-HEADROOMS = ("variance", "failure", "abs-adv", "current")
+KINDS = ("none", "uniform", "prioritized")      # a method file may add its own (methods/)
 
 
 @dataclass(frozen=True)
 class Flags:
     # ---- replay ----------------------------------------------------------------------------------
-    replay: Literal[REPLAY_KINDS] = "prioritized"
-    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha) | headroom-drift
-    (group replay)"""
+    replay: Literal[KINDS] = "prioritized"
+    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha) | a method's"""
     tau_max: int = 4
     """evict rollouts older than this many loop steps (age = step - version; one loop step holds
     epochs x mini_batches optimizer steps)"""
@@ -81,31 +74,22 @@ class Flags:
     """priority exponent alpha in P(j) ∝ |A_j|^alpha"""
     replay_capacity: int = 0
     """maximum rollouts stored, oldest out first (0 = unbounded)"""
-    hd_headroom: Literal[HEADROOMS] = "variance"
-    """Headroom-Drift: rank stored groups by variance p(1 - p) | failure 1 - p | abs-adv mean |A| (p
-    = success rate, at generation) | current p_theta(1 - p_theta) (p_theta: the current policy's
-    success rate, importance-weighted over the stored completions, re-scored each step); variance
-    (with --hd-drift-frac 1.12 in --preset headroom-drift): the arith dev split's choice"""
-    hd_groups: int = 32
-    """Headroom-Drift: stored groups replayed per step (the top ones that pass the drift gate)"""
-    hd_candidates: int = 64
-    """Headroom-Drift: at most this many groups, in headroom order, get the no-grad drift forward
-    each step"""
-    hd_drift_frac: float = 0.5
-    """Headroom-Drift: skip (keep) a group whose drift mean_i |mean_t log(pi_theta / pi_behaviour)|
-    is above this fraction of the nearer clip boundary, min(-log(1 - eps_low), log(1 + eps_high))"""
 
-    AT_LEAST_1 = ("hd_groups", "hd_candidates")
-    AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity", "hd_drift_frac")
+    AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity")
 
 
 class RolloutReplay:
     """Rollout-level replay with age eviction (tau_max) and priority |A|^alpha; see the module
-    docstring. `ratio`: replayed rollouts per fresh one (k = round(ratio * n_fresh) in `sample`)."""
+    docstring. `ratio`: replayed rollouts per fresh one (k = round(ratio * n_fresh) in `sample`).
+    MEAN_WEIGHTS and MAXIMA say how its stats reduce over ranks (`report`)."""
+    # a mean's weight is the count of what it averages; every other key is a total, but MAXIMA
+    MEAN_WEIGHTS = {"replay/age_mean": "replay/sampled", "replay/abs_adv_sampled": "replay/sampled",
+                    "replay/abs_adv_stored": "replay/size"}
+    MAXIMA = ("replay/age_max",)
 
     def __init__(self, tau_max: int, alpha: float = 1.0, capacity: int | None = None, seed: int = 0,
                  ratio: float = 1.0):
-        _check_args(tau_max, alpha, capacity)
+        check_args(tau_max, alpha, capacity)
         if not np.isfinite(ratio) or ratio < 0:
             raise ValueError(f"replay: ratio must be a finite number >= 0, got {ratio!r}")
         self.tau_max = int(tau_max)
@@ -120,7 +104,7 @@ class RolloutReplay:
         self._records = np.empty(0, dtype=object)      # [N] Rollout, insertion order
         self._version = np.empty(0, dtype=np.int64)    # [N] version of each record
         self._abs_adv = np.empty(0, dtype=np.float64)  # [N] |advantage| of each record
-        self._last = {"replay/evicted": 0, "replay/capacity_dropped": 0, **_empty_sample_stats()}
+        self._last = {"replay/evicted": 0, "replay/capacity_dropped": 0, **empty_sample_stats()}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -218,7 +202,7 @@ class RolloutReplay:
         return first[np.argsort(log_key[first], kind="stable")]
 
     def _record_sample(self, picked: np.ndarray, step: int) -> None:
-        self._last.update(_empty_sample_stats())
+        self._last.update(empty_sample_stats())
         if len(picked):
             age = step - self._version[picked]               # [K]
             self._last.update({"replay/sampled": int(len(picked)),
@@ -246,7 +230,7 @@ class RolloutReplay:
         """Restore contents, RNG and last stats. The hyperparameters must match this buffer's: a
         resumed run with a different tau_max, alpha or capacity could not replay the same data, so
         that is an error."""
-        _check_same(sd, self, ("tau_max", "alpha", "capacity"))
+        check_same(sd, self, ("tau_max", "alpha", "capacity"))
         self.seed = sd["seed"]
         self._clear()
         rollouts = [Rollout(**d) for d in sd["rollouts"]]
@@ -256,224 +240,12 @@ class RolloutReplay:
         self._last = dict(sd["last"])
 
 
-class GroupReplay:
-    """Headroom-Drift group replay (`--replay headroom-drift`). No paper text was available: this
-    implements the reading of its abstract ("a group-level replay control primitive for GRPO that
-    separates reuse into two decisions. Headroom ranks stored groups by remaining learning value,
-    while Drift gates them by compatibility with the current policy. The fresh on-policy stream
-    remains unchanged, and the method adds no auxiliary generation or training machinery"); every
-    choice below is a flag (`--hd-*`) or stated here.
-
-    - Store: whole fresh groups (rollouts sharing prompt_id and version), each rollout with its
-      stored advantage and behaviour log-probs, as references never written to. A group whose
-      rewards are all equal carries no signal (every A = 0) and is not stored. Age eviction as
-      RolloutReplay: age = step - version > tau_max is gone.
-    - Headroom h(g), with p = the group's success rate (mean reward, clamped to [0, 1]):
-      variance p (1 - p) | failure 1 - p | abs-adv mean |A| over the group, all fixed at generation;
-      or current, re-scored at every sample in the drift pass's forward (no other forward): the
-      current policy's success rate of g by self-normalised importance sampling over g's stored
-      completions i, with c_i the stored verdict (`correct`),
-
-          log w_i = sum_t log rho_it,   p_theta(g) = sum_i w_i c_i / sum_i w_i,
-          h(g) = p_theta (1 - p_theta)
-
-      (w_i / sum_i w_i as a softmax over log w_i: it cannot overflow). At the behaviour policy w_i
-      = 1 and h = p (1 - p) with p the verdicts' mean, its value at generation (`headroom_of`).
-      Choices: the verdict, not the shaped reward (p_theta is a success rate); w_i is the
-      sequence's whole ratio, so on long completions it can rest on a few rollouts (the estimate
-      is biased, as every self-normalised one, but stays in [0, 1]).
-    - Candidates: the eligible groups (version < step: fresh-anchored) in headroom order (ties:
-      newer first, then earlier stored), at most `candidates` of them, so the drift pass has a
-      bounded cost. With current the headroom is known only after the forward: the `candidates`
-      newest eligible groups (ties: earlier stored first), ranked after it by the re-scored h
-      (ties: newer first, then stored order).
-    - Drift, per candidate group g:
-
-          D(g) = mean over g's rollouts i of | mean_t log rho_it |,
-          log rho_it = log pi_theta - log pi_behaviour
-
-      (`drift`), with log pi_theta from `logprobs(rollouts) -> [per-token log-probs]`, the trainer's
-      no-grad forward handed in when the buffer is made (rollout.lockstep_logprobs of the policy).
-      Under torchrun it runs on every rank at every sample, also with no candidate, so the ranks
-      make equal forward passes.
-    - Gate: groups with D(g) > drift_max are skipped this step (kept, not deleted: they may pass
-      again later); the first `groups` passing candidates in headroom order are replayed, all
-      their rollouts, with their stored advantages. `sample(step, n_fresh)` ignores n_fresh: the
-      replayed amount is `groups` groups. drift_max is absolute here; train.setup states it
-      relative to the clip range, drift_max = `drift_limit(--hd-drift-frac, --eps-low,
-      --eps-high)` = frac x min(-log(1 - eps_low), log(1 + eps_high)), the nearer clip boundary
-      in log space.
-    """
-
-    def __init__(self, tau_max: int, headroom: str = "variance", groups: int = 32,
-                 candidates: int = 64, drift_max: float = 0.05, logprobs=None):
-        _check_args(tau_max, 0.0, None)
-        if headroom not in HEADROOMS:
-            raise ValueError(f"replay: headroom must be one of {', '.join(HEADROOMS)}, "
-                             f"got {headroom!r}")
-        if groups < 1 or candidates < 1 or not drift_max >= 0 or not np.isfinite(drift_max):
-            raise ValueError("replay: need groups >= 1, candidates >= 1, a finite drift_max >= 0")
-        self.tau_max = int(tau_max)
-        self.headroom = headroom
-        self.groups = int(groups)
-        self.candidates_max = int(candidates)
-        self.drift_max = float(drift_max)
-        self.logprobs = logprobs
-        self._groups: list[list[Rollout]] = []          # insertion order; each a whole fresh group
-        self._last = {"replay/evicted": 0, "replay/unstored_groups": 0, **_empty_group_stats()}
-
-    def __len__(self) -> int:
-        return sum(len(g) for g in self._groups)
-
-    def add(self, rollouts: list[Rollout], step: int) -> None:
-        """Split `rollouts` into groups by (prompt_id, version) and store those whose rewards are
-        not all equal."""
-        if any(r.version > step for r in rollouts):
-            raise ValueError(f"replay: add at step {step} got a rollout with version > step")
-        by_key: dict = {}
-        for r in rollouts:
-            by_key.setdefault((r.prompt_id, r.version), []).append(r)
-        groups = list(by_key.values())
-        kept = [g for g, flat in zip(groups, _flat(groups)) if not flat]
-        self._groups += kept
-        self._last["replay/unstored_groups"] = len(by_key) - len(kept)
-
-    def evict(self, step: int) -> int:
-        before = len(self._groups)
-        self._groups = [g for g in self._groups if step - g[0].version <= self.tau_max]
-        self._last["replay/evicted"] = before - len(self._groups)
-        return self._last["replay/evicted"]
-
-    def headroom_of(self, group: list[Rollout]) -> float:
-        """h(g) from the stored numbers: the fixed readings, or current's value at generation."""
-        if self.headroom == "abs-adv":
-            return sum(abs(r.advantage) for r in group) / len(group)
-        if self.headroom == "current":
-            p = min(max(sum(r.correct for r in group) / len(group), 0.0), 1.0)
-            return p * (1 - p)
-        p = min(max(sum(r.reward for r in group) / len(group), 0.0), 1.0)
-        return p * (1 - p) if self.headroom == "variance" else 1 - p
-
-    def candidates(self, step: int) -> list[list[Rollout]]:
-        """Evict by age, then the eligible groups (version < step) in headroom order (current: in
-        newest-first order, ranked in `sample`), at most `candidates`."""
-        self.evict(step)
-        eligible = (g for g in self._groups if g[0].version < step)
-
-        def rank(g):                                     # sorted() is stable: then stored order
-            if self.headroom == "current":
-                return -g[0].version
-            return (-self.headroom_of(g), -g[0].version)
-
-        return sorted(eligible, key=rank)[:self.candidates_max]
-
-    def drift_and_headroom(self, groups: list[list[Rollout]]) -> tuple[list[float], list[float]]:
-        """D(g) and h(g) of each group (the class docstring) from one no-grad forward over all
-        their rollouts: h re-scored with current, headroom_of otherwise."""
-        flat = [r for g in groups for r in g]
-        logps = self.logprobs(flat)
-        log_w = iter([(sum(a - b for a, b in zip(lp, r.logprobs)), max(len(lp), 1))
-                      for lp, r in zip(logps, flat)])     # (sum_t log rho_it, T_i) per rollout
-        drift, headroom = [], []
-        for g in groups:
-            s, n = np.array([next(log_w) for _ in g], dtype=np.float64).T
-            drift.append(float(np.mean(np.abs(s) / n)))
-            if self.headroom == "current":
-                w = np.exp(s - s.max())                  # softmax over log w_i: no overflow
-                p = min(max(float(w @ [r.correct for r in g] / w.sum()), 0.0), 1.0)
-                headroom.append(p * (1 - p))
-            else:
-                headroom.append(self.headroom_of(g))
-        return drift, headroom
-
-    def sample(self, step: int, n_fresh: int) -> list[Rollout]:
-        """Headroom ranks, Drift gates: the rollouts of the top `groups` candidates with D(g) <=
-        drift_max."""
-        if self.logprobs is None:
-            raise ValueError("GroupReplay.sample needs the policy's forward: make it with logprobs")
-        cands = self.candidates(step)
-        # also with no candidate: equal forwards on every rank
-        drift, headroom = self.drift_and_headroom(cands)
-        # headroom order (ties: newer, then candidate order); fixed readings are in it already
-        order = sorted(range(len(cands)), key=lambda i: (-headroom[i], -cands[i][0].version))
-        chosen = [i for i in order if drift[i] <= self.drift_max][:self.groups]
-        passing = [cands[i] for i in chosen]
-        out = [r for g in passing for r in g]
-        self._last.update(_empty_group_stats())
-        if cands:
-            gated = sum(d > self.drift_max for d in drift)
-            reference = self.reference(cands)
-            self._last.update({"replay/drift_candidates": len(cands),
-                               "replay/drift_mean": float(np.mean(drift)),
-                               "replay/drift_gated_frac": gated / len(cands),
-                               "replay/hd_reference": len(reference),
-                               "replay/hd_changed_frac":
-                                   len(set(reference) - set(chosen)) / len(reference)})
-        if passing:
-            age = [step - g[0].version for g in passing for _ in g]
-            now, stored = [headroom[i] for i in chosen], [self.headroom_of(g) for g in passing]
-            abs_adv = [abs(r.advantage) for r in out]
-            self._last.update({"replay/groups": len(passing), "replay/sampled": len(out),
-                               "replay/headroom_mean": float(np.mean(now)),
-                               "replay/headroom_stored_mean": float(np.mean(stored)),
-                               "replay/headroom_shift": float(np.mean(np.abs(
-                                   np.subtract(now, stored)))),
-                               "replay/age_mean": float(np.mean(age)),
-                               "replay/age_max": int(max(age)),
-                               "replay/abs_adv_sampled": float(np.mean(abs_adv))})
-        return out
-
-    def reference(self, cands: list[list[Rollout]]) -> list[int]:
-        """What the method's two decisions are measured against: the candidates (their indices)
-        that ranking by the headroom fixed at generation (headroom_of) with no gate would replay,
-        the first `groups` in that order (ties: newer first, then candidate order). The share of
-        them not replayed, replay/hd_changed_frac, is what the drift gate and the re-scored
-        headroom changed: the gate alone under a fixed reading, both under current."""
-        stored = [self.headroom_of(g) for g in cands]
-        order = sorted(range(len(cands)), key=lambda i: (-stored[i], -cands[i][0].version))
-        return order[:self.groups]
-
-    def stats(self) -> dict:
-        """replay/size (rollouts stored) and replay/stored_groups now, replay/evicted (groups) at
-        the last evict, replay/unstored_groups (all-equal groups) at the last add, the rest at the
-        last sample."""
-        return {"replay/size": len(self), "replay/stored_groups": len(self._groups), **self._last}
-
-    def state_dict(self) -> dict:
-        """Plain Python data (groups as lists of rollout dicts); sampling is deterministic, so no
-        RNG."""
-        return {"kind": "headroom-drift", "tau_max": self.tau_max, "headroom": self.headroom,
-                "groups": [[asdict(r) for r in g] for g in self._groups], "last": dict(self._last)}
-
-    def load_state_dict(self, sd: dict) -> None:
-        _check_same(sd, self, ("tau_max", "headroom"))
-        self._groups = [[Rollout(**d) for d in g] for g in sd["groups"]]
-        self._last = dict(sd["last"])
-
-
-def _flat(groups: list[list[Rollout]]) -> list[bool]:
-    """grpo's flat-group rule for each group (every advantage in it is 0), in one call."""
-    if not groups:
-        return []
-    rewards = torch.tensor([r.reward for g in groups for r in g], dtype=torch.float64)   # [B]
-    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g])                    # [B]
-    first = torch.tensor([0] + [len(g) for g in groups[:-1]]).cumsum(0)          # [n_groups]
-    return grpo.flat_groups(rewards, ids)[first].tolist()
-
-
-def _empty_group_stats() -> dict:
-    return {**_empty_sample_stats(), "replay/groups": 0, "replay/headroom_mean": 0.0,
-            "replay/headroom_stored_mean": 0.0, "replay/headroom_shift": 0.0,
-            "replay/drift_mean": 0.0, "replay/drift_gated_frac": 0.0, "replay/drift_candidates": 0,
-            "replay/hd_changed_frac": 0.0, "replay/hd_reference": 0}
-
-
-def _empty_sample_stats() -> dict:
+def empty_sample_stats() -> dict:
     return {"replay/sampled": 0, "replay/age_mean": 0.0, "replay/age_max": 0,
             "replay/abs_adv_sampled": 0.0}
 
 
-def _check_args(tau_max, alpha, capacity) -> None:
+def check_args(tau_max, alpha, capacity) -> None:
     if isinstance(tau_max, bool) or not isinstance(tau_max, (int, np.integer)) or tau_max < 0:
         raise ValueError(f"replay: tau_max must be an integer >= 0, got {tau_max!r}")
     if not np.isfinite(alpha) or alpha < 0:
@@ -483,7 +255,7 @@ def _check_args(tau_max, alpha, capacity) -> None:
         raise ValueError(f"replay: capacity must be an integer >= 1 or None, got {capacity!r}")
 
 
-def _check_same(sd: dict, buffer, names) -> None:
+def check_same(sd: dict, buffer, names) -> None:
     """A resumed buffer must have the checkpoint's hyperparameters, or it could not replay alike."""
     for name in names:
         if sd[name] != getattr(buffer, name):
@@ -491,84 +263,43 @@ def _check_same(sd: dict, buffer, names) -> None:
                              f"this run has {getattr(buffer, name)!r}")
 
 
-# ---- metrics: each key with how it combines over ranks -------------------------------------------
+# ---- metrics and set-up -------------------------------------------------------------------------
 
-# a mean's weight is the count of what it averages; every other key is a total, but these maxima
-MEAN_WEIGHTS = {"replay/age_mean": "replay/sampled", "replay/abs_adv_sampled": "replay/sampled",
-                "replay/abs_adv_stored": "replay/size", "replay/headroom_mean": "replay/groups",
-                "replay/headroom_stored_mean": "replay/groups",
-                "replay/headroom_shift": "replay/groups",
-                "replay/drift_mean": "replay/drift_candidates",
-                "replay/drift_gated_frac": "replay/drift_candidates",
-                "replay/hd_changed_frac": "replay/hd_reference"}
-MAXIMA = ("replay/age_max",)
 NO_REPLAY = {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0}
+MEAN_WEIGHTS = RolloutReplay.MEAN_WEIGHTS      # a replay of a method file extends these
+MAXIMA = RolloutReplay.MAXIMA
 
 
-def report(replay: "RolloutReplay | GroupReplay | None", metrics) -> None:
+def report(replay, metrics) -> None:
     """The buffer's stats() (NO_REPLAY without a buffer) into a metrics.Metrics, each key as it
-    reduces."""
+    reduces (the buffer's MEAN_WEIGHTS and MAXIMA)."""
     stats = replay.stats() if replay is not None else NO_REPLAY
+    weights, maxima = getattr(replay, "MEAN_WEIGHTS", {}), getattr(replay, "MAXIMA", ())
     for key, value in stats.items():
-        if key in MEAN_WEIGHTS:
-            metrics.mean(key, value, stats[MEAN_WEIGHTS[key]])
-        elif key in MAXIMA:
+        if key in weights:
+            metrics.mean(key, value, stats[weights[key]])
+        elif key in maxima:
             metrics.max(key, value)
         else:
             metrics.total(key, value)
-
-
-def drift_limit(frac: float, eps_low: float, eps_high: float) -> float:
-    """GroupReplay's drift_max from `--hd-drift-frac` and the clip range [1 - eps_low, 1 +
-    eps_high]: a fraction of the nearer clip boundary in log space,
-
-        drift_max = frac x min(-log(1 - eps_low), log(1 + eps_high))
-
-    (0.5 x 0.182 = 0.091 for eps 0.2/0.2, 0.5 x 0.223 = 0.112 for 0.2/0.28; eps_low = 1 has no
-    lower boundary, -log 0 = inf). D(g) is a mean log ratio, the scale of that range."""
-    if not (np.isfinite(frac) and frac >= 0 and 0 <= eps_low <= 1 and np.isfinite(eps_high)
-            and eps_high >= 0):
-        raise ValueError(f"replay: drift_limit needs a finite frac >= 0, 0 <= eps_low <= 1 and a "
-                         f"finite eps_high >= 0, got {frac}, {eps_low}, {eps_high}")
-    low = -math.log1p(-eps_low) if eps_low < 1 else math.inf
-    return frac * min(low, math.log1p(eps_high))
 
 
 # the replay's field of the log line (metrics.fields): rollouts replayed / stored, their mean age
 LOG = ("replay {replay/sampled:3d}/{replay/size:<5d} age {replay/age_mean:.2f}",)
 
 
-def make(flags: Flags, *, eps_low: float, eps_high: float, seed: int,
-         logprobs=None) -> "RolloutReplay | GroupReplay | None":
-    """The buffer of the flags (make_replay), Headroom-Drift's drift limit relative to the clip
-    range [1 - eps_low, 1 + eps_high] (drift_limit) and its no-grad forward `logprobs`."""
+def make(flags: Flags, *, seed: int) -> RolloutReplay | None:
+    """The buffer behind `--replay`: RolloutReplay with alpha = 0 (uniform: naive replay) or with
+    --priority-alpha (prioritized); None for none, and for a kind a method file makes (its replay
+    slot). Arguments are validated whatever the kind, so a bad flag is an error even when replay is
+    off."""
     f = flags
-    return make_replay(f.replay, tau_max=f.tau_max, ratio=f.replay_ratio, alpha=f.priority_alpha,
-                       capacity=f.replay_capacity or None, seed=seed, headroom=f.hd_headroom,
-                       groups=f.hd_groups, candidates=f.hd_candidates,
-                       drift_max=drift_limit(f.hd_drift_frac, eps_low, eps_high),
-                       logprobs=logprobs)
-
-
-def make_replay(kind: str, *, tau_max: int, ratio: float = 1.0, alpha: float = 1.0,
-                capacity: int | None = None, seed: int = 0, headroom: str = "variance",
-                groups: int = 32, candidates: int = 64, drift_max: float = 0.05,
-                logprobs=None) -> RolloutReplay | GroupReplay | None:
-    """The buffer behind `--replay {none,uniform,prioritized,headroom-drift}`: None (no replay),
-    RolloutReplay with alpha = 0 (naive uniform replay), RolloutReplay with the given alpha, or
-    GroupReplay (headroom, groups, candidates, drift_max (absolute; train.setup's is
-    `drift_limit`'s), and `logprobs`, the policy's no-grad forward for its drift gate). Arguments
-    are validated whatever the kind, so a bad flag is an error even when replay is off."""
-    if kind not in REPLAY_KINDS:
-        raise ValueError(f"replay: kind must be one of {', '.join(REPLAY_KINDS)}, got {kind!r}")
-    _check_args(tau_max, alpha, capacity)
-    if kind == "none":
+    check_args(f.tau_max, f.priority_alpha, f.replay_capacity or None)
+    if f.replay not in ("uniform", "prioritized"):
         return None
-    if kind == "headroom-drift":
-        return GroupReplay(tau_max, headroom=headroom, groups=groups, candidates=candidates,
-                           drift_max=drift_max, logprobs=logprobs)
-    alpha = 0.0 if kind == "uniform" else alpha
-    return RolloutReplay(tau_max, alpha=alpha, capacity=capacity, seed=seed, ratio=ratio)
+    alpha = 0.0 if f.replay == "uniform" else f.priority_alpha
+    return RolloutReplay(f.tau_max, alpha=alpha, capacity=f.replay_capacity or None, seed=seed,
+                         ratio=f.replay_ratio)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,11 @@ GROUP_HEADER = re.compile(r"^\s*# -+ (.+?) -*$")
 FIELD = re.compile(r"^\s*(\w+)\s*:")
 
 
-def compose(name: str, owners: tuple, module: str) -> type:
+def compose(name: str, owners: tuple, module: str, more_choices: dict | None = None) -> type:
     """One flat frozen dataclass `name` (defined in `module`) with the fields of every owner
     dataclass in `owners`, in order; `cls.owners` keeps them, for the help texts and groups. Two
-    owners may not declare the same field."""
+    owners may not declare the same field. `more_choices` ({field: values}): values allowed beside
+    a Literal field's own (a plug-in's: train.py's methods add to --ratio and --replay)."""
     fields, seen = [], set()
     for owner in owners:
         for f in dataclasses.fields(owner):
@@ -41,6 +42,7 @@ def compose(name: str, owners: tuple, module: str) -> type:
     cls = dataclasses.make_dataclass(name, fields, frozen=True)
     cls.__module__ = module
     cls.owners = tuple(owners)
+    cls.more_choices = dict(more_choices or {})
     return cls
 
 
@@ -96,9 +98,11 @@ def _own_groups(cls) -> dict[str, str]:
 
 
 def choices(cls, name: str) -> tuple | None:
-    """The allowed values of a `Literal[...]` field, else None."""
+    """The allowed values of a `Literal[...]` field (and its `more_choices`), else None."""
     hint = typing.get_type_hints(cls)[name]
-    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+    if typing.get_origin(hint) is not typing.Literal:
+        return None
+    return typing.get_args(hint) + tuple(getattr(cls, "more_choices", {}).get(name, ()))
 
 
 def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHelpFormatter,

@@ -1,14 +1,13 @@
 """train.py's flags, composed at the door: each owner declares its own flags beside its code, in
-a small frozen dataclass (the run's two are here; the objective's in objective.py, the rewards' and
-allocation's in allocation.py, the replay's in buffer.py, VIGOR's in vigor.py, R²PO's in r2po.py,
-the engine's in vllm_engine.py, the eval's in eval.py, the logs' in metrics.py), and `Args` is
-all of them in one flat dataclass: one `--flag` each, grouped in --help by owner, the presets (one
-per paper) and args.json flat. Also their bounds, so that bad input ends in one clear sentence
-before anything runs, and the sizes they derive, computed once. The dataclass -> argparse
-machinery is cli.py's.
+a small frozen dataclass (the run's, the optimizer's, the reward's and the loss's are here; the
+replay's in buffer.py, each method's in its file of methods/, the engine's in vllm_engine.py, the
+eval's in eval.py, the logs' in metrics.py), and `Args` is all of them in one flat dataclass: one
+`--flag` each, grouped in --help by owner, the presets and args.json flat. Also their bounds, so
+that bad input ends in one clear sentence before anything runs, and the sizes they derive,
+computed once. The dataclass -> argparse machinery is cli.py's.
 
     args = flags.parse(sys.argv[1:], __doc__)        # what train.main does
-    part = cli.part(args, objective.Flags)           # an owner's own flags: what train.setup binds
+    part = cli.part(args, LossFlags)                 # an owner's own flags: what train.setup binds
 """
 import dataclasses
 import importlib.util
@@ -17,80 +16,36 @@ import os
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-import allocation
 import buffer
 import cli
 import data
 import eval
+import grpo
+import methods
 import metrics
-import objective
-import r2po
-import vigor
 import vllm_engine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-# ---- the presets: one per paper ------------------------------------------------------------------
-# (each method's docstring says what was read, docs/methods.md links them). A preset's lr, and its
-# reading where the experiment chooses among readings (VIGOR's rule, Headroom-Drift's gate), is the
-# one its experiment chose on the built-in task's dev split (bench/experiments.py: the best mean
-# final dev accuracy over lrs 3e-4, 1e-4, 3e-5, ...; bench/results/NAME/sweep.md); gspo's and
-# pnpo's from the long task (builtin_steps), where their experiment runs; drgrpo has no
-# experiment: the default.
-
-PRESETS = {
+# ---- the presets: GRPO and the seed paper's two replays; each method file adds its own ----------
+# A preset's lr is the one its experiment chose on the built-in task's dev split
+# (bench/experiments.py: the best mean final dev accuracy over lrs 3e-4, 1e-4, 3e-5, ...;
+# bench/results/NAME/sweep.md). The default run's lr, 3e-4, is tuned for its 100 steps on the
+# built-in task; the replay experiment's longer runs chose 1e-4.
+SPINE_PRESETS = {
     "grpo": ("original GRPO (DeepSeekMath, arXiv 2402.03300): no replay, symmetric clip 0.2, "
              "per-sequence token mean; lr 1e-4",
-             dict(replay="none", adv="grpo", ratio="token", agg="seq-mean-token-mean", eps_low=0.2,
+             dict(replay="none", ratio="token", agg="seq-mean-token-mean", eps_low=0.2,
                   eps_high=0.2, lr=1e-4)),
-    "dapo": ("DAPO (arXiv 2503.14476): clip-higher 0.2/0.28, token mean, dynamic sampling, "
-             "overlong shaping and filter, 16 updates per step; lr 3e-5",
-             dict(replay="none", adv="grpo", ratio="token", agg="token-mean", eps_low=0.2,
-                  eps_high=0.28, dynamic_sampling=True, dynamic_sampling_rounds=3,
-                  overlong_buffer=2, overlong_filter=True, mini_batches=16, lr=3e-5)),
-    "drgrpo": ("Dr. GRPO (arXiv 2503.20783): advantage r - mean (no std), token sum / (G L_max), "
-               "no replay",
-               dict(replay="none", adv="drgrpo", ratio="token", agg="seq-mean-token-sum-norm",
-                    eps_low=0.2, eps_high=0.2)),
-    "gspo": ("GSPO (arXiv 2507.18071): sequence ratio, clip 3e-4/4e-4, 4 mini-batches per step, "
-             "no replay; lr 3e-5 (the long task's)",
-             dict(replay="none", ratio="gspo", agg="seq-mean-token-mean", eps_low=3e-4,
-                  eps_high=4e-4, mini_batches=4, lr=3e-5)),
-    "pnpo": ("PNPO (arXiv 2608.01418): prefix geometric-mean ratio, GSPO's clip 3e-4/4e-4 and "
-             "aggregation, 4 mini-batches x 4 epochs per batch (off-policy regime); lr 3e-5 (the "
-             "long task's)",
-             dict(replay="none", ratio="pnpo", agg="seq-mean-token-mean", eps_low=3e-4,
-                  eps_high=4e-4, mini_batches=4, epochs=4, lr=3e-5)),
     "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults "
                        "but lr 1e-4",
                        dict(replay="prioritized", priority_alpha=1.0, tau_max=4, replay_ratio=0.5,
                             lr=1e-4)),
     "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560; lr 1e-4",
                      dict(replay="uniform", tau_max=4, replay_ratio=0.5, lr=1e-4)),
-    "headroom-drift": ("Headroom-Drift group replay (abstract only): rank groups by p(1-p), "
-                       "gate by drift (1.12 of the clip range); lr 3e-5",
-                       dict(replay="headroom-drift", hd_headroom="variance", tau_max=4,
-                            hd_groups=32, hd_candidates=64, hd_drift_frac=1.12, lr=3e-5)),
-    "mu-grpo": ("mu-GRPO (arXiv 2605.17570, project page): 4 stages of 512 prompts x 64 updates, "
-                "clip [0, 5], veto; lr 3e-5",
-                dict(replay="none", eps_low=1.0, eps_high=4.0, veto_scope="suffix",
-                     veto_threshold=1e-4, steps=4, prompts_per_step=512, mini_batches=64,
-                     eval_every=1, lr=3e-5)),
-    "m2po": ("M2PO (arXiv 2510.01161): second-moment trust region, mask the largest |log r| "
-             "until M2 < 0.04, no eps-clip, token mean; lr 3e-5",
-             dict(replay="none", ratio="token", agg="token-mean", m2po_tau=0.04, lr=3e-5)),
-    "vigor": ("VIGOR (abstract only): variance-guided rollout allocation at the fixed allocation's "
-              "budget (top-k, Beta(0.25) prior), no replay; lr 1e-4",
-              dict(replay="none", allocation="vigor", vigor_n_init=2, vigor_n_step=2,
-                   vigor_top=16, vigor_rank="topk", vigor_prior=0.25, vigor_weight="rollout",
-                   lr=1e-4)),
-    "r2po": ("R²PO (arXiv 2601.11960, official code): rank-64 residual rollout head, 8 head "
-             "then 10 policy steps, KL to the initial model, reward ±1 + format, T 0.9; lr 1e-4",
-             dict(replay="none", r2po_head="residual", r2po_head_rank=64, r2po_schedule="8,10",
-                  r2po_head_lr=1e-3, r2po_kl_coef=0.04, r2po_kl_anchor="initial",
-                  reward="correct+format", reward_wrong=-1.0, temperature=0.9, lr=1e-4)),
 }
+PRESETS = {**SPINE_PRESETS, **methods.presets()}
 
 
 # ---- the flags: each owner declares its own beside its code; these two are the run's -------------
@@ -171,11 +126,72 @@ class OptimFlags:
     AT_LEAST_0 = ("micro_batch_tokens", "lr", "weight_decay", "max_grad_norm")
 
 
+# --reward: the verdict's term (correct: the 1/0 verdict; partial: its partial credit), then
+# "+format": the answer form's term added
+REWARDS = ("correct", "correct+format", "partial", "partial+format")
+
+
+@dataclass(frozen=True)
+class RewardFlags:
+    # ---- reward ----------------------------------------------------------------------------------
+    reward: Literal[REWARDS] = "correct"
+    """reward: correct (--reward-right / --reward-wrong by the verdict) | correct+format (plus
+    --format-ok when the response is in the task's answer form, else --format-bad) | partial (the
+    long task's partial credit: the verdict v replaced by (v + the share of the response's "="
+    steps of the gold value) / 2, so 1 only for a right chain of right steps, at most 1/2 for a
+    wrong answer) | partial+format (that plus the format term)"""
+    reward_right: float = 1.0
+    """reward of a correct response"""
+    reward_wrong: float = 0.0
+    """reward of a wrong response"""
+    format_ok: float = 1.25
+    """--reward correct+format: added when the response is in the answer form (built-in tasks: a
+    plain integer after the last '='; benchmarks: a \\boxed{})"""
+    format_bad: float = -1.0
+    """--reward correct+format: added otherwise"""
+
+
+@dataclass(frozen=True)
+class LossFlags:
+    # ---- objective -------------------------------------------------------------------------------
+    ratio: Literal[("token",)] = "token"
+    """importance weight: token (pi / pi_behaviour per token), or a method's (methods/)"""
+    agg: Literal[grpo.AGG_MODES] = "token-mean"
+    """loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
+    seq-mean-token-sum-norm"""
+    eps_low: float = 0.2
+    """clip range below 1"""
+    eps_high: float = 0.28
+    """clip range above 1 (clip-higher: 0.28; symmetric PPO: 0.2)"""
+    dual_clip: float = 0.0
+    """dual-clip constant c for A < 0 (e.g. 3; 0 = off)"""
+    kl_coef: float = 0.0
+    """KL-to-reference coefficient; the reference model is loaded only when > 0"""
+    kl_estimator: Literal[tuple(grpo.KL_ESTIMATORS)] = "k3"
+    """KL estimator: k1 | abs | k2 | k3"""
+    tis_cap: float = 0.0
+    """truncated importance sampling cap C (0 = off): recompute old log-probs, weight by
+    min(pi_old/pi_engine, C)"""
+
+    AT_LEAST_0 = ("kl_coef", "tis_cap", "dual_clip")
+
+    def rules(self) -> list[tuple[bool, str]]:
+        """(is it broken, the sentence that says so) for each rule between these flags."""
+        return [
+            (not 0 <= self.eps_low <= 1 or self.eps_high < 0,
+             f"need 0 <= --eps-low <= 1 and --eps-high >= 0, got {self.eps_low}, {self.eps_high}"),
+            (0 < self.dual_clip <= 1,
+             f"--dual-clip must be > 1 (or 0 = off), got {self.dual_clip}"),
+        ]
+
+
 # Every flag of train.py, one flat frozen dataclass (the command line, the presets, args.json),
-# composed from its owners in this order; --help shows each owner's groups.
-OWNERS = (RunFlags, OptimFlags, allocation.Flags, objective.Flags, buffer.Flags, vigor.Flags,
-          r2po.Flags, vllm_engine.Flags, eval.TrainFlags, metrics.LogFlags)
-Args = cli.compose("Args", OWNERS, __name__)
+# composed from its owners in this order; --help shows each owner's groups. A method file adds its
+# flags (methods.owners) and values to --ratio and --replay (methods.choices).
+OWNERS = (RunFlags, OptimFlags, RewardFlags, LossFlags, buffer.Flags, *methods.owners(),
+          vllm_engine.Flags, eval.TrainFlags, metrics.LogFlags)
+Args = cli.compose("Args", OWNERS, __name__, more_choices={
+    "ratio": methods.choices("ratio"), "replay": methods.choices("replay")})
 
 
 def parse(argv=None, description: str = "") -> Args:
@@ -213,8 +229,6 @@ def check_args(args, world: int = 1) -> None:
 def _rules(args, world: int) -> list[tuple[bool, str]]:
     """(is it broken, the sentence that says so) for each rule between the run's flags and across
     owners."""
-    vigor_on = args.allocation == "vigor"
-    budget = cli.part(args, vigor.Flags).budget(args.prompts_per_step, args.group_size)
     return [
         (args.prompts_per_step % world,
          f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world size "
@@ -227,15 +241,6 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.temperature <= 0,
          "--temperature must be > 0: greedy decoding gives a group of identical completions"),
         (not 0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
-        (args.overlong_buffer > args.max_new_tokens,
-         f"--overlong-buffer ({args.overlong_buffer}) cannot exceed --max-new-tokens "
-         f"({args.max_new_tokens})"),
-        (vigor_on and args.dynamic_sampling,
-         "--allocation vigor and --dynamic-sampling are two ways to spend rollouts: choose one"),
-        (vigor_on and budget < args.vigor_n_init * args.prompts_per_step,
-         "--vigor-budget must cover --vigor-n-init completions of every prompt"),
-        (args.r2po_head != "none" and args.engine == "vllm",
-         "--r2po-head residual needs --engine torch: vLLM cannot add R²PO's head to its logits"),
         (args.engine == "vllm" and args.top_p < 1,
          "--top-p < 1 needs --engine torch: vLLM returns log-probs renormalised over the nucleus, "
          "not the full-vocabulary ones"),
@@ -257,12 +262,12 @@ class Sizes(NamedTuple):
     world: int
     prompts: int             # prompts this rank generates groups for each step
     group_size: int          # completions per prompt (fixed groups)
-    vigor_budget: int        # VIGOR: completions this rank generates each step (0: fixed groups)
+    completions: int         # completions this rank generates each step (0: fixed groups)
     micro_batch_tokens: int  # --micro-batch-tokens, 0 (auto) resolved
 
     def line(self) -> str:
-        if self.vigor_budget:
-            per_step = f"{self.prompts} prompts, {self.vigor_budget} completions (VIGOR's budget)"
+        if self.completions:
+            per_step = f"{self.prompts} prompts, {self.completions} completions (a budget)"
         else:
             per_step = f"{self.prompts} prompts x {self.group_size} completions"
         return (f"world size {self.world} | {per_step} per rank per step | micro-batches of at "
@@ -273,11 +278,20 @@ def sizes(args, model, world: int, bytes_per_value: int = 4,
           memory_budget: int = AUTO_ACTIVATIONS) -> Sizes:
     """The per-rank sizes of `args` for `model` at `world` ranks (activations kept in
     `bytes_per_value`: 4 in fp32, 2 in bf16; a micro-batch's `memory_budget`: activation_budget)."""
-    budget = 0
-    if args.allocation == "vigor":
-        budget = cli.part(args, vigor.Flags).budget(args.prompts_per_step, args.group_size) // world
-    return Sizes(world, args.prompts_per_step // world, args.group_size, budget,
+    budget = max((part.completions(args.prompts_per_step, args.group_size)
+                  for part in method_parts(args) if hasattr(part, "completions")), default=0)
+    return Sizes(world, args.prompts_per_step // world, args.group_size, budget // world,
                  micro_batch_tokens(args, model, bytes_per_value, memory_budget))
+
+
+def method_parts(args) -> list:
+    """Each method file's flags, as that file's own dataclass."""
+    return [cli.part(args, owner) for owner in methods.owners()]
+
+
+def needs_initial(args) -> bool:
+    """Whether a method needs the model as loaded, frozen (its `needs_initial`)."""
+    return any(getattr(part, "needs_initial", False) for part in method_parts(args))
 
 
 def changed(args) -> dict:
@@ -358,7 +372,7 @@ def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_co
     n_params = sum(p.numel() for p in model.parameters())
     rows = args.micro_batch_size * (longest_prompt + args.max_new_tokens)
     tokens = min(micro_batch_tokens(args, model, bytes_per_value, budget), rows)
-    frozen = args.kl_coef > 0 or cli.part(args, r2po.Flags).needs_initial
+    frozen = args.kl_coef > 0 or needs_initial(args)
     copies = 4 * n_params * (int(engine_copy) + int(frozen))
     return Memory(16 * n_params // world, copies,
                   tokens * token_bytes(c, bytes_per_value, args.grad_checkpointing),

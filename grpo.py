@@ -1,80 +1,42 @@
-"""The GRPO objective family as pure tensor functions: advantages, log-probs, importance weights,
-clipped surrogate, the mu-GRPO veto, M2PO's second-moment mask, KL to a reference, truncated
-importance sampling, DAPO extras and loss aggregation.
+"""GRPO's objective as pure tensor functions: group advantages, log-probs, the token ratio, the
+clipped surrogate (asymmetric clip, dual-clip), the loss aggregations and their normaliser, KL
+estimators, truncated importance sampling (TIS), and what is logged (entropy, masked means).
 
     python grpo.py            # prints the advantages and the loss of a small random batch
 
-No model, optimizer, torch.distributed or globals here: tensors and floats in, tensors (and a
-metrics dict) out.
-Papers: GRPO (DeepSeekMath, arXiv 2402.03300), Dr. GRPO (2503.20783), DAPO (2503.14476),
-GSPO (2507.18071), PNPO (2608.01418), mu-GRPO (2605.17570), M2PO (2510.01161), dual-clip PPO
-(1912.09729).
-Checked against verl's core_algos.py (tests/test_golden.py, ../shared/golden/README.md).
-Where we depart from a reference, the docstring says so:
+No model, optimizer, torch.distributed or flags here: tensors and floats in, tensors (and a
+metrics dict) out. GRPO is DeepSeekMath's (arXiv 2402.03300); the clip-higher range and the
+token-level aggregation are DAPO's knobs (2503.14476) and dual-clip is arXiv 1912.09729, kept here
+because every trainer has them. Checked against verl's core_algos.py (tests/test_golden.py,
+../shared/golden/README.md). Where we depart from it, the docstring says so:
   * zero-variance groups get advantage exactly 0 (verl relies on r - mean rounding to 0);
   * seq-mean-token-sum-norm divides by G * L_max as Dr. GRPO writes it; verl divides by L_max only;
   * means never add verl's 1e-8 to their denominators (an empty step gets N = 1, an exact zero
     loss).
 
-The file follows the default path (GRPO advantages -> log-probs -> token ratio -> policy_loss ->
-aggregate), then the variants each flag selects (Dr. GRPO, GSPO, PNPO, the veto, M2PO, KL, TIS,
-DAPO's extras) and the tables of choices.
-
 Shapes: B sequences, G group size, T completion tokens, V vocab. `mask` is the [B, T] completion
 mask (bool or 0/1 float; EOS counts as a valid token). logits[:, t] is the distribution that
 produced ids[:, t]: the caller shifts. Advantages are [B] (one per rollout) or [B, T].
 
-One update step, as train.py wires it (flags in brackets):
-    # [B], once, in the rollout's own fresh group
-    adv = ADVANTAGES[--adv](rewards, group_ids)
-    # DAPO extras before that: rewards += overlong_penalty(...); keep = dynamic_sampling_keep(...);
-    #                           mask = overlong_filter(mask, truncated)
-    # whole step: fresh + replay, before any micro-batching; under torchrun all-reduce SUM it
-    # across ranks (every mode's N is additive)
-    N = loss_normaliser(mask_step, --agg, max_len=--max-new-tokens)
-    # behaviour_logp: the engine's log-probs at generation time; old_logp is the same unless TIS
-    # recomputes it
-    # M2PO (--m2po-tau): a no-grad pass over the step's micro-batches (and ranks) first,
-    # c = m2po_threshold(m2po_sq(token_log_ratio(logp, old_logp, mask), mask) of all, tau)
+One optimizer step, as train.py computes it (`micro_batch_loss`):
+    adv = grpo_advantages(rewards, group_ids)       # [B], once, in the rollout's own fresh group
+    N = loss_normaliser(mask of the whole step, agg)  # before any micro-batch; summed over ranks
     for each micro-batch:
-        logp = token_logprobs(model(...).logits, ids, temperature)               # [b, T], with grad
-        loss_mask = (veto_mask(logp, behaviour_logp, adv, mask, --veto-threshold, --veto-scope)
-                     if veto else mask)
-        # M2PO: loss_mask &= m2po_keep(log r of the no-grad pass, mask, tau, c); no eps-clip
-        # weight uses the un-vetoed mask
-        log_w = log_ratio(--ratio, logp, old_logp, mask, --pnpo-grad)
-        # old_logp recomputed by the trainer
-        w_tis = tis_weight(old_logp, behaviour_logp, --tis-cap) if tis else None
-        loss, m = policy_loss(log_w, adv, loss_mask, eps_low=--eps-low, eps_high=--eps-high,
-                              dual_clip=--dual-clip, agg=--agg, normaliser=N, token_weight=w_tis)
-        if --kl-coef > 0:
-            loss = loss + kl_coef * aggregate(kl_penalty(logp, ref_logp, --kl-estimator),
-                                              loss_mask, --agg, N)
-        # summed gradients == the gradient of the whole step's loss
-        loss.backward()
-    # m holds means over the call's loss tokens and their count 'loss/tokens' (COMBINE: min/max,
-    # the per-third clip fractions over their own counts): the caller combines micro-batches and
-    # ranks as token-weighted means (train.py, metrics.Metrics)
-FSDP/DDP average gradients over ranks, so with N summed over ranks the caller multiplies each loss
-by world_size.
-Logged extras, all under torch.no_grad():
-    entropy        masked_mean(entropy_from_logits(logits, temperature), mask)
-    KL             masked_mean(kl_penalty(...), mask)
-    veto fraction  1 - loss_mask.sum() / mask.sum()
-Vetoed tokens stay counted in N: the veto depends on the current policy, so it is only known inside
-the micro-batch, and N must be fixed before the first one; the veto removes their gradient, it does
-not reweight others.
+        logp = token_logprobs(logits, ids, temperature)                      # [b, T], with grad
+        loss, m = policy_loss(token_log_ratio(logp, old_logp, mask), adv, mask,
+                              eps_low=..., eps_high=..., agg=..., normaliser=N)
+        loss += kl_coef * aggregate(kl_penalty(logp, ref_logp), mask, agg, N)   # --kl-coef > 0
+        loss.backward()                   # summed gradients == the whole step's gradient
+FSDP averages gradients over ranks, so with N summed over ranks the caller multiplies each loss by
+world_size. The other papers' ratios, masks and advantages are in methods/, each over these.
 """
 import math
 
 import torch
 from torch import Tensor
 
-VETO_SCOPES = ("suffix", "trigger", "response")
 # |log rho| cap before exp(), as verl: keeps exp() finite, not a trust region
 LOG_RATIO_CLAMP = 20.0
-GSPO_LOG_RATIO_MAX = 10.0    # verl's upper cap on GSPO's log s_i
-PNPO_GRADS = ("detached", "full")
 # policy_loss metrics that are extremes, not means
 EXTREMES = {"ratio/min": "min", "ratio/max": "max"}
 # a completion's thirds by position (loss/clip_frac_first, ...), each a mean over its own tokens
@@ -98,10 +60,10 @@ def flat_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """The one "flat group" rule, bool [B]: True where the rollout's group is zero-variance, a group
     of k >= 2 whose rewards are all equal (max == min), so that every advantage in it is exactly 0
     and it carries no signal. A group of one is not flat (its advantage is r / (1 + eps))."""
-    return _group_stats(rewards, group_ids)[2]
+    return group_stats(rewards, group_ids)[2]
 
 
-def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per rollout: its group's mean, Bessel std (divisor k-1) and whether the group is
     zero-variance.
 
@@ -135,10 +97,9 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Te
     A group of one gets mean 0, std 1 (A = r / (1 + eps)); a zero-variance group gets exactly 0.
     rewards [B] float, group_ids [B] int (any values; equal id = same group). Returns [B].
     """
-    mean, std, constant = _group_stats(rewards, group_ids)
+    mean, std, constant = group_stats(rewards, group_ids)
     adv = (rewards - mean) / (std + eps)                                       # [B]
     return torch.where(constant, 0.0, adv)
-
 
 
 # ------------------------------------ log-probs from logits
@@ -177,7 +138,6 @@ def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Ten
     return torch.cat(out)                                                      # [B, T]
 
 
-
 # ------------------------------------ the token ratio and the clipped surrogate
 
 def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -196,8 +156,7 @@ def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float,
         l_t  = min(l_t, -A c)                    for A < 0 when dual_clip = c (c > 1)
         l_t *= token_weight_t                    (TIS weight, when given)
         L    = aggregate(l, mask, agg, normaliser)
-    Symmetric PPO: eps_low = eps_high (0.2). Clip-higher (DAPO): 0.2 / 0.28. mu-GRPO's relaxed
-    range [0, 5]: eps_low = 1, eps_high = 4. GSPO (verl): no dual-clip, agg seq-mean-token-mean.
+    Symmetric PPO: eps_low = eps_high (0.2). Clip-higher: 0.2 / 0.28 (the default).
     adv [B] or [B, T].
 
     Metrics (0-dim detached tensors), each a mean over this call's valid tokens, plus 'loss/tokens'
@@ -211,8 +170,8 @@ def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float,
                            third of each response's valid tokens, each with its count
                            loss/tokens_first, ... (a mean over that count: COMBINE)
       ratio/min, ratio/mean, ratio/max   of w_t
-      loss/ppo_kl          mean of -log_ratio: for token and GSPO ratios exactly
-                           mean(old_logp - logp), verl's ppo_kl
+      loss/ppo_kl          mean of -log_ratio: for the token ratio exactly mean(old_logp - logp),
+                           verl's ppo_kl
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual-clip c must be > 1, got {dual_clip}")
@@ -277,7 +236,6 @@ def _clip_by_third(clipped: Tensor, valid: Tensor) -> dict:
     return out
 
 
-
 # ------------------------------------ aggregation: one table of modes
 
 def _token_sum(masked: Tensor, valid: Tensor) -> Tensor:
@@ -335,7 +293,7 @@ def aggregate(loss_mat: Tensor, mask: Tensor, agg: str, normaliser: float) -> Te
     """Reduce a per-token loss [B, T] to a scalar with N = loss_normaliser(whole step), so that the
     sum over micro-batches equals the whole step's value whatever the micro-batching or world size:
 
-        token-mean               L = (1/N) sum_i sum_t m_it l_it            (DAPO token-level loss)
+        token-mean               L = (1/N) sum_i sum_t m_it l_it            (token-level)
         seq-mean-token-mean      L = (1/N) sum_i (1/|o_i|) sum_t m_it l_it  (GRPO, eq. 3)
         seq-mean-token-sum       L = (1/N) sum_i sum_t m_it l_it
         seq-mean-token-sum-norm  L = (1/N) sum_i sum_t m_it l_it, N = G * L_max
@@ -351,265 +309,7 @@ def aggregate(loss_mat: Tensor, mask: Tensor, agg: str, normaliser: float) -> Te
     return AGGREGATIONS[agg][0](masked, valid) / normaliser
 
 
-# ------------------------------------ variants: Dr. GRPO's advantage
-
-def drgrpo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """Dr. GRPO advantage (arXiv 2503.20783, "GRPO Done Right"): A_i = r_i - mean_g(r), no std
-    division.
-
-    Same group conventions as grpo_advantages (a group of one: A = r; zero variance: exactly 0).
-    Returns [B].
-    """
-    mean, _, constant = _group_stats(rewards, group_ids)
-    return torch.where(constant, 0.0, rewards - mean)                          # [B]
-
-
-# ------------------------------------ variants: sequence and prefix ratios (GSPO, PNPO)
-
-def gspo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """GSPO sequence ratio with token-wise gradient (arXiv 2507.18071: s_i, and the GSPO-token
-    variant):
-
-        log s_i  = (1/|y_i|) sum_{valid t} (logp_it - old_logp_it)
-        log w_it = logp_it - sg(logp_it) + sg(log s_i),  capped above at 10 (verl)
-    Its value is log s_i on every valid token; its gradient is grad logp_it. 0 on invalid tokens.
-    [B, T].
-    """
-    valid = mask.bool()
-    log_s = torch.where(valid, logp - old_logp, 0.0).sum(-1) / valid.sum(-1).clamp(min=1)  # [B]
-    log_w = logp - logp.detach() + log_s.detach()[:, None]                                  # [B, T]
-    return torch.where(valid, log_w.clamp(max=GSPO_LOG_RATIO_MAX), 0.0)
-
-
-def pnpo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, grad: str = "detached") -> Tensor:
-    """PNPO prefix-normalised ratio (arXiv 2608.01418): the geometric mean of the token ratios of
-    the causal prefix,
-
-        log w_it = (1/n_it) sum_{s <= t, valid} (logp_is - old_logp_is),
-        n_it = number of valid s <= t
-    At the first valid token it is the token ratio, at the last one GSPO's s_i. Clamped to
-    [-20, 20] like the token ratio; 0 on invalid tokens. The abstract does not say how the gradient
-    flows; two readings (`grad`):
-
-        "detached" (default):  log w_it = sg[log w_it] + logp_it - sg[logp_it],
-                               grad w_it = w_it grad logp_it
-        "full":                grad w_it = w_it (1/n_it) sum_{s <= t, valid} grad logp_is
-    "detached" is GSPO-token's construction applied to the prefix weight: the prefix mean sets each
-    token's weight (and what is clipped), the gradient goes through the token itself, so on-policy
-    (every ratio 1) it is exactly GRPO's. "full" backpropagates through the prefix mean: even
-    on-policy token s then weighs sum_{t >= s} w_t / n_t (2.72x a GRPO token for the first of 8
-    tokens, about 8.6x for the first of 3,000), a long-response bias we do not want by default.
-    """
-    _check_grad(grad)
-    valid = mask.bool()
-    prefix_sum = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)          # [B, T]
-    n_prefix = valid.cumsum(-1).clamp(min=1)                                   # [B, T]
-    return _prefix_weight(prefix_sum / n_prefix, logp, valid, grad)
-
-
-def _check_grad(grad: str) -> None:
-    if grad not in PNPO_GRADS:
-        raise ValueError(f"PNPO grad must be one of {PNPO_GRADS}, got {grad!r}")
-
-
-def _prefix_weight(log_w: Tensor, logp: Tensor, valid: Tensor, grad: str) -> Tensor:
-    """A prefix ratio's log weight, clamped to [-20, 20]; "detached": value unchanged, token-wise
-    gradient (sg[log w] + logp - sg[logp]); 0 on invalid tokens. [B, T]."""
-    log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if grad == "detached":
-        log_w = log_w.detach() + logp - logp.detach()
-    return torch.where(valid, log_w, 0.0)
-
-
-def pnpo_geo_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
-                       grad: str = "detached") -> Tensor:
-    """A second reading of PNPO's prefix normalisation: the token's own ratio times the geometric
-    mean of the ratios before it,
-
-        log w_it = (logp_it - old_logp_it)
-                   + (1/(n_it - 1)) sum_{s < t, valid} (logp_is - old_logp_is)
-    (n_it as in pnpo_log_ratio; at the first valid token, n_it = 1, the token ratio alone). Where
-    pnpo_log_ratio averages the token into its prefix (so a token's own ratio counts 1/n_it),
-    here it counts fully and the prefix is normalised: the exact prefix weight
-    prod_{s < t} rho_s of cumulative_log_ratio with its log divided by t - 1. Clamped to [-20, 20];
-    `grad` as pnpo_log_ratio's ("full": also through the prefix mean). [B, T]."""
-    _check_grad(grad)
-    valid = mask.bool()
-    d = torch.where(valid, logp - old_logp, 0.0)                               # [B, T]
-    before = d.cumsum(-1) - d                                                  # sum over s < t
-    n_before = (valid.cumsum(-1) - 1).clamp(min=1)                             # [B, T]
-    return _prefix_weight(d + before / n_before, logp, valid, grad)
-
-
-def cumulative_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor,
-                         grad: str = "detached") -> Tensor:
-    """The exact importance weight of the prefix, what PNPO's normalisation replaces: the
-    per-decision ratio of y_{<=t} (Precup et al. 2000),
-
-        log w_it = sum_{s <= t, valid} (logp_is - old_logp_is) = log pi(y_{i,<=t}) / old(y_{i,<=t})
-    Unbiased for the off-policy policy gradient of token t, and of variance growing with t (the
-    product of t ratios): why PNPO takes a mean instead. Clamped to [-20, 20]; `grad` as
-    pnpo_log_ratio's ("detached": value w_it, gradient w_it grad logp_it, the per-decision
-    estimator). [B, T]."""
-    _check_grad(grad)
-    valid = mask.bool()
-    return _prefix_weight(torch.where(valid, logp - old_logp, 0.0).cumsum(-1), logp, valid, grad)
-
-
-PREFIX_RATIOS = ("pnpo", "pnpo-geo", "cumulative")       # the ones --pnpo-grad applies to
-
-
-def log_ratio(kind: str, logp: Tensor, old_logp: Tensor, mask: Tensor,
-              pnpo_grad: str = "detached") -> Tensor:
-    """RATIOS[kind](logp, old_logp, mask), with PNPO's gradient reading passed to the prefix
-    ratios (PREFIX_RATIOS). [B, T]."""
-    if kind in PREFIX_RATIOS:
-        return RATIOS[kind](logp, old_logp, mask, grad=pnpo_grad)
-    return RATIOS[kind](logp, old_logp, mask)
-
-
-@torch.no_grad()
-def far_prefix_fraction(logp: Tensor, old_logp: Tensor, mask: Tensor,
-                        bound: float = 1.0) -> Tensor:
-    """Share of valid tokens whose prefix's exact ratio prod_{s <= t} rho_s lies beyond
-    e^{+-bound}: where the prefix ratios (cumulative, PNPO's means, GSPO's sequence mean) can
-    differ, so where PNPO's normalisation can act. 0-dim."""
-    valid = mask.bool()
-    cum = torch.where(valid, logp - old_logp, 0.0).cumsum(-1)
-    far = (cum.abs() > bound) & valid
-    return far.sum().double() / valid.sum().clamp(min=1)
-
-
-GSPO_DIFF_TOL = 0.1          # a weight 10% away from GSPO's counts as a different term
-
-
-@torch.no_grad()
-def gspo_differs_fraction(log_w: Tensor, logp: Tensor, old_logp: Tensor, adv: Tensor,
-                          mask: Tensor, eps_low: float, eps_high: float,
-                          tol: float = GSPO_DIFF_TOL) -> Tensor:
-    """Share of valid tokens whose surrogate term differs from the one GSPO gives them: what a
-    sequence or prefix ratio (PNPO's) changes, so whether it acted. A token's gradient weight
-    under policy_loss is
-
-        g_t = w_t   where its term is not clipped,   0 where it is
-        clipped: A > 0 and w_t > 1 + eps_high, or A < 0 and w_t < 1 - eps_low
-    with w_t = exp(log_w_t) (this call's ratio) against GSPO's s_i = exp(gspo_log_ratio) at the
-    same eps. The term differs where exactly one of the two is clipped, or neither is and
-    |log w_t - log s_i| > log(1 + tol). Tokens with A = 0 have no term under either and count as
-    equal. adv [B] or [B, T]. 0-dim."""
-    valid = mask.bool()
-    adv = adv[:, None] if adv.dim() == 1 else adv                             # [B, 1] or [B, T]
-    log_s = gspo_log_ratio(logp, old_logp, mask)                               # [B, T]
-
-    low = math.log1p(-eps_low) if eps_low < 1 else -math.inf     # eps_low = 1: no lower clip
-
-    def clipped(lw):                                                           # [B, T]
-        return ((adv > 0) & (lw > math.log1p(eps_high))) | ((adv < 0) & (lw < low))
-
-    a, b = clipped(log_w.detach()), clipped(log_s)
-    apart = (log_w.detach() - log_s).abs() > math.log1p(tol)
-    differs = valid & (adv != 0) & ((a != b) | (~a & ~b & apart))
-    return differs.sum().double() / valid.sum().clamp(min=1)
-
-
-
-# ------------------------------------ variants: the mu-GRPO negative-advantage veto
-
-@torch.no_grad()
-def veto_mask(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor,
-              threshold: float = 1e-4, scope: str = "suffix") -> Tensor:
-    """mu-GRPO negative-advantage veto (arXiv 2605.17570), recomputed from the current logp at
-    every update:
-
-        trigger_it = valid_it and A_it < 0 and rho_it < delta,
-        rho_it = exp(logp_it - old_logp_it) (detached)
-    old_logp is the behaviour policy's (the one that generated the response, what the veto is
-    defined against), also under TIS, where the ratio's old log-probs are recomputed ones.
-        kappa_i    = the first trigger of response i
-        scope "suffix"   (the method): mask every valid token t > kappa_i; kappa_i itself keeps
-                                       its (rho-sized) term
-        scope "trigger"  (ablation):   mask the trigger tokens only
-        scope "response" (ablation):   mask the whole response if it has a trigger
-    Responses with A >= 0 are never touched. adv_tok [B] or [B, T]. Returns the new mask, same
-    dtype as mask.
-    """
-    if scope not in VETO_SCOPES:
-        raise ValueError(f"veto scope must be one of {VETO_SCOPES}, got {scope!r}")
-    adv = adv_tok[:, None] if adv_tok.dim() == 1 else adv_tok                 # [B, 1] or [B, T]
-    valid = mask.bool()
-    # [B, T]; log space: no exp underflow
-    trigger = valid & (adv < 0) & ((logp - old_logp) < math.log(threshold))
-    if scope == "trigger":
-        drop = trigger
-    elif scope == "response":
-        drop = trigger.any(-1, keepdim=True).expand_as(trigger)
-    else:
-        # triggers strictly before t
-        n_before = trigger.long().cumsum(-1) - trigger.long()
-        drop = n_before > 0
-    return torch.where(drop, torch.zeros_like(mask), mask)
-
-
-
-# ------------------------------------ variants: M2PO's second-moment mask
-
-def m2po_sq(log_ratio: Tensor, mask: Tensor) -> Tensor:
-    """(log r_t)^2 of the valid tokens, float64, detached: [n] (row-major order)."""
-    return log_ratio.detach().double().square()[mask.bool()]
-
-
-def m2po_threshold(sq: Tensor, tau: float) -> float:
-    """M2PO's cut (Zheng et al. 2025, "Prosperity before Collapse", arXiv 2510.01161) over the
-    squared token log-ratios sq = (log r_t)^2, r_t = pi_theta / pi_old, of every valid token of
-    one optimizer step (all micro-batches and ranks, in any order), as AReaL implements it:
-
-        s_1 >= s_2 >= ... >= s_n                           sq sorted, largest first
-        M2(j) = (1 / (n - j)) sum_{i > j} s_i              the second moment once s_1..s_j are out
-        k     = min {j < n : M2(j) < tau}                  (n - 1 when there is none)
-        c     = s_k (inf when k = 0);  mask token t  <=>  (log r_t)^2 >= c
-    Read: AReaL's docs/algorithms/m2po.md (M2 = (1/N) sum (log pi_theta / pi_behav)^2, its
-    m2_threshold tau_M2 a bound on that mean, objective (1/sum|o|) sum M r A) and its code,
-    areal/engine/ppo/actor.py _apply_m2po_masking / _get_m2po_loss_mask (inclusionAI/AReaL):
-    descending sort, suffix means, the first suffix mean strictly below the threshold, at least one
-    token kept. So N counts the tokens that remain, and the test is strict (<). AReaL's log r is
-    against the proximal policy of its decoupled loss (recomputed before the update); here it is
-    pi_theta at the start of the optimizer step against old_logp, the behaviour policy.
-    Ties: every token equal to s_k is masked, so a cut through a run of equal values masks the
-    whole run (AReaL masks an arbitrary part of it, by sort order); the kept M2 is still < tau (a
-    suffix mean only falls as its largest terms go), but a run at the smallest value can leave no
-    token kept. All zero (the first update on fresh rollouts): M2 = 0 < tau, nothing masked.
-    Not followed: the authors' released code (Infini-AI-Lab/M2PO, verl core_algos.py), which
-    budgets only the tokens PPO's clip would act on (A > 0, r > 1 or A < 0, r < 1) and turns the
-    budget into a clip range. tau = 0.04: AReaL's m2_threshold in its gsm8k_m2po.yaml.
-    """
-    n = sq.numel()
-    if n == 0:
-        return math.inf
-    s = sq.double().sort(descending=True).values                               # [n]
-    counts = torch.arange(n, 0, -1, dtype=s.dtype, device=s.device)            # n - j
-    suffix_mean = s.flip(0).cumsum(0).flip(0) / counts                         # M2(j), [n]
-    below = (suffix_mean < tau).nonzero()
-    k = int(below[0]) if len(below) else n - 1
-    return float(s[k - 1]) if k else math.inf
-
-
-def m2po_keep(log_ratio: Tensor, mask: Tensor, tau: float,
-              threshold: float | None = None) -> Tensor:
-    """[B, T] bool: the valid tokens M2PO keeps, (log r_t)^2 < c with c = m2po_threshold(...) of
-    this call's tokens, or `threshold` when given (train.py: the one of the whole optimizer step,
-    from a no-grad pass over all its micro-batches and ranks). log_ratio [B, T] is the token log
-    ratio (token_log_ratio); invalid tokens are never kept. The loss with it (train.py):
-
-        L = -(1 / sum_i |o_i|) sum_i sum_t M_it r_it A_i       no eps-clip, token mean
-    N counts every valid token, masked ones too, as AReaL's doc writes the objective and as the
-    veto does (AReaL's code divides by the kept tokens of each micro-batch)."""
-    if threshold is None:
-        threshold = m2po_threshold(m2po_sq(log_ratio, mask), tau)
-    return mask.bool() & (log_ratio.detach().double().square() < threshold)
-
-
-
-# ------------------------------------ variants: KL to a reference, truncated importance sampling
+# ------------------------------------ KL to a reference, truncated importance sampling
 
 def _k1(d: Tensor) -> Tensor:
     return d
@@ -655,8 +355,7 @@ def tis_weight(old_logp_trainer: Tensor, engine_logp: Tensor, cap: float) -> Ten
     return torch.exp((old_logp_trainer - engine_logp).clamp(max=math.log(cap)))
 
 
-
-# ------------------------------------ variants: DAPO's extras
+# ------------------------------------ groups without signal
 
 def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     """Share of groups (not rollouts) with zero variance, i.e. whose advantages are all
@@ -665,37 +364,6 @@ def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     per_group = torch.zeros(int(inv.max()) + 1, dtype=torch.bool, device=rewards.device)
     per_group[inv] = flat_groups(rewards, group_ids)
     return per_group.float().mean().item()
-
-
-def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """DAPO dynamic sampling (arXiv 2503.14476, 'Dynamic Sampling': keep groups with
-    0 < |{correct}| < G) as a bool [B]: True for rollouts whose group has non-zero variance.
-    Groups of one are kept (their advantage is not 0)."""
-    return ~flat_groups(rewards, group_ids)
-
-
-def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO soft overlong punishment (arXiv 2503.14476, 'Overlong Reward Shaping'), added to each
-    response's reward:
-
-        R(|y|) = 0                                   if |y| <= L_max - L_cache
-               = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
-               = -1                                  if |y| > L_max
-    lengths [B] (tokens), max_len = L_max, cache_len = L_cache. Returns float [B] in [-1, 0].
-    """
-    if not 0 < cache_len <= max_len:
-        raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, "
-                         f"max_len={max_len}")
-    n = lengths.to(torch.get_default_dtype())
-    soft = ((max_len - cache_len) - n) / cache_len
-    return torch.where(n <= max_len - cache_len, 0.0, torch.where(n <= max_len, soft, -1.0))
-
-
-def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:
-    """DAPO overlong filtering (arXiv 2503.14476, 'Overlong Reward Shaping'): each truncated
-    response (bool [B]) gets an all-zero loss mask. Returns a new mask [B, T] of mask's dtype."""
-    return torch.where(truncated.bool()[:, None], torch.zeros_like(mask), mask)
-
 
 
 # ------------------------------------ logged only: entropy, masked means
@@ -718,14 +386,6 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(valid, x, 0.0).sum() / valid.sum().clamp(min=1)
 
 
-
-# ------------------------------------ the tables the flags choose from
-
-ADVANTAGES = {"grpo": grpo_advantages, "drgrpo": drgrpo_advantages}
-RATIOS = {"token": token_log_ratio, "gspo": gspo_log_ratio, "pnpo": pnpo_log_ratio,
-          "pnpo-geo": pnpo_geo_log_ratio, "cumulative": cumulative_log_ratio}
-
-
 if __name__ == "__main__":
     g = torch.Generator().manual_seed(0)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
@@ -737,7 +397,6 @@ if __name__ == "__main__":
     old = -torch.rand(8, 12, generator=g) * 3
     logp = (old + 0.3 * torch.randn(8, 12, generator=g)).requires_grad_()
     mask = torch.arange(12)[None, :] < torch.randint(4, 13, (8, 1), generator=g)
-    for name, fn in RATIOS.items():
-        loss, m = policy_loss(fn(logp, old, mask), adv, mask, eps_low=0.2, eps_high=0.28,
-                              dual_clip=3.0, normaliser=loss_normaliser(mask, "token-mean"))
-        print(f"{name:6s} loss {loss.item():+.4f}  clip_frac {float(m['loss/clip_frac']):.3f}")
+    loss, m = policy_loss(token_log_ratio(logp, old, mask), adv, mask, eps_low=0.2, eps_high=0.28,
+                          dual_clip=3.0, normaliser=loss_normaliser(mask, "token-mean"))
+    print(f"loss {loss.item():+.4f}  clip_frac {float(m['loss/clip_frac']):.3f}")

@@ -344,7 +344,7 @@ class TorchEngine:
         ids, mask = self._left_padded(unique)
         head = self.logits_head if s.use_head else None
         if s.use_head and head is None:
-            raise ValueError("Sampling.use_head needs a TorchEngine.logits_head (R²PO's head)")
+            raise ValueError("Sampling.use_head needs a TorchEngine.logits_head (a method's head)")
         logits, cache = prefill(self.model, ids, mask, head)
         cache.batch_repeat_interleave(n)
         mask = mask.repeat_interleave(n, 0)                              # [B, P]

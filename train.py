@@ -1,53 +1,28 @@
-"""GRPO with rollout-level, advantage-prioritized experience replay: the algorithm, and its
-hand-written FSDP2 wrapping.
+"""GRPO with rollout-level, advantage-prioritized experience replay (arXiv 2606.04560): the
+algorithm, and its hand-written FSDP2 wrapping.
 
     python train.py                     # built-in tiny model + arithmetic task, CPU, about a minute
-    python train.py --model PATH --train-data gsm8k_train --max-new-tokens 512 \\
-        --prompt-template plain
-    torchrun --nproc-per-node 8 train.py --model PATH ...      # one node, 8 GPUs (or CPU processes)
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-        --rdzv-id run1 train.py --model PATH --out-dir /shared/run1 ...   # the same on every node
+    torchrun --nproc-per-node 8 train.py --model PATH ...      # data parallel + FSDP2
     python train.py --out-dir runs/x --resume auto   # after a crash: the newest complete checkpoint
 
-`setup()` binds the flags once: it loads the model, the prompts and the eval sets, and builds the
-run's objects, each from its owner's own flags (flags.py composes them): the allocation
-(allocation.py: who gets how many completions, graded how, worth what), the objective
-(objective.py: the loss over grpo.py's functions), the replay buffer (buffer.py), R²PO (r2po.py,
-or None). Below it nothing reads a flag of another owner, and no step branches on a method.
-
-Each step of `train()` reads top to bottom:
-1. generate  `prompts_per_step` prompts' completions from the rollout engine (behaviour log-probs
-             kept), each graded by the task's rule: `Allocation.generate_and_score` (fixed groups,
-             VIGOR's variance-guided sizes, DAPO's refill rounds);
-2. score     the shaped reward, then one advantage per rollout from its own group (grpo.py), set
-             once (the same call);
-3. sample    replayed rollouts from earlier steps (buffer.py: `replay_ratio` x fresh, P(j) ∝
-             |A_j|^alpha among those no older than `tau_max` steps; Headroom-Drift: whole groups
-             ranked by headroom, gated by drift); every fresh rollout stays in the batch;
-4. store     the fresh rollouts the objective trains on, version = this step (after sampling:
-             under a capacity bound, this step's rollouts cannot push out the replayable ones);
-5. update    `epochs` x `mini_batches` optimizer steps over fresh + replayed (each mini-batch holds
-             its share of both; a mu-GRPO stage is one step with a large prompt set and
-             mini_batches = mu), micro-batched, each step's loss normaliser fixed before its first
-             micro-batch;
-6. sync      the engine gets the new weights, so the next step samples from the current policy;
-(R²PO: the rollout head samples in 1.; in its head phase, 3.-6. give way to its head step)
-then eval every `eval_every` steps, the log line and metrics.jsonl (rank 0), a checkpoint every
-`save_every` steps.
-
-Under torchrun: data parallel over prompts (rank r takes every world-th prompt, generates whole
-groups, keeps its own replay buffer); FSDP2 shards the model (`shard_model`); the normaliser N is
-summed over ranks and each rank's loss multiplied by the world size, so a step equals the 1-rank
-step over the same global batch. Under plain `python`: world size 1, no process group, the same code
-path. The machinery is named where it is used: parallel.py (collectives, lockstep passes, the step
-guard), metrics.py (metrics, log line, files), flags.py (every flag, presets, bounds, sizes),
-checkpoint.py.
-
-A "step" is one pass of this loop (it may hold several optimizer steps); a rollout's age is step -
-version. The ratio of a replayed rollout is pi_theta / pi_behaviour with its logged generation-time
-log-probs: the stale policy, which is what makes replay off-policy and what clipping guards. With
-`--tis-cap C` the old log-probs are instead recomputed at the start of the step (the proximal
-policy) and each token weighted by min(pi_old / pi_behaviour, C).
+`setup()` binds the flags once: it loads the model, the prompts and the eval sets, builds the
+engine, the optimizer and the replay buffer, and asks the method files (methods/) which slots
+they fill; with no method flag set, none. Each step of `train()` then reads top to bottom:
+1. generate  `group_size` completions of each of this rank's `prompts_per_step` prompts, with the
+             behaviour log-probs (rollout.py's engine or vllm_engine.py's);
+2. score     each graded (verify.py), its reward shaped, its advantage from its own group
+             (grpo.py), set once;
+3. sample    replayed rollouts of earlier steps (buffer.py: replay_ratio x fresh, P ∝ |A|^alpha
+             among those no older than tau_max steps); every fresh rollout stays in the batch;
+4. store     this step's rollouts, version = step (after sampling: never replayed in their step);
+5. update    epochs x mini_batches optimizer steps over fresh + replayed, micro-batched, each
+             loss the clipped surrogate of `micro_batch_loss` with the normaliser fixed first;
+6. sync      the engine gets the new weights;
+then eval every `eval_every` steps, the log line and metrics.jsonl, a checkpoint every
+`save_every`. A replayed rollout's ratio is against the policy that generated it, up to tau_max
+steps old: what makes replay off-policy and what the clip guards. Under torchrun each rank takes
+every world-th prompt and keeps its own buffer; the normaliser is summed over ranks and each
+loss multiplied by the world size, so a step equals the 1-rank step over the same global batch.
 """
 import dataclasses
 import json
@@ -55,25 +30,24 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-import allocation as allocation_lib
 import buffer
 import checkpoint
 import cli
 import data
 import eval as eval_lib  # the module eval.py, not the builtin
 import flags
+import grpo
+import methods
 import metrics as metrics_lib
-import objective as objective_lib
 import parallel
-import r2po as r2po_lib
 import rollout
 import verify
-import vigor
 import vllm_engine
 from flags import Args
 from metrics import Metrics
@@ -83,7 +57,7 @@ from rollout import Sampling, TorchEngine
 
 
 def torch_seed(seed: int) -> int:
-    return seed                                    # the global torch RNG (R²PO's head), every rank
+    return seed                                    # the global torch RNG (a method's own weights)
 
 
 def order_seed(seed: int) -> int:
@@ -97,9 +71,6 @@ def replay_seed(seed: int, rank: int) -> int:
 def sampling_seed(seed: int, rank: int, step: int, round_: int) -> int:
     # its own stream per (rank, step, round)
     return seed * 1_000_003 + step * 1_009 + round_ + rank * 1_000_000_007
-
-
-BASE_SAMPLING_ROUND = 999          # R²PO's probe of the base policy at eval: its own round
 
 
 def shuffle_seed(seed: int, step: int, epoch: int) -> int:
@@ -182,31 +153,57 @@ class Settings(NamedTuple):
     """The flags the loop itself reads, each owner's own part (no `Args` below setup)."""
     run: flags.RunFlags
     optim: flags.OptimFlags
+    reward: flags.RewardFlags
+    loss: flags.LossFlags
     engine: vllm_engine.Flags
     eval: eval_lib.TrainFlags
     log: metrics_lib.LogFlags
 
 
-class Run(NamedTuple):
-    """Everything `train()` runs on, made once by `setup()`."""
+class LossHooks(NamedTuple):
+    """The loss slot's methods, gathered once from the methods that fill it (methods/__init__.py);
+    all empty by default."""
+    batch: list               # batch(mbs): the micro-batches before the normaliser
+    keeps: list               # keeps(rollout) -> whether it is stored for replay
+    prepare: list             # prepare(model, mbs): before the optimizer step's first micro-batch
+    restrict: list            # restrict(logp, mb, loss_mask, eps) -> (loss_mask, eps)
+    ratio: object | None      # ratio(logp, old, mask) -> log w, in place of the token ratio
+    diagnostics: list         # diagnostics(logp, mb, log_w, eps) -> {key: 0-dim}, logged
+
+
+def loss_hooks(wings: list) -> LossHooks:
+    def of(name):
+        return [getattr(w, name) for w in wings if hasattr(w, name)]
+    ratios = of("log_ratio")
+    return LossHooks(of("batch"), of("keeps"), of("prepare"), of("restrict"),
+                     ratios[0] if ratios else None, of("diagnostics"))
+
+
+@dataclass
+class Run:
+    """Everything `train()` runs on, made once by `setup()` (`build`)."""
     settings: Settings
     engine: object                        # TorchEngine or vllm_engine.VLLMEngine
     model: torch.nn.Module                # the policy, sharded under torchrun
     opt: torch.optim.Optimizer
-    allocation: allocation_lib.Allocation
-    objective: objective_lib.Objective
-    replay: object | None                 # buffer.RolloutReplay, buffer.GroupReplay or None
-    r2po: r2po_lib.R2PO | None            # R²PO's head and its optimizer (--r2po-head residual)
+    replay: object | None                 # buffer.RolloutReplay, a method's, or None
+    ref_model: torch.nn.Module | None     # the frozen KL reference (--kl-coef > 0)
     precision: str                        # the trainer's forward: fp32 | autocast-bf16 | fsdp-bf16
     tok: object
     prompts: list                         # the training prompts
     mine: list[int]                       # this rank's share of them, in the seed's order
+    per_rank: int                         # prompts this rank generates groups for each step
+    micro_batch: tuple[int, int]          # (rows, padded tokens) per forward at most
+    grader: object                        # verify.grader of the training set: (text, gold) -> bool
+    form: object                          # verify.format_rule: (text) -> in the answer form?
     eval_sets: dict                       # eval.train_eval_sets
     resume: str | None                    # the checkpoint to continue from
     flags: dict                           # every flag, as args.json has them
     rank: int
     world: int
     device: str
+    slots: dict = field(default_factory=dict)   # what the method files fill (methods.build)
+    hooks: LossHooks = LossHooks([], [], [], [], None, [])
 
 
 def load_inputs(run: flags.RunFlags, data_dir: str, *, needs: tuple, world: int, device: str):
@@ -247,7 +244,8 @@ def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
     flags.check_args(args, world)
     if args.threads:
         torch.set_num_threads(args.threads)
-    needs = (r2po_lib.HEAD_FILE,) if args.r2po_head != "none" else ()
+    needs = tuple(f for part in flags.method_parts(args)
+                  for f in getattr(part, "checkpoint_files", ()))
     run_flags, eval_flags = cli.part(args, flags.RunFlags), cli.part(args, eval_lib.TrainFlags)
     resume, model, tok, prompts = load_inputs(run_flags, args.data_dir, needs=needs, world=world,
                                               device=device)
@@ -270,29 +268,31 @@ def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
     order = list(range(len(prompts)))
     random.Random(order_seed(args.seed)).shuffle(order)
     parts = {owner: cli.part(args, owner) for owner in flags.OWNERS}
-    objects = build(parts, model, tok, sizes, forward=forward, max_len=max_len, rank=rank,
-                    world=world, device=device)
-    settings = Settings(run_flags, parts[flags.OptimFlags], parts[vllm_engine.Flags], eval_flags,
-                        parts[metrics_lib.LogFlags])
-    return Run(settings, *objects, forward, tok, prompts, order[rank::world], eval_sets, resume,
-               dataclasses.asdict(args), rank, world, device)
+    template = train_template(run_flags, tok)
+    run = build(parts, model, tok, sizes, forward=forward, max_len=max_len, rank=rank,
+                world=world, device=device, initial=flags.needs_initial(args),
+                prompts=prompts, mine=order[rank::world], eval_sets=eval_sets, resume=resume,
+                grader=verify.grader(run_flags.train_data, template),
+                form=verify.format_rule(run_flags.train_data, template),
+                all_flags=dataclasses.asdict(args))
+    return run
 
 
 def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
-          world: int, device: str) -> tuple:
-    """The run's objects, each from its owner's flags (`parts`: {owner class: its flags}):
-    (engine, model, optimizer, allocation, objective, replay, R²PO). TorchEngine copies the model
-    before sharding; vLLM starts after it (in one process it initialises torch.distributed itself)
-    and takes the gathered weights. The model as loaded from --model is loaded once more, frozen,
-    when the KL term or R²PO's anchor needs it. R²PO's head is made last (from the torch seed, the
-    same on every rank) and handed to the engine."""
-    run, optim, obj = parts[flags.RunFlags], parts[flags.OptimFlags], parts[objective_lib.Flags]
-    engine_flags, r2po_flags = parts[vllm_engine.Flags], parts[r2po_lib.Flags]
-    initial = None                        # the model as loaded: the KL reference, R²PO's anchor
-    if obj.kl_coef > 0 or r2po_flags.needs_initial:
-        initial = checkpoint.load_model(run.model, device)[0].eval().requires_grad_(False)
-    engine = TorchEngine(model, tok) if engine_flags.engine == "torch" else None
-    if optim.grad_checkpointing:
+          world: int, device: str, initial: bool, **given) -> Run:
+    """The run's objects, each from its owner's flags (`parts`: {owner class: its flags}), then
+    the slots the method files fill (methods.build). TorchEngine copies the model before sharding;
+    vLLM starts after it (in one process it initialises torch.distributed itself) and takes the
+    gathered weights. The model as loaded from --model is loaded once more, frozen, when the KL
+    term or a method needs it (`initial`)."""
+    s = Settings(*(parts[o] for o in (flags.RunFlags, flags.OptimFlags, flags.RewardFlags,
+                                      flags.LossFlags, vllm_engine.Flags, eval_lib.TrainFlags,
+                                      metrics_lib.LogFlags)))
+    frozen = None                         # the model as loaded: the KL reference, a method's
+    if s.loss.kl_coef > 0 or initial:
+        frozen = checkpoint.load_model(s.run.model, device)[0].eval().requires_grad_(False)
+    engine = TorchEngine(model, tok) if s.engine.engine == "torch" else None
+    if s.optim.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = shard_model(model, device).train()
     if forward == "autocast-bf16":                 # one GPU: bf16, as torchrun's policy gives
@@ -300,89 +300,213 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
         if torch.device(device).type == "cpu" and engine is not None:
             autocast_bf16(engine.model, "cpu")     # --precision bf16: sample as the trainer scores
     if engine is None:
-        engine = vllm_engine.start_vllm(model, tok, run.model, device,
-                                        seed=replay_seed(run.seed, rank), max_model_len=max_len,
+        engine = vllm_engine.start_vllm(model, tok, s.run.model, device,
+                                        seed=replay_seed(s.run.seed, rank), max_model_len=max_len,
                                         distributed=world > 1,
-                                        gpu_memory_utilization=engine_flags.gpu_memory_utilization)
-    opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
-    batching = objective_lib.Batching(optim.micro_batch_size, sizes.micro_batch_tokens,
-                                      tok.pad_token_id, device)
-    objective = objective_lib.Objective(obj, temperature=run.temperature,
-                                        max_len=run.max_new_tokens, batching=batching,
-                                        ref_model=initial if obj.kl_coef > 0 else None,
-                                        world=world)
+                                        gpu_memory_utilization=s.engine.gpu_memory_utilization)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.optim.lr, weight_decay=s.optim.weight_decay)
+    replay = buffer.make(parts[buffer.Flags], seed=replay_seed(s.run.seed, rank))
+    run = Run(settings=s, engine=engine, model=model, opt=opt, replay=replay,
+              ref_model=frozen if s.loss.kl_coef > 0 else None, precision=forward, tok=tok,
+              per_rank=sizes.prompts, micro_batch=(s.optim.micro_batch_size,
+                                                   sizes.micro_batch_tokens),
+              flags=given.pop("all_flags"), rank=rank, world=world, device=device, **given)
+    run.slots = methods.build(parts, context(run, frozen, sizes.completions, parts[buffer.Flags]))
+    run.replay = run.slots.get("replay", run.replay)
+    run.hooks = loss_hooks(run.slots["loss"])
+    return run
 
-    def policy_logprobs(rollouts):                 # Headroom-Drift's drift forward, in lockstep
-        return rollout.lockstep_logprobs(model, rollouts, batching.size, run.temperature,
-                                         tok.pad_token_id, world, batching.max_tokens)
 
-    replay = buffer.make(parts[buffer.Flags], eps_low=obj.eps_low, eps_high=obj.eps_high,
-                         seed=replay_seed(run.seed, rank), logprobs=policy_logprobs)
-    shared = r2po_lib.Shared(obj.eps_low, obj.eps_high, obj.agg, run.temperature,
-                             run.max_new_tokens, optim.micro_batch_size, sizes.micro_batch_tokens,
-                             optim.max_grad_norm, run.group_size)
-    r2po = r2po_lib.make(r2po_flags, shared, model, device, initial)
-    if r2po is not None:
-        engine.logits_head = r2po.head               # the engine samples through the trainer's head
-    vigor_flags, template = parts[vigor.Flags], train_template(run, tok)
-    vig = None
-    if vigor_flags.allocation == "vigor":
-        vig = vigor.Vigor(vigor_flags, sizes.vigor_budget)
-    alloc = allocation_lib.Allocation(
-        parts[allocation_lib.Flags], engine=engine, group_size=run.group_size,
-        per_rank=sizes.prompts, vigor=vig,
-        sampling=Sampling(run.temperature, run.top_p, run.max_new_tokens,
-                          use_head=r2po is not None),
-        seed_of=lambda step, round_: sampling_seed(run.seed, rank, step, round_),
-        grader=verify.grader(run.train_data, template), form=verify.format_rule(run.train_data,
-                                                                                template))
-    return engine, model, opt, alloc, objective, replay, r2po
+def context(run: Run, initial, completions: int, replay: buffer.Flags) -> methods.Context:
+    """What the method files get at set-up: the run's objects and the spine's own steps."""
+    s = run.settings
+
+    def logprobs(rollouts):                        # the policy's no-grad forward, in lockstep
+        return rollout.lockstep_logprobs(run.model, rollouts, run.micro_batch[0],
+                                         s.run.temperature, run.tok.pad_token_id, run.world,
+                                         run.micro_batch[1])
+
+    return methods.Context(
+        model=run.model, tok=run.tok, engine=run.engine, device=run.device, rank=run.rank,
+        world=run.world, initial=initial, eps=(s.loss.eps_low, s.loss.eps_high), agg=s.loss.agg,
+        dual_clip=s.loss.dual_clip, tis_cap=s.loss.tis_cap, ratio=s.loss.ratio,
+        replay=replay.replay, tau_max=replay.tau_max, temperature=s.run.temperature,
+        max_len=s.run.max_new_tokens, group_size=s.run.group_size, per_rank=run.per_rank,
+        completions=completions, micro_batch=run.micro_batch,
+        max_grad_norm=s.optim.max_grad_norm, seed=replay_seed(s.run.seed, run.rank),
+        logprobs=logprobs, sampling=lambda step, round_: sampling(run, step, round_),
+        grade=lambda rollouts: grade(run, rollouts),
+        generate=lambda prompts, n, step, round_: generate(run, prompts, n, step, round_),
+        score=lambda rollouts: score(run, rollouts),
+        credit=lambda rollouts: credit(rollouts, s.reward))
+
+
+# ---- 1. generate and 2. score -----------------------------------------------------------------
+
+def sampling(run: Run, step: int, round_: int) -> Sampling:
+    """The training rollouts' sampling at (step, round_): its own seed; through the engine's
+    logits head when a method gave it one."""
+    r = run.settings.run
+    return Sampling(r.temperature, r.top_p, r.max_new_tokens,
+                    seed=sampling_seed(r.seed, run.rank, step, round_),
+                    use_head=getattr(run.engine, "logits_head", None) is not None)
+
+
+def generate_and_score(run: Run, pos: int, step: int, metrics: Metrics):
+    """1. and 2.: `group_size` completions of each of this rank's next `per_rank` prompts
+    (mine[pos:], wrapping around), graded and scored; or the allocate slot's. Returns (fresh,
+    every generated rollout, new pos)."""
+    if "allocate" in run.slots:
+        return run.slots["allocate"].allocate(run.prompts, run.mine, pos, step=step,
+                                              metrics=metrics)
+    prompts = [run.prompts[run.mine[(pos + i) % len(run.mine)]] for i in range(run.per_rank)]
+    fresh = generate(run, prompts, run.settings.run.group_size, step, 0)
+    score(run, fresh)
+    return fresh, list(fresh), pos + run.per_rank
+
+
+def generate(run: Run, prompts: list, n: int, step: int, round_: int) -> list:
+    """n completions of each prompt, each graded once (r.correct, r.formatted)."""
+    new = run.engine.generate(prompts, n, sampling(run, step, round_), version=step)
+    grade(run, new)
+    return new
+
+
+def grade(run: Run, rollouts: list) -> None:
+    """The verdict of each rollout, r.correct (1.0 = right), by the task's grader, and whether it
+    is in the task's answer form, r.formatted; set once, here."""
+    for r in rollouts:
+        r.correct = 1.0 if run.grader(r.text, r.answer) else 0.0
+        r.formatted = run.form(r.text)
+
+
+def credit(rollouts: list, f: flags.RewardFlags) -> torch.Tensor:
+    """c_i in [0, 1], the verdict's term of the reward [B]:
+
+        --reward correct, correct+format:   c = v,                v = r.correct (1 / 0)
+        --reward partial, partial+format:   c = (v + share) / 2,  share = verify.step_share
+
+    share: the share of the response's "=" steps whose value is the gold's, so c is 1 exactly
+    when the verdict is right and every step keeps the value; a wrong answer gets c <= 1/2."""
+    c = torch.tensor([r.correct for r in rollouts])                                  # [B] v
+    if f.reward.startswith("partial"):
+        share = torch.tensor([verify.step_share(r.text, r.answer) for r in rollouts])  # [B]
+        c = (c + share) / 2
+    return c
+
+
+def score(run: Run, rollouts: list) -> torch.Tensor:
+    """2. The reward r.reward and the advantage r.advantage of each rollout, set once:
+
+        r = wrong + (right - wrong) c       c = credit(...): v, or (v + share) / 2
+            + (format_ok if formatted else format_bad)      with --reward ...+format
+            + a method's terms (the reward slot)
+        A = (r - mean_g) / (std_g + 1e-6)   in its own group (grpo.grpo_advantages; or the
+                                            advantage slot's)
+    Returns the verdicts [B] (not the shaped reward)."""
+    f = run.settings.reward
+    rewards = credit(rollouts, f) * (f.reward_right - f.reward_wrong) + f.reward_wrong
+    if f.reward.endswith("+format"):
+        formatted = torch.tensor([r.formatted for r in rollouts])                    # [B]
+        rewards = rewards + torch.where(formatted, f.format_ok, f.format_bad)
+    for term in run.slots["reward"]:
+        rewards = rewards + term(rollouts)
+    advantages = run.slots.get("advantage", grpo.grpo_advantages)
+    adv = advantages(rewards, grpo.group_ids(rollouts))                              # [B]
+    for r, reward, a in zip(rollouts, rewards.tolist(), adv.tolist()):
+        r.reward = reward
+        r.advantage = a
+    return torch.tensor([r.correct for r in rollouts])
 
 
 # ---- 5. the update -------------------------------------------------------------------------------
 
-def optimizer_step(model, objective, opt, mbs: list, *, normaliser: float, max_grad_norm: float,
-                   pad_id: int, world: int, guard: parallel.StepGuard, step: int,
-                   metrics: Metrics) -> None:
-    """One optimizer step: the objective's step-wide preparation (M2PO's mask), forward/backward
-    over the micro-batches (in lockstep with the other ranks), clip, step."""
-    objective.prepare(model, mbs)
+def micro_batch_loss(run: Run, mb: dict, normaliser: float, metrics: Metrics) -> torch.Tensor:
+    """The loss of one micro-batch (grpo.py has each function's equation):
+
+        rho_t = pi_theta(y_t) / pi_old(y_t)                      (the token ratio)
+        L = (1/N) sum_t max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high))
+            + kl_coef * KL(pi_theta || pi_ref)                   (--kl-coef > 0)
+    aggregated by --agg over N, the whole optimizer step's normaliser; pi_old is the behaviour
+    policy's (logged at generation), or with --tis-cap the proximal one, each token then weighted
+    by min(pi_old / pi_behaviour, C). A method may narrow the loss mask, change the clip range or
+    the ratio (the loss slot). Its metrics go to `metrics`."""
+    f, hooks, temperature = run.settings.loss, run.hooks, run.settings.run.temperature
+    logits, logp = rollout.forward_logprobs(run.model, mb, temperature)  # [b, T, V], [b, T]
+    mask, old, adv = mb["completion_mask"], mb["old_logprobs"], mb["advantages"]
+    loss_mask, eps = mask, (f.eps_low, f.eps_high)
+    for restrict in hooks.restrict:
+        loss_mask, eps = restrict(logp, mb, loss_mask, eps)
+    log_w = (hooks.ratio or grpo.token_log_ratio)(logp, old, mask)                   # [b, T]
+    w_tis = grpo.tis_weight(old, mb["behaviour_logprobs"], f.tis_cap) if f.tis_cap else None
+    loss, m = grpo.policy_loss(log_w, adv, loss_mask, eps_low=eps[0], eps_high=eps[1],
+                               dual_clip=f.dual_clip or None, agg=f.agg,
+                               normaliser=normaliser, token_weight=w_tis)
+    n = float(m.pop("loss/tokens"))
+    with torch.no_grad():
+        extra = {"entropy": grpo.masked_mean(grpo.entropy_from_logits(logits, temperature), mask)}
+        for diagnostics in hooks.diagnostics:
+            extra.update(diagnostics(logp, mb, log_w, eps))
+    if f.kl_coef > 0:
+        with torch.no_grad():
+            ref_logp = rollout.forward_logprobs(run.ref_model, mb, temperature)[1]     # [b, T]
+        kl = grpo.kl_penalty(logp, ref_logp, f.kl_estimator)                            # [b, T]
+        loss = loss + f.kl_coef * grpo.aggregate(kl, loss_mask, f.agg, normaliser)
+        extra["kl"] = grpo.masked_mean(kl.detach(), mask)
+    metrics.token_means(m, n, grpo.COMBINE)       # policy_loss's means: over the loss tokens
+    metrics.token_means(extra, float(mask.sum()))  # the rest: over every completion token
+    metrics.total("loss/tokens", n)
+    return loss
+
+
+def optimizer_step(run: Run, mbs: list, normaliser: float, *, guard: parallel.StepGuard,
+                   step: int, metrics: Metrics) -> None:
+    """One optimizer step: forward/backward over the micro-batches (in lockstep with the other
+    ranks), clip, step."""
+    model, world = run.model, run.world
+    for prepare in run.hooks.prepare:              # a method's step-wide pass, before the first
+        prepare(model, mbs)
     loss = 0.0
-    for mb in parallel.lockstep(mbs, model, pad_id, world, backward=True):
-        mb_loss = objective.loss(model, mb, normaliser, metrics)
+    for mb in parallel.lockstep(mbs, model, run.tok.pad_token_id, world, backward=True):
+        mb_loss = micro_batch_loss(run, mb, normaliser, metrics)
         # FSDP averages over ranks and N is global: so the sum is the step's gradient
         (mb_loss * world).backward()
         loss += mb_loss.item()
-    grad_norm = parallel.clip_gradients(model, max_grad_norm)
+    grad_norm = parallel.clip_gradients(model, run.settings.optim.max_grad_norm)
     if guard.allow(loss, grad_norm, world, step):
-        opt.step()
-    opt.zero_grad(set_to_none=True)
+        run.opt.step()
+    run.opt.zero_grad(set_to_none=True)
     metrics.mean("loss/policy", loss * world, 1)       # the whole step's loss: summed over ranks
     metrics.mean("loss/grad_norm", grad_norm, 1)       # the global norm: the same on every rank
 
 
-def update(model, objective, opt, fresh, replayed, optim: flags.OptimFlags, *, step: int,
-           seed: int, pad_id: int, world: int = 1, guard: parallel.StepGuard | None = None,
+def update(run: Run, fresh: list, replayed: list, *, step: int, guard: parallel.StepGuard,
            per_update: list | None = None) -> Metrics:
-    """5. `epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts
-    (mu-GRPO's stage: many), each with the global normaliser fixed first. Returns this rank's
-    metrics; each optimizer step's own metrics are also appended to `per_update` when given (train()
-    writes them to updates.jsonl)."""
-    guard = guard or parallel.StepGuard(optim.max_bad_steps)
+    """5. `epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts, each
+    with the global normaliser N fixed first. Returns this rank's metrics; each optimizer step's
+    own metrics are also appended to `per_update` when given (updates.jsonl)."""
+    o, f, pad_id = run.settings.optim, run.settings.loss, run.tok.pad_token_id
     metrics, updates = Metrics(), []
     batch = fresh + replayed
-    old = objective.proximal_logprobs(model, batch)     # TIS: recomputed; otherwise None
-    for epoch in range(optim.epochs):
-        order = shuffle_seed(seed, step, epoch) if epoch else None
-        for idx in rollout.mini_batches(len(fresh), len(replayed), optim.mini_batches, order):
-            mbs = objective.micro_batches([batch[i] for i in idx], old and [old[i] for i in idx])
-            normaliser = objective.normaliser(mbs)
+    old = None                                     # TIS: the proximal policy's, recomputed
+    if f.tis_cap:
+        old = rollout.lockstep_logprobs(run.model, batch, run.micro_batch[0],
+                                        run.settings.run.temperature, pad_id, run.world,
+                                        run.micro_batch[1])
+    for epoch in range(o.epochs):
+        order = shuffle_seed(run.settings.run.seed, step, epoch) if epoch else None
+        for idx in rollout.mini_batches(len(fresh), len(replayed), o.mini_batches, order):
+            mbs = rollout.micro_batches([batch[i] for i in idx], run.micro_batch[0], pad_id,
+                                        run.device, old_logprobs=old and [old[i] for i in idx],
+                                        max_tokens=run.micro_batch[1])
+            for adjust in run.hooks.batch:
+                adjust(mbs)
+            normaliser = parallel.global_normaliser(mbs, f.agg, run.settings.run.max_new_tokens,
+                                                    run.world)
             if normaliser is None:                     # no rank has a rollout in it: no step
                 continue
             updates.append(Metrics())
-            optimizer_step(model, objective, opt, mbs, normaliser=normaliser,
-                           max_grad_norm=optim.max_grad_norm, pad_id=pad_id, world=world,
-                           guard=guard, step=step, metrics=updates[-1])
+            optimizer_step(run, mbs, normaliser, guard=guard, step=step, metrics=updates[-1])
             metrics.merge(updates[-1])
     metrics.max("stage/updates", len(updates))         # optimizer steps in this loop step
     metrics.max("train/skipped_steps", guard.skipped)
@@ -412,26 +536,23 @@ def train_step(run: Run, pos: int, *, step: int, guard: parallel.StepGuard):
     """One pass of the loop, 1. to 6. of the module docstring. Returns (this rank's metrics, the
     fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
     metrics)."""
-    engine, model, replay, r2po = run.engine, run.model, run.replay, run.r2po
     t0 = time.perf_counter()
     m, per_update = Metrics(), []
-    # 1. generate and 2. score (VIGOR's numbers into m)
-    fresh, generated, pos = run.allocation.generate_and_score(run.prompts, run.mine, pos,
-                                                              step=step, metrics=m)
+    fresh, generated, pos = generate_and_score(run, pos, step, m)                # 1. and 2.
     check_engine(run, generated, step, m)
     t1 = time.perf_counter()
-    engine.sleep()                                 # vLLM on CUDA frees its memory for the update
-    if r2po is not None and r2po.phase(step) == "head":   # R²PO: the head learns, the policy waits
-        m.merge(r2po.head_step(model, fresh, run.tok.pad_token_id, run.world))
+    run.engine.sleep()                             # vLLM on CUDA frees its memory for the update
+    phase = run.slots.get("phase")
+    if phase is not None and phase.phase(step) != "policy":      # a method's own phase
+        m.merge(phase.run_phase(run.model, fresh))
     else:
+        replay = run.replay
         replayed = replay.sample(step, len(fresh)) if replay is not None else []      # 3. sample
         if replay is not None:                                                         # 4. store
-            replay.add([r for r in fresh if run.objective.trains_on(r)], step)
-        m.merge(update(model, run.objective, run.opt, fresh, replayed,                 # 5. update
-                       run.settings.optim, step=step, seed=run.settings.run.seed,
-                       pad_id=run.tok.pad_token_id, world=run.world, guard=guard,
+            replay.add([r for r in fresh if all(k(r) for k in run.hooks.keeps)], step)
+        m.merge(update(run, fresh, replayed, step=step, guard=guard,                   # 5. update
                        per_update=per_update))
-        engine.load_weights(parallel.full_parameters(model))                          # 6. sync
+        run.engine.load_weights(parallel.full_parameters(run.model))                  # 6. sync
     t2 = time.perf_counter()
     for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
         m.max(f"time/{key}", seconds)
@@ -439,7 +560,8 @@ def train_step(run: Run, pos: int, *, step: int, guard: parallel.StepGuard):
 
 
 # the step's log line: each component's fields, in this order (metrics.fields)
-LOG_LINE = (*metrics_lib.LOG, *objective_lib.LOG, *buffer.LOG, *r2po_lib.LOG, "{time/step:.2f}s",
+LOSS_LOG = ("loss {loss/policy:+.4f}", "clip {loss/clip_frac:.3f}")    # absent without an update
+LOG_LINE = (*metrics_lib.LOG, *LOSS_LOG, *buffer.LOG, *methods.log_fields(), "{time/step:.2f}s",
             eval_lib.log_fields, verify.log_fields)
 
 
@@ -448,8 +570,9 @@ def train(run: Run) -> dict:
     last step's metrics."""
     s, rank, world = run.settings, run.rank, run.world
     guard = parallel.StepGuard(s.optim.max_bad_steps)
+    phase = run.slots.get("phase")                     # a method's own phase, or None
     start, pos = checkpoint.restore(run.resume, run.model, run.opt, replay=run.replay,
-                                    guard=guard, rank=rank, flags=run.flags, extra=run.r2po)
+                                    guard=guard, rank=rank, flags=run.flags, extra=phase)
     logs = metrics_lib.open_logs(s.run.out_dir, rank, start, s.log.tensorboard)
 
     def evaluate(m: Metrics) -> None:
@@ -468,14 +591,12 @@ def train(run: Run) -> dict:
         m, fresh, generated, pos, per_update = train_step(run, pos, step=step, guard=guard)
         metrics_lib.rollout_metrics(m, fresh, generated)
         buffer.report(run.replay, m)                   # the buffer's state after this step
-        if run.r2po is not None:
-            run.r2po.report(m, step)
+        if phase is not None:
+            phase.report(m, step)
         if (s.eval.eval_every and (step + 1) % s.eval.eval_every == 0) or step + 1 == s.run.steps:
             evaluate(m)
-            if run.r2po is not None:
-                base = Sampling(s.run.temperature, s.run.top_p, s.run.max_new_tokens,
-                                seed=sampling_seed(s.run.seed, rank, step, BASE_SAMPLING_ROUND))
-                run.r2po.base_diversity(run.engine, generated, base, m)
+            if phase is not None:
+                phase.at_eval(run.engine, generated, step, m)
         for key, count in verify.stats().items():     # errors would zero rewards: count them
             m.total(f"verify/{key}", count - verified[key])
         row = {"step": step + 1, **m.reduce(world)}
@@ -488,7 +609,7 @@ def train(run: Run) -> dict:
             ckpt = checkpoint.save(os.path.join(s.run.out_dir, "checkpoints"), step + 1,
                                    run.model, run.opt, run.tok, run.flags, guard=guard,
                                    replay=run.replay, pos=pos, rank=rank, world=world,
-                                   extra=run.r2po)
+                                   extra=phase)
             parallel.print0(f"saved {ckpt}", flush=True)
     run.engine.close()                                 # vLLM: after the trainer's last collective
     final = ckpt and rank == 0 and checkpoint.point_final(s.run.out_dir, ckpt)

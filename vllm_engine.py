@@ -278,8 +278,8 @@ class VLLMEngine:
         sampling.seed): every completion of a call has its own random stream, and the same call
         gives the same completions."""
         if sampling.use_head:
-            raise ValueError("VLLMEngine cannot sample from R²PO's residual rollout head: "
-                             "use --engine torch")
+            raise ValueError("VLLMEngine cannot sample through a logits head (a method's "
+                             "rollout head): use --engine torch")
         from vllm import SamplingParams
         if sampling.top_p < 1.0:
             raise ValueError(f"VLLMEngine: top_p {sampling.top_p} < 1 is not supported (vLLM "

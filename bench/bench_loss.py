@@ -19,6 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo  # noqa: E402
+from methods import gspo, pnpo  # noqa: E402
+
+# every importance weight: the spine's token ratio, GSPO's and PNPO's three prefix ratios
+RATIOS = {"token": grpo.token_log_ratio, "gspo": gspo.gspo_log_ratio, **pnpo.RATIOS}
 
 EPS_LOW, EPS_HIGH, DUAL_CLIP = 0.2, 0.28, 3.0
 
@@ -92,7 +96,7 @@ def main() -> None:
     print(f"vectorised policy_loss  fwd+bwd  {t_vec * 1e3:9.2f} ms  (median of {args.repeats})")
     print(f"naive per-token loop    fwd+bwd  {t_loop * 1e3:9.2f} ms")
     print(f"speed-up {t_loop / t_vec:,.0f}x; loss and gradient agree (rtol 1e-5)")
-    for name, fn in grpo.RATIOS.items():  # the other weights, same surrogate
+    for name, fn in RATIOS.items():  # the other weights, same surrogate
         def run(logp, old, mask, adv, fn=fn):
             x = logp.clone().requires_grad_()
             loss, _ = grpo.policy_loss(fn(x, old, mask), adv, mask,

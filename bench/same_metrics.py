@@ -4,10 +4,13 @@ every key but time/*.
     python bench/same_metrics.py RUNS_A RUNS_B           # each holds run directories of the
                                                          # same names
     python bench/same_metrics.py runs/a runs/b --single  # two run directories
+    python bench/same_metrics.py runs/a runs/b --dropped ratio/far_prefix_frac,loss/veto_frac
 
 A refactor that must not change what any run computes is checked this way (same flags, same
---threads, same machine): it prints, per run, the lines compared and the keys that differ,
-and exits 1 on any difference.
+--threads, same machine; bench/same_runs.py makes the runs): it prints, per run, the lines
+compared and the keys that differ, and exits 1 on any difference. `--dropped`: keys that B may
+lack (a diagnostic the change stopped logging on purpose); each one B lacks is counted and
+printed, never compared, and any other key is compared as always.
 """
 import argparse
 import json
@@ -20,13 +23,13 @@ def rows(run_dir: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def differences(a: list[dict], b: list[dict]) -> list[str]:
-    """'step S key: A != B' for each shared key (time/* aside) whose values differ, and for missing
-    steps."""
+def differences(a: list[dict], b: list[dict], dropped: tuple = ()) -> list[str]:
+    """'step S key: A != B' for each key (time/* aside) whose values differ, and for missing steps;
+    a key of `dropped` that B lacks is not a difference."""
     out = [] if len(a) == len(b) else [f"{len(a)} lines != {len(b)} lines"]
     for ra, rb in zip(a, b):
         for key in sorted(set(ra) | set(rb)):
-            if key.startswith("time/"):
+            if key.startswith("time/") or (key in dropped and key not in rb):
                 continue
             if ra.get(key, "<absent>") != rb.get(key, "<absent>"):
                 out.append(f"step {ra.get('step')} {key}: {ra.get(key, '<absent>')} != "
@@ -40,7 +43,10 @@ def main(argv=None) -> int:
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--single", action="store_true", help="a and b are run directories themselves")
+    ap.add_argument("--dropped", default="",
+                    help="comma-separated metrics keys B may lack (counted, not compared)")
     args = ap.parse_args(argv)
+    dropped = tuple(filter(None, args.dropped.split(",")))
     names = [""] if args.single else sorted(
         n for n in os.listdir(args.a) if os.path.isfile(os.path.join(args.a, n, "metrics.jsonl")))
     bad = 0
@@ -50,8 +56,11 @@ def main(argv=None) -> int:
             print(f"{name}: missing in {args.b}")
             bad += 1
             continue
-        diff = differences(rows(a), rows(b))
-        print(f"{name or a}: {len(rows(a))} lines, {len(diff)} differences")
+        diff = differences(rows(a), rows(b), dropped)
+        gone = sorted({k for ra, rb in zip(rows(a), rows(b)) for k in dropped
+                       if k in ra and k not in rb})
+        print(f"{name or a}: {len(rows(a))} lines, {len(diff)} differences"
+              + (f" (B no longer logs {', '.join(gone)})" if gone else ""))
         for line in diff[:10]:
             print("   ", line)
         bad += bool(diff)

@@ -7,15 +7,16 @@
         --model assets/smollm2-135m-instruct --train-data builtin_mixed --prompts-per-step 8 \\
         --max-new-tokens 16 --threads 2        # a real model; against model.generate too
 
-Everything runs through train.py's own objects and functions (train.setup, the allocation's
-generate_and_score, the replay buffer, train.update, parallel.full_parameters +
-engine.load_weights): no step is re-implemented here. After `--warmup` whole steps (so the replay
+Everything runs through train.py's own objects and functions (train.setup, train.generate_and_score,
+the replay buffer, train.update, parallel.full_parameters + engine.load_weights): no step is
+re-implemented here. After `--warmup` whole steps (so the replay
 buffer holds `tau_max` steps of rollouts and
 sample() returns replay_ratio x fresh), each of `--repeats` steps is timed part by part and the
 medians are printed:
 
-    generate        engine.generate inside the allocation's generate_and_score (the engine is
-                    wrapped to time its call)
+    generate        engine.generate inside train.generate_and_score (the run's engine is
+                    wrapped to time its call; a method whose allocate slot holds the engine itself,
+                    VIGOR's, is timed under score)
     score           the rest of generate_and_score (the task's grader, advantages)
     sample+store    replay.sample + replay.add
     update          train.update (collate, forward, loss, backward, clip, AdamW)
@@ -23,7 +24,7 @@ medians are printed:
 
 then tokens/s (generated completion tokens per second of `generate`; real and padded tokens per
 second of `update`), the share of padded tokens in the update's forward passes (from the attention
-masks of the micro-batches that the objective collates for it: length-bucketed,
+masks of the micro-batches that train.update collates for it: length-bucketed,
 rollout.length_buckets), and a bare forward + backward of the same model over the same micro-batches
 (the logits at the completion positions, as the update computes them, summed and backpropagated;
 no loss, no optimizer: the machine's limit for this model and these shapes). `--hf-generate` also
@@ -31,10 +32,10 @@ times transformers' `model.generate` on the same prompts at the same settings an
 TorchEngine's completion tokens/s against it.
 
 `--consecutive` also measures the layout before length bucketing: the same rollouts cut into
-consecutive micro-batches in batch order. It checks that the gradient of the objective's loss
+consecutive micro-batches in batch order. It checks that the gradient of train.micro_batch_loss
 summed over those equals the one over the trainer's bucketed micro-batches (float rounding), then
-times the bare pass and train.update with objective.py's micro_batches replaced by the consecutive
-one for the duration of the measurement only.
+times the bare pass and train.update with rollout.micro_batches replaced by the consecutive one for
+the duration of the measurement only.
 """
 import argparse
 import os
@@ -48,7 +49,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import flags  # noqa: E402
-import objective as objective_lib  # noqa: E402
 import parallel  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
@@ -81,10 +81,17 @@ class TimedEngine:
 
 def update_micro_batches(run, fresh, replayed) -> list[dict]:
     """The micro-batches train.update collates in its first epoch (same mini-batch split, same
-    call)."""
+    calls: rollout.micro_batches, then the loss slot's batch hooks)."""
     batch = fresh + replayed
     parts = rollout.mini_batches(len(fresh), len(replayed), run.settings.optim.mini_batches, None)
-    return [mb for idx in parts for mb in run.objective.micro_batches([batch[i] for i in idx])]
+    out = []
+    for idx in parts:
+        mbs = rollout.micro_batches([batch[i] for i in idx], run.micro_batch[0],
+                                    run.tok.pad_token_id, run.device, max_tokens=run.micro_batch[1])
+        for adjust in run.hooks.batch:
+            adjust(mbs)
+        out += mbs
+    return out
 
 
 def padding(mbs: list[dict]) -> tuple[int, int]:
@@ -110,8 +117,9 @@ def hf_generate(run, prompts: list, n: int) -> tuple[float, int]:
     """(seconds, completion tokens) of transformers' `model.generate` on the engine's own weights
     over the same prompts (n rows each, left-padded, one batch: what num_return_sequences=n runs;
     TorchEngine prefills each prompt once and repeats its cache), at the run's temperature, top-p
-    and --max-new-tokens: the reference TorchEngine's tokens/s is compared with. Tokens counted up to and including EOS, as the engine counts them."""
-    engine, s = run.engine, run.allocation.sampling
+    and --max-new-tokens: the reference TorchEngine's tokens/s is compared with. Tokens counted up
+    to and including EOS, as the engine counts them."""
+    engine, s = run.engine, train.sampling(run, 0, 0)
     flat = [p for p in prompts for _ in range(n)]
     ids, mask = engine._left_padded(flat)
     sample = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} \
@@ -137,14 +145,18 @@ def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=No
             for i in starts]
 
 
-_bucketed_micro_batches = objective_lib.micro_batches
+_bucketed_micro_batches = rollout.micro_batches
 
 
-def gradient(model, objective, mbs, normaliser) -> list[torch.Tensor]:
-    """Sum over micro-batches of d objective.loss / d params (no optimizer step)."""
+def gradient(run, mbs, normaliser) -> list[torch.Tensor]:
+    """Sum over micro-batches of d train.micro_batch_loss / d params (no optimizer step), after the
+    loss slot's prepare hooks, as train.optimizer_step runs them."""
+    model = run.model
     model.zero_grad(set_to_none=True)
+    for prepare in run.hooks.prepare:
+        prepare(model, mbs)
     for mb in mbs:
-        objective.loss(model, mb, normaliser, Metrics()).backward()
+        train.micro_batch_loss(run, mb, normaliser, Metrics()).backward()
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     return grads
@@ -161,37 +173,37 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
     medians. `generate`: also transformers' model.generate on each timed step's prompts
     (hf_generate)."""
     run = build(argv)
-    engine, model, opt, replay = run.engine, run.model, run.opt, run.replay
+    engine, model, replay = run.engine, run.model, run.replay
     optim = run.settings.optim
     timed, pad_id, device = TimedEngine(engine), run.tok.pad_token_id, run.device
-    run.allocation.engine = timed
-    mine, pos = list(range(len(run.prompts))), 0
+    run.engine = timed                             # train.generate's engine
+    run.mine, pos = list(range(len(run.prompts))), 0
+    mine = run.mine
     rows = []
     for step in range(warmup + repeats):
         t = {}
         timed.seconds, timed.tokens = 0.0, 0
         t0 = time.perf_counter()
         start = pos
-        fresh, generated, pos = run.allocation.generate_and_score(run.prompts, mine, pos,
-                                                                  step=step, metrics=Metrics())
+        fresh, generated, pos = train.generate_and_score(run, pos, step, Metrics())
         t1 = time.perf_counter()
         t["generate"], t["score"] = timed.seconds, (t1 - t0) - timed.seconds
         if generate and step >= warmup:                  # the same prompts, the same lengths
             prompts = [run.prompts[mine[i % len(mine)]] for i in range(start, pos)]
             t["hf_generate"], t["hf_gen_tokens"] = hf_generate(run, prompts,
-                                                               run.allocation.group_size)
+                                                               run.settings.run.group_size)
             t1 = time.perf_counter()                       # not a part of the step
         replayed = []
         if replay is not None:
             replayed = replay.sample(step, len(fresh))             # as train.train_step
-            replay.add([r for r in fresh if run.objective.trains_on(r)], step)
+            replay.add([r for r in fresh if all(k(r) for k in run.hooks.keeps)], step)
         t2 = time.perf_counter()
         t["sample+store"] = t2 - t1
         # not timed: for the counts
         mbs = update_micro_batches(run, fresh, replayed)
         t3 = time.perf_counter()
-        train.update(model, run.objective, opt, fresh, replayed, optim, step=step,
-                     seed=run.settings.run.seed, pad_id=pad_id)
+        train.update(run, fresh, replayed, step=step,
+                     guard=parallel.StepGuard(optim.max_bad_steps))
         t4 = time.perf_counter()
         engine.load_weights(parallel.full_parameters(model))
         t5 = time.perf_counter()
@@ -208,21 +220,21 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
                                                         optim.micro_batch_size, pad_id, device)]
             t["consec_padded_tokens"] = padding(cmbs)[1]
             t["consec_bare_fwd_bwd"] = bare_forward_backward(model, cmbs)
-            # the objective's micro-batches are objective.py's rollout.micro_batches
-            objective_lib.micro_batches = consecutive_micro_batches
+            # train.update's micro-batches are rollout.micro_batches'
+            rollout.micro_batches = consecutive_micro_batches
             try:
                 t5 = time.perf_counter()
                 # one more optimizer step: same shapes, for the time
-                train.update(model, run.objective, opt, fresh, replayed, optim, step=step,
-                             seed=run.settings.run.seed, pad_id=pad_id)
+                train.update(run, fresh, replayed, step=step,
+                             guard=parallel.StepGuard(optim.max_bad_steps))
                 t["consec_update"] = time.perf_counter() - t5
             finally:
-                objective_lib.micro_batches = _bucketed_micro_batches
+                rollout.micro_batches = _bucketed_micro_batches
             engine.load_weights(parallel.full_parameters(model))
             if step == warmup:                          # gradient identity, once
-                normaliser = run.objective.normaliser(mbs)
-                g0, g1 = (gradient(model, run.objective, mbs, normaliser),
-                          gradient(model, run.objective, cmbs, normaliser))
+                normaliser = parallel.global_normaliser(mbs, run.settings.loss.agg,
+                                                        run.settings.run.max_new_tokens, 1)
+                g0, g1 = gradient(run, mbs, normaliser), gradient(run, cmbs, normaliser)
                 t["consec_grad_max_abs_diff"] = max(float((a - b).abs().max())
                                                     for a, b in zip(g0, g1))
                 t["grad_max_abs"] = max(float(a.abs().max()) for a in g0)
@@ -277,7 +289,7 @@ def report(m: dict) -> str:
             f"(bucketed: {m['consec_update'] / m['update']:.2f}x faster; "
             f"{m['consec_update'] / (m['epochs'] * m['consec_bare_fwd_bwd']):.2f}x "
             "its bare fwd+bwd)",
-            f"  gradient of the summed objective loss, bucketed vs consecutive: max |diff| "
+            f"  gradient of the summed micro-batch loss, bucketed vs consecutive: max |diff| "
             f"{m['consec_grad_max_abs_diff']:.2e} (max |grad| {m['grad_max_abs']:.2e})"]
     return "\n".join(lines)
 

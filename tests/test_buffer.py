@@ -7,13 +7,15 @@ stats by hand, no mutation.
 import copy
 import io
 import pickle
+from contextlib import redirect_stderr
 from dataclasses import asdict
 
 import numpy as np
 import pytest
 
 import buffer
-from buffer import RolloutReplay, make_replay
+from buffer import RolloutReplay
+from methods.headroom_drift import GroupReplay
 from metrics import Metrics
 from rollout import Rollout
 
@@ -279,18 +281,34 @@ def test_add_rejects_future_versions_and_non_finite_advantages():
         replay.draw(-1, step=0)
 
 
+def make_replay(kind: str, *, tau_max: int, ratio: float = 1.0, alpha: float = 1.0,
+                capacity: int | None = None, seed: int = 0):
+    """buffer.make of these flags (--replay kind, --tau-max, --replay-ratio, --priority-alpha,
+    --replay-capacity; capacity None: the flag's 0, unbounded)."""
+    f = buffer.Flags(replay=kind, tau_max=tau_max, replay_ratio=ratio, priority_alpha=alpha,
+                     replay_capacity=0 if capacity is None else capacity)
+    return buffer.make(f, seed=seed)
+
+
 def test_make_replay_kinds_and_argument_errors():
     assert make_replay("none", tau_max=2, alpha=1.0, capacity=None, seed=0) is None
     uniform = make_replay("uniform", tau_max=2, alpha=1.0, capacity=None, seed=0)
     prioritized = make_replay("prioritized", tau_max=2, alpha=0.7, capacity=10, seed=0)
     assert (uniform.alpha, uniform.tau_max) == (0.0, 2)
     assert (prioritized.alpha, prioritized.capacity) == (0.7, 10)
-    bad = [dict(kind="greedy"), dict(tau_max=-1), dict(kind="none", tau_max=-1), dict(alpha=-0.1),
-           dict(alpha=float("nan")), dict(capacity=0), dict(tau_max=1.5)]
+    # the flag's 0 is "unbounded"; a capacity of 0 is an error where the buffer is made directly
+    bad = [dict(tau_max=-1), dict(kind="none", tau_max=-1), dict(alpha=-0.1),
+           dict(alpha=float("nan")), dict(capacity=-1), dict(tau_max=1.5)]
     for override in bad:
         kw = dict(kind="prioritized", tau_max=2, alpha=1.0, capacity=None, seed=0) | override
         with pytest.raises(ValueError, match="replay: "):
             make_replay(**kw)
+    with pytest.raises(ValueError, match="replay: capacity"):
+        RolloutReplay(tau_max=2, capacity=0)
+    # an unknown kind is the command line's error (the kinds: buffer.KINDS and the methods')
+    import flags
+    with pytest.raises(SystemExit), redirect_stderr(io.StringIO()):
+        flags.parse(["--replay", "greedy"])
 
 
 # ---- the trainer's interface: sample(step, n_fresh), buffer.report ------------------------------
@@ -346,8 +364,8 @@ def test_report_weights_each_key_by_what_it_averages():
 
 
 def test_report_weights_headroom_drift_keys():
-    """GroupReplay's means: headroom_mean over the replayed groups, drift_mean and drift_gated_frac
-    over the drift pass's candidates."""
+    """GroupReplay's (methods.headroom_drift) means: headroom_mean over the replayed groups,
+    drift_mean and drift_gated_frac over the drift pass's candidates."""
     def group(pid, version, rewards, shift):
         return [Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[2, 3], logprobs=[-1.0, -1.0],
                         reward=r, advantage=r - sum(rewards) / len(rewards), version=version,
@@ -356,11 +374,11 @@ def test_report_weights_headroom_drift_keys():
     def logprobs(rollouts):                   # D(g) = |shift| for every rollout of a group
         return [[lp + float(r.text) for lp in r.logprobs] for r in rollouts]
 
-    a = buffer.GroupReplay(tau_max=9, groups=8, candidates=8, drift_max=0.5, logprobs=logprobs)
+    a = GroupReplay(tau_max=9, groups=8, candidates=8, drift_max=0.5, logprobs=logprobs)
     a.add(group(0, 0, [1, 0], 0.0) + group(1, 0, [1, 0, 0, 0], 0.25) + group(2, 0, [1, 0], 1.0),
           step=0)
     assert len(a.sample(1, 0)) == 6                       # groups 0 and 1 pass, group 2 is gated
-    b = buffer.GroupReplay(tau_max=9, groups=8, candidates=8, drift_max=0.5, logprobs=logprobs)
+    b = GroupReplay(tau_max=9, groups=8, candidates=8, drift_max=0.5, logprobs=logprobs)
     b.add(group(3, 0, [1, 0, 0, 0], 0.5), step=0)
     assert len(b.sample(1, 0)) == 4
     m = Metrics()

@@ -16,11 +16,10 @@ import torch
 from safetensors.torch import load_file
 
 import checkpoint
-import objective
-import r2po
 import train
 from conftest import cpu_env
 from data import Prompt
+from methods import r2po
 from rollout import Sampling
 from tiny import SMALL, decided_prefix, make_digit_task
 
@@ -234,14 +233,14 @@ def test_non_finite_steps_are_skipped_then_end_the_run(task, tmp_path, monkeypat
     still saved, since its weights are the good ones), step 4 is the second in a row and ends the
     run; no later checkpoint exists."""
     calls = []
-    real = objective.Objective.loss
+    real = train.micro_batch_loss
 
     def poisoned(*args, **kw):
         loss = real(*args, **kw)
         calls.append(1)
         return loss * float("nan") if len(calls) >= 3 else loss
 
-    monkeypatch.setattr(objective.Objective, "loss", poisoned)
+    monkeypatch.setattr(train, "micro_batch_loss", poisoned)
     out = tmp_path / "run"
     rc = train.main(args_of(task, out, "--steps", "6", "--save-every", "1", "--max-bad-steps", "2"))
     err = capsys.readouterr().err

@@ -41,6 +41,7 @@ import torch
 
 import grpo
 from conftest import require_shared
+from methods import drgrpo, gspo
 
 # numbers another implementation computed on another machine: a path comparison, at the float
 # tolerances above (rounding of the same sums in another order)
@@ -164,7 +165,7 @@ def check_advantages(gold):
     verl_one = torch.tensor(1.0, dtype=torch.float32) + 1e-6     # verl's float32 std + eps
     singleton_fix = torch.where(single, (1 + 1e-6) / verl_one.double(), 1.0).to(gold.dtype)
     for key, fn in (("norm_by_std=True", grpo.grpo_advantages),
-                    ("norm_by_std=False", grpo.drgrpo_advantages)):
+                    ("norm_by_std=False", drgrpo.drgrpo_advantages)):
         adv = fn(gold.scores, gold.index)                        # [B]
         if key == "norm_by_std=True":
             adv = adv * singleton_fix
@@ -216,7 +217,7 @@ def test_vanilla_policy_loss(gold):
 
 
 def test_gspo_policy_loss(gold):
-    _check_policy(gold, "gspo", grpo.gspo_log_ratio, None,
+    _check_policy(gold, "gspo", gspo.gspo_log_ratio, None,
                   agg_of=lambda mode: "seq-mean-token-mean")
 
 

@@ -1,5 +1,6 @@
-"""grpo.py by hand (tier a) and against naive per-token loops (tier b). Golden numbers from verl:
-test_golden.py."""
+"""grpo.py by hand (tier a) and against naive per-token loops (tier b), with the ratios, advantages
+and masks of the methods built over it (methods/: drgrpo, gspo, pnpo, mu_grpo, dapo). Golden
+numbers from verl: test_golden.py."""
 import math
 
 import pytest
@@ -7,8 +8,11 @@ import torch
 
 import grpo
 import metrics as metrics_lib
+from methods import dapo, drgrpo, gspo, mu_grpo, pnpo
 
 EPS = 1e-6
+# every importance weight: the spine's token ratio, GSPO's and PNPO's three prefix ratios
+RATIOS = {"token": grpo.token_log_ratio, "gspo": gspo.gspo_log_ratio, **pnpo.RATIOS}
 
 
 def rand_batch(B=6, T=10, seed=0, dtype=torch.float64):
@@ -41,19 +45,20 @@ def test_grpo_advantages_by_hand():
 
 def test_drgrpo_advantages_by_hand():
     expected = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, 0.5, 1, -1, 0]    # group of one: mean 0, so A = r
-    torch.testing.assert_close(grpo.drgrpo_advantages(REWARDS, GROUPS),
+    torch.testing.assert_close(drgrpo.drgrpo_advantages(REWARDS, GROUPS),
                                torch.tensor(expected, dtype=torch.float64))
 
 
 def test_zero_variance_is_exact_even_when_the_mean_rounds():
     r = torch.full((7,), 0.7, dtype=torch.float32)               # mean of 0.7f x 7 need not be 0.7f
     ids = torch.zeros(7, dtype=torch.long)
-    assert (grpo.grpo_advantages(r, ids) == 0).all() and (grpo.drgrpo_advantages(r, ids) == 0).all()
+    assert (grpo.grpo_advantages(r, ids) == 0).all()
+    assert (drgrpo.drgrpo_advantages(r, ids) == 0).all()
 
 
 def test_zero_std_fraction_and_dynamic_sampling():
     assert grpo.zero_std_fraction(REWARDS, GROUPS) == 0.25                 # group 2 of {5, 2, 9, 4}
-    keep = grpo.dynamic_sampling_keep(REWARDS, GROUPS)
+    keep = dapo.dynamic_sampling_keep(REWARDS, GROUPS)
     assert keep.tolist() == [True] * 4 + [False] * 4 + [True] * 4
 
 
@@ -91,14 +96,14 @@ def test_token_logprobs_gradient():
 
 def test_gspo_value_and_tokenwise_gradient():
     logp, old, mask, _ = rand_batch()
-    log_w = grpo.gspo_log_ratio(logp, old, mask)
+    log_w = gspo.gspo_log_ratio(logp, old, mask)
     for i in range(logp.shape[0]):
         n = int(mask[i].sum())
         log_s = sum(float(logp[i, t] - old[i, t]) for t in range(n)) / max(n, 1)
         assert torch.allclose(log_w[i, :n], torch.full((n,), log_s, dtype=logp.dtype))
         assert (log_w[i, n:] == 0).all()
     # [B, T, B, T]
-    jac = torch.autograd.functional.jacobian(lambda x: grpo.gspo_log_ratio(x, old, mask), logp)
+    jac = torch.autograd.functional.jacobian(lambda x: gspo.gspo_log_ratio(x, old, mask), logp)
     B, T = logp.shape
     # d log w_it / d logp_js
     token_wise = torch.einsum("ij,ts->itjs", torch.eye(B), torch.eye(T)).to(logp.dtype)
@@ -109,15 +114,15 @@ def test_pnpo_properties():
     logp, old, mask, _ = rand_batch(seed=3)
     # a hole: t counts valid tokens only
     mask[0, 3] = False
-    log_w = grpo.pnpo_log_ratio(logp, old, mask)
-    token, gspo = grpo.token_log_ratio(logp, old, mask), grpo.gspo_log_ratio(logp, old, mask)
+    log_w = pnpo.pnpo_log_ratio(logp, old, mask)
+    token, seq = grpo.token_log_ratio(logp, old, mask), gspo.gspo_log_ratio(logp, old, mask)
     for i in range(logp.shape[0]):
         valid = mask[i].nonzero().flatten().tolist()
         if not valid:
             assert (log_w[i] == 0).all()
             continue
         assert torch.allclose(log_w[i, valid[0]], token[i, valid[0]])   # t = 1: the token ratio
-        assert torch.allclose(log_w[i, valid[-1]], gspo[i, valid[-1]])  # last valid: GSPO's s_i
+        assert torch.allclose(log_w[i, valid[-1]], seq[i, valid[-1]])  # last valid: GSPO's s_i
         for k, t in enumerate(valid):                                   # the definition, by loop
             mean = sum(float(logp[i, s] - old[i, s]) for s in valid[: k + 1]) / (k + 1)
             assert math.isclose(float(log_w[i, t]), mean, rel_tol=1e-12, abs_tol=1e-12)
@@ -129,7 +134,7 @@ def test_pnpo_full_gradient_is_analytic():
     model's parameters too."""
     logp, old, mask, _ = rand_batch(seed=4)
     mask[2, 1] = False
-    w = lambda x: grpo.pnpo_log_ratio(x, old, mask, grad="full").exp()           # noqa: E731
+    w = lambda x: pnpo.pnpo_log_ratio(x, old, mask, grad="full").exp()           # noqa: E731
     jac = torch.autograd.functional.jacobian(w, logp)                           # [B, T, B, T]
     B, T = logp.shape
     n = mask.cumsum(-1).clamp(min=1)
@@ -150,7 +155,7 @@ def test_pnpo_full_gradient_is_analytic():
                                      for g in torch.autograd.grad(y, params, retain_graph=True)])
     lp = grpo.token_logprobs(model(ids), ids)                                   # [1, T]
     old0 = lp.detach() + 0.3 * torch.randn(1, T, dtype=lp.dtype)
-    w0 = grpo.pnpo_log_ratio(lp, old0, m0, grad="full").exp()[0]               # [T]
+    w0 = pnpo.pnpo_log_ratio(lp, old0, m0, grad="full").exp()[0]               # [T]
     grad_logp = [flat_grad(lp[0, s]) for s in range(T)]
     n0 = m0[0].cumsum(0)
     for t in range(T):
@@ -164,9 +169,9 @@ def test_pnpo_detached_gradient_is_token_wise():
     d w_it / d logp_js = w_it [i=j, s=t]; the value is still the prefix geometric mean."""
     logp, old, mask, _ = rand_batch(seed=5)
     mask[3, 2] = False
-    full, det = (grpo.pnpo_log_ratio(logp, old, mask, grad=g) for g in ("full", "detached"))
+    full, det = (pnpo.pnpo_log_ratio(logp, old, mask, grad=g) for g in ("full", "detached"))
     torch.testing.assert_close(det, full)                                       # same value
-    w = lambda x: grpo.pnpo_log_ratio(x, old, mask, grad="detached").exp()      # noqa: E731
+    w = lambda x: pnpo.pnpo_log_ratio(x, old, mask, grad="detached").exp()      # noqa: E731
     jac = torch.autograd.functional.jacobian(w, logp)                           # [B, T, B, T]
     B, T = logp.shape
     eye = torch.einsum("ij,ts->itjs", torch.eye(B), torch.eye(T)).to(logp.dtype)
@@ -181,7 +186,7 @@ def test_pnpo_on_policy(grad, first_token_weight):
     1 + 1/2 + ... + 1/8 = 2.7179) and exactly GRPO's -1 under "detached"."""
     logp = torch.randn(1, 8, dtype=torch.float64, requires_grad=True)
     mask = torch.ones(1, 8, dtype=torch.bool)
-    loss = -grpo.pnpo_log_ratio(logp, logp.detach(), mask, grad=grad).exp().sum()
+    loss = -pnpo.pnpo_log_ratio(logp, logp.detach(), mask, grad=grad).exp().sum()
     loss.backward()
     expected = ([-sum(1 / t for t in range(s, 9)) for s in range(1, 9)] if grad == "full"
                 else [-1.0] * 8)
@@ -194,9 +199,9 @@ def test_pnpo_on_policy(grad, first_token_weight):
         lp = logp.detach().clone().requires_grad_()
         tok = lp.detach().clone().requires_grad_()
         kw = dict(eps_low=0.2, eps_high=0.28, normaliser=8.0)
-        grpo.policy_loss(grpo.log_ratio("pnpo", lp, lp.detach(), mask), torch.ones(1), mask,
+        grpo.policy_loss(pnpo.RATIOS["pnpo"](lp, lp.detach(), mask), torch.ones(1), mask,
                          **kw)[0].backward()
-        grpo.policy_loss(grpo.log_ratio("token", tok, tok.detach(), mask), torch.ones(1), mask,
+        grpo.policy_loss(grpo.token_log_ratio(tok, tok.detach(), mask), torch.ones(1), mask,
                          **kw)[0].backward()
         torch.testing.assert_close(lp.grad, tok.grad)
 
@@ -210,10 +215,10 @@ def test_log_ratio_caps():
     assert lw.tolist() == [[20.0, -20.0, 0.5]]
     lw.sum().backward()
     assert logp.grad.tolist() == [[0.0, 0.0, 1.0]]
-    assert grpo.gspo_log_ratio(torch.full((1, 3), 40.0), old, mask).tolist() == [[10.0] * 3]
+    assert gspo.gspo_log_ratio(torch.full((1, 3), 40.0), old, mask).tolist() == [[10.0] * 3]
     # prefix means 50, 0, -16.7
-    pnpo = grpo.pnpo_log_ratio(torch.tensor([[50.0, -50.0, -50.0]]), old, mask)
-    torch.testing.assert_close(pnpo, torch.tensor([[20.0, 0.0, -50 / 3]]))
+    prefix = pnpo.pnpo_log_ratio(torch.tensor([[50.0, -50.0, -50.0]]), old, mask)
+    torch.testing.assert_close(prefix, torch.tensor([[20.0, 0.0, -50 / 3]]))
 
 
 
@@ -230,22 +235,22 @@ def test_pnpo_geo_and_cumulative_on_hand_numbers():
     cases = {"cumulative": [0.3, -0.3, 0.0, 0.6], "pnpo-geo": [0.3, -0.3, 0.0, 0.75],
              "pnpo": [0.3, -0.15, 0.0, 0.2]}
     for kind, want in cases.items():
-        got = grpo.log_ratio(kind, logp, old, mask)
+        got = pnpo.RATIOS[kind](logp, old, mask)
         torch.testing.assert_close(got, torch.tensor([want], dtype=torch.float64))
     # detached (the default): the gradient of w_t is w_t grad logp_t, token by token
     lp = logp.clone().requires_grad_(True)
     for kind in ("cumulative", "pnpo-geo"):
-        w = grpo.log_ratio(kind, lp, old, mask).exp()
+        w = pnpo.RATIOS[kind](lp, old, mask).exp()
         (jac,) = torch.autograd.grad(w.sum(), lp)
         torch.testing.assert_close(jac, torch.where(mask, w.detach(), 0.0))
     # full: pnpo-geo's last token also moves with the two before it, by w / 2 each
-    w = grpo.log_ratio("pnpo-geo", lp, old, mask, pnpo_grad="full")
+    w = pnpo.RATIOS["pnpo-geo"](lp, old, mask, grad="full")
     (jac,) = torch.autograd.grad(w[0, 3].exp(), lp)
     e = math.exp(0.75)
     torch.testing.assert_close(jac, torch.tensor([[e / 2, e / 2, 0.0, e]], dtype=torch.float64))
     # on-policy all three are GRPO's weight 1
-    for kind in grpo.PREFIX_RATIOS:
-        assert (grpo.log_ratio(kind, logp, logp, mask) == 0).all()
+    for kind in pnpo.RATIOS:
+        assert (pnpo.RATIOS[kind](logp, logp, mask) == 0).all()
 
 
 def test_far_prefix_fraction():
@@ -254,8 +259,8 @@ def test_far_prefix_fraction():
     old = torch.zeros(1, 4)
     logp = torch.tensor([[0.3, -0.6, 5.0, 1.5]])
     mask = torch.tensor([[True, True, False, True]])
-    assert math.isclose(float(grpo.far_prefix_fraction(logp, old, mask)), 1 / 3)
-    assert float(grpo.far_prefix_fraction(logp, logp, mask)) == 0.0
+    assert math.isclose(float(pnpo.far_prefix_fraction(logp, old, mask)), 1 / 3)
+    assert float(pnpo.far_prefix_fraction(logp, logp, mask)) == 0.0
 
 
 
@@ -271,16 +276,16 @@ def test_gspo_differs_fraction_hand_computed():
     old = torch.zeros_like(d)
     mask = torch.tensor([[True, True, True, False]] * 3)
     adv = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64)
-    log_w = grpo.pnpo_log_ratio(d, old, mask)
-    frac = grpo.gspo_differs_fraction(log_w, d, old, adv, mask, 0.2, 0.2)
+    log_w = pnpo.pnpo_log_ratio(d, old, mask)
+    frac = pnpo.gspo_differs_fraction(log_w, d, old, adv, mask, 0.2, 0.2)
     assert math.isclose(float(frac), 4 / 9)
     # a 20% tolerance (log 1.2 = 0.182 > 0.15): only the clip decisions differ, 2 of 9
-    frac = grpo.gspo_differs_fraction(log_w, d, old, adv, mask, 0.2, 0.2, tol=0.2)
+    frac = pnpo.gspo_differs_fraction(log_w, d, old, adv, mask, 0.2, 0.2, tol=0.2)
     assert math.isclose(float(frac), 2 / 9)
     # GSPO against itself: nothing differs; the relaxed range (eps_low 1: no lower clip) too
-    gspo = grpo.gspo_log_ratio(d, old, mask)
-    assert float(grpo.gspo_differs_fraction(gspo, d, old, adv, mask, 0.2, 0.2)) == 0.0
-    assert float(grpo.gspo_differs_fraction(gspo, d, old, adv, mask, 1.0, 4.0)) == 0.0
+    seq = gspo.gspo_log_ratio(d, old, mask)
+    assert float(pnpo.gspo_differs_fraction(seq, d, old, adv, mask, 0.2, 0.2)) == 0.0
+    assert float(pnpo.gspo_differs_fraction(seq, d, old, adv, mask, 1.0, 4.0)) == 0.0
 
 # ---------------------------------------------------------------- the veto
 
@@ -298,14 +303,14 @@ def test_veto_by_hand():
     keep = {"suffix": [1, 1, 1, 0, 0, 0], "trigger": [1, 1, 0, 1, 0, 1],
             "response": [0, 0, 0, 0, 0, 0]}
     for scope, row0 in keep.items():
-        out = grpo.veto_mask(logp, old, adv, mask, threshold=1e-4, scope=scope)
+        out = mu_grpo.veto_mask(logp, old, adv, mask, threshold=1e-4, scope=scope)
         assert out.dtype == mask.dtype
         assert out[0].tolist() == row0, scope
         assert torch.equal(out[1:], mask[1:]), scope             # A > 0, no trigger, padded trigger
     token_adv = adv[:, None] * mask                              # [B, T] advantages: same answer
-    assert grpo.veto_mask(logp, old, token_adv, mask)[0].tolist() == keep["suffix"]
+    assert mu_grpo.veto_mask(logp, old, token_adv, mask)[0].tolist() == keep["suffix"]
     with pytest.raises(ValueError):
-        grpo.veto_mask(logp, old, adv, mask, scope="prefix")
+        mu_grpo.veto_mask(logp, old, adv, mask, scope="prefix")
 
 
 # ---------------------------------------------------------------- the loss against a naive loop
@@ -420,15 +425,15 @@ def test_gradient_invariant_to_micro_batching(agg):
                                torch.arange(B) // 4)
     N = grpo.loss_normaliser(mask, agg, max_len=T)
     # the veto fires
-    assert grpo.veto_mask(base, old, adv, mask)[1].tolist() == [True, True] + [False] * 5
-    for ratio_fn in grpo.RATIOS.values():
+    assert mu_grpo.veto_mask(base, old, adv, mask)[1].tolist() == [True, True] + [False] * 5
+    for ratio_fn in RATIOS.values():
         grads, metrics = [], []
         for n_mb in (1, 2, 4):
             model.zero_grad()
             parts = metrics_lib.Metrics()                # micro-batches combined as train.py does
             for sl in torch.arange(B).chunk(n_mb):
                 logp = grpo.token_logprobs(model(ids[sl]), ids[sl], temperature=0.9)
-                lmask = grpo.veto_mask(logp, old[sl], adv[sl], mask[sl])
+                lmask = mu_grpo.veto_mask(logp, old[sl], adv[sl], mask[sl])
                 loss, m = grpo.policy_loss(ratio_fn(logp, old[sl], mask[sl]), adv[sl], lmask,
                                            eps_low=0.2, eps_high=0.28, dual_clip=3.0, agg=agg,
                                            normaliser=N,
@@ -474,23 +479,23 @@ def test_tis_weight():
 
 def test_overlong_penalty_and_filter():
     lengths = torch.tensor([10, 16, 17, 18, 20, 21])
-    got = grpo.overlong_penalty(lengths, max_len=20, cache_len=4)               # soft zone (16, 20]
+    got = dapo.overlong_penalty(lengths, max_len=20, cache_len=4)               # soft zone (16, 20]
     torch.testing.assert_close(got, torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0]))
     mask = torch.ones(3, 4)
-    out = grpo.overlong_filter(mask, torch.tensor([False, True, False]))
+    out = dapo.overlong_filter(mask, torch.tensor([False, True, False]))
     # caller's mask untouched
     assert out.tolist() == [[1] * 4, [0] * 4, [1] * 4] and mask.sum() == 12
     with pytest.raises(ValueError):
-        grpo.overlong_penalty(lengths, max_len=20, cache_len=0)
+        dapo.overlong_penalty(lengths, max_len=20, cache_len=0)
 
 
 def test_caller_tensors_are_not_mutated_and_bad_args_fail():
     logp, old, mask, adv = rand_batch()
     snapshot = [x.clone() for x in (logp, old, mask, adv)]
-    for fn in grpo.RATIOS.values():
+    for fn in RATIOS.values():
         lw = fn(logp, old, mask)
-        grpo.policy_loss(lw, adv, grpo.veto_mask(logp, old, adv, mask), eps_low=0.2, eps_high=0.2,
-                         dual_clip=3.0, normaliser=1.0)
+        grpo.policy_loss(lw, adv, mu_grpo.veto_mask(logp, old, adv, mask), eps_low=0.2,
+                         eps_high=0.2, dual_clip=3.0, normaliser=1.0)
     assert all(torch.equal(a, b) for a, b in zip(snapshot, (logp, old, mask, adv)))
     with pytest.raises(ValueError):
         grpo.policy_loss(grpo.token_log_ratio(logp, old, mask), adv, mask, eps_low=0.2,

@@ -1,8 +1,9 @@
-"""Headroom-Drift (buffer.GroupReplay), whole: the `current` headroom, re-scored in the drift pass's
-forward by self-normalised importance sampling; the drift gate stated relative to the clip range
-(buffer.drift_limit, train.setup's drift_max from --hd-drift-frac); the fixed headrooms' ranking,
-what is stored, age eviction and the state round trip; the gate through a real drift pass and its
-bounded cost. Its preset runs with the others (tests/test_presets.py).
+"""Headroom-Drift (methods.headroom_drift.GroupReplay), whole: the `current` headroom,
+re-scored in the drift pass's forward by self-normalised importance sampling; the drift gate
+stated relative to the clip range (drift_limit, the drift_max its make() gives from
+--hd-drift-frac); the fixed headrooms' ranking, what is stored, age eviction and the state round
+trip; the gate through a real drift pass and its bounded cost. Its preset runs with the others
+(tests/test_presets.py).
 
     python -m pytest -q tests/test_headroom_drift.py
 """
@@ -14,11 +15,11 @@ import pickle
 import pytest
 import torch
 
-import buffer
 import flags
 import rollout
 import train
 from make_tiny_model import make_model, make_tokenizer
+from methods.headroom_drift import GroupReplay, drift_limit
 from rollout import Rollout
 
 LOG3 = math.log(3.0)
@@ -56,7 +57,7 @@ def test_current_headroom_is_the_importance_weighted_success_rate_of_the_policy_
     forward."""
     g = group(0, 0, [1.0, 0.0, 1.0, 0.0])
     policy = Policy()
-    replay = buffer.GroupReplay(tau_max=4, headroom="current", logprobs=policy)
+    replay = GroupReplay(tau_max=4, headroom="current", logprobs=policy)
     assert replay.drift_and_headroom([g]) == ([0.0], [0.25])
     assert replay.headroom_of(g) == 0.25                             # its value at generation
     policy.shift[0] = LOG3
@@ -68,7 +69,7 @@ def test_current_headroom_is_the_importance_weighted_success_rate_of_the_policy_
     policy.shift[0] = 1e4                                # w = e^10000: the softmax cannot overflow
     assert replay.drift_and_headroom([g])[1] == [0.0]                # p_theta = 1
     for fixed in ("variance", "failure", "abs-adv"):                 # fixed readings: as stored
-        other = buffer.GroupReplay(tau_max=4, headroom=fixed, logprobs=policy)
+        other = GroupReplay(tau_max=4, headroom=fixed, logprobs=policy)
         assert other.drift_and_headroom([g])[1] == [other.headroom_of(g)]
 
 
@@ -78,7 +79,7 @@ def test_current_ranking_flips_when_the_policy_changes_and_reports_both_headroom
     = 3/4, h = 3/16; B's w = (3, 1, 1, 1), p_theta = 1/2, h = 1/4: B is replayed."""
     a, b = group(0, 0, [1.0, 1.0, 0.0, 0.0]), group(1, 0, [1.0, 0.0, 0.0, 0.0])
     policy = Policy()
-    replay = buffer.GroupReplay(tau_max=4, headroom="current", groups=1, candidates=8,
+    replay = GroupReplay(tau_max=4, headroom="current", groups=1, candidates=8,
                                 drift_max=10.0, logprobs=policy)
     replay.add(a + b, step=0)
     assert replay.sample(1, 0) == a
@@ -89,7 +90,7 @@ def test_current_ranking_flips_when_the_policy_changes_and_reports_both_headroom
     s = replay.stats()
     assert s["replay/headroom_mean"] == pytest.approx(0.25, abs=1e-12)      # re-scored
     assert s["replay/headroom_stored_mean"] == 3 / 16                       # at generation
-    variance = buffer.GroupReplay(tau_max=4, headroom="variance", groups=1, candidates=8,
+    variance = GroupReplay(tau_max=4, headroom="variance", groups=1, candidates=8,
                                   drift_max=10.0, logprobs=policy)
     variance.add(a + b, step=0)
     assert variance.sample(1, 0) == a                                # the fixed reading: no flip
@@ -102,7 +103,7 @@ def test_current_candidates_are_the_newest_then_ranked_by_the_rescored_headroom(
     old, mid1, mid2, new = (group(0, 0, [1.0, 1.0, 0.0, 0.0]), group(1, 1, [1.0, 0.0, 0.0, 0.0]),
                             group(2, 1, [1.0, 0.0, 0.0, 0.0]), group(3, 2, [1.0, 0.0, 0.0, 0.0]))
     policy = Policy()
-    replay = buffer.GroupReplay(tau_max=9, headroom="current", groups=3, candidates=3,
+    replay = GroupReplay(tau_max=9, headroom="current", groups=3, candidates=3,
                                 drift_max=10.0, logprobs=policy)
     replay.add(old, 0)
     replay.add(mid1 + mid2, 1)
@@ -118,24 +119,24 @@ def test_current_candidates_are_the_newest_then_ranked_by_the_rescored_headroom(
 
 def test_drift_limit_is_a_fraction_of_the_nearer_clip_boundary_in_log_space():
     # eps 0.2/0.2: min(-log 0.8, log 1.2) = log 1.2 = 0.18232; eps 0.2/0.28: -log 0.8 = 0.22314
-    assert buffer.drift_limit(0.5, 0.2, 0.2) == pytest.approx(0.5 * 0.1823215568, abs=1e-10)
-    assert buffer.drift_limit(0.5, 0.2, 0.28) == pytest.approx(0.5 * 0.2231435513, abs=1e-10)
-    assert buffer.drift_limit(1.0, 0.2, 0.28) == pytest.approx(0.2231435513, abs=1e-10)
-    assert buffer.drift_limit(0.5, 1.0, 4.0) == pytest.approx(0.5 * math.log(5.0))  # no lower bound
-    assert buffer.drift_limit(0.0, 0.2, 0.2) == 0.0
+    assert drift_limit(0.5, 0.2, 0.2) == pytest.approx(0.5 * 0.1823215568, abs=1e-10)
+    assert drift_limit(0.5, 0.2, 0.28) == pytest.approx(0.5 * 0.2231435513, abs=1e-10)
+    assert drift_limit(1.0, 0.2, 0.28) == pytest.approx(0.2231435513, abs=1e-10)
+    assert drift_limit(0.5, 1.0, 4.0) == pytest.approx(0.5 * math.log(5.0))  # no lower bound
+    assert drift_limit(0.0, 0.2, 0.2) == 0.0
     for bad in ((-0.1, 0.2, 0.2), (0.5, 1.5, 0.2), (0.5, 0.2, -0.1), (math.inf, 0.2, 0.2)):
         with pytest.raises(ValueError, match="drift_limit"):
-            buffer.drift_limit(*bad)
+            drift_limit(*bad)
 
 
 def test_the_gate_uses_the_limit_just_above_is_skipped_just_below_replayed():
     """D(g) = |shift| / T for a group whose every rollout is shifted by `shift` per sequence."""
-    limit = buffer.drift_limit(0.5, 0.2, 0.2)
+    limit = drift_limit(0.5, 0.2, 0.2)
 
     def shifted(rollouts):                               # every token of group pid by d[pid]
         d = {0: limit * (1 + 1e-6), 1: limit * (1 - 1e-6)}
         return [[lp + d[r.prompt_id] for lp in r.logprobs] for r in rollouts]
-    replay = buffer.GroupReplay(tau_max=4, groups=2, candidates=2, drift_max=limit,
+    replay = GroupReplay(tau_max=4, groups=2, candidates=2, drift_max=limit,
                                 logprobs=shifted)
     above, below = group(0, 0, [1.0, 0.0, 0.0, 0.0]), group(1, 0, [1.0, 1.0, 0.0, 0.0])
     replay.add(above + below, step=0)
@@ -150,7 +151,7 @@ def test_train_setup_gives_the_buffer_the_limit_of_the_flags(cpu_only):
         args = flags.Args(engine="torch", replay="headroom-drift", eps_low=eps_low,
                           eps_high=eps_high, hd_drift_frac=frac, eval_size=8)
         run = train.setup(args, rank=0, world=1, device="cpu")
-        assert run.replay.drift_max == buffer.drift_limit(frac, eps_low, eps_high)
+        assert run.replay.drift_max == drift_limit(frac, eps_low, eps_high)
     assert not hasattr(flags.Args(), "hd_drift_max")                 # the absolute flag is gone
     assert flags.PRESETS["headroom-drift"][1]["hd_drift_frac"] == 1.12   # the arith dev choice
 
@@ -160,20 +161,20 @@ def test_train_setup_gives_the_buffer_the_limit_of_the_flags(cpu_only):
 def test_state_round_trip_with_current_stores_nothing_new():
     policy = Policy()
     policy.shift.update({1: LOG3, 11: -LOG3})
-    replay = buffer.GroupReplay(tau_max=3, headroom="current", groups=1, candidates=2,
+    replay = GroupReplay(tau_max=3, headroom="current", groups=1, candidates=2,
                                 drift_max=10.0, logprobs=policy)
     for step in range(3):
         replay.add(group(step, step, [1.0, 0.0, 0.0]) + group(10 + step, step, [1.0, 1.0, 0.0]),
                    step)
     replay.sample(2, 0)
     sd = replay.state_dict()
-    plain = buffer.GroupReplay(tau_max=3, logprobs=policy)
+    plain = GroupReplay(tau_max=3, logprobs=policy)
     assert set(sd) == set(plain.state_dict()) and sd["headroom"] == "current"
     buf = io.BytesIO()
     torch.save(sd, buf)
     buf.seek(0)
     for loaded in (torch.load(buf, weights_only=True), pickle.loads(pickle.dumps(sd))):
-        other = buffer.GroupReplay(tau_max=3, headroom="current", groups=1, candidates=2,
+        other = GroupReplay(tau_max=3, headroom="current", groups=1, candidates=2,
                                    drift_max=10.0, logprobs=policy)
         other.load_state_dict(loaded)
         assert other.stats() == replay.stats()
@@ -206,7 +207,7 @@ def test_headroom_ranks_groups_and_all_equal_groups_are_never_stored():
             ("variance", [0, 1, 2]),      # p(1-p): .25, then .1875 twice (newer version first)
             ("failure", [1, 0, 2]),       # 1 - p: .75, .5, .25
             ("abs-adv", [0, 1, 2])]:      # mean |A|: .5, .375, .375 (newer first)
-        replay = buffer.GroupReplay(tau_max=4, headroom=headroom, groups=2, candidates=8,
+        replay = GroupReplay(tau_max=4, headroom=headroom, groups=2, candidates=8,
                                     logprobs=own_logprobs)
         flat = graded(3, 0, [1, 1, 1, 1]) + graded(4, 0, [0, 0, 0, 0])
         replay.add(g_half + g_three + flat, step=0)
@@ -218,13 +219,13 @@ def test_headroom_ranks_groups_and_all_equal_groups_are_never_stored():
         # whole groups, top 2
         assert [r.prompt_id for r in out] == [order[0]] * 4 + [order[1]] * 4
         assert out[0] is (g_half + g_quarter + g_three)[order[0] * 4]  # stored as given, not copied
-    assert buffer.GroupReplay(4).candidates(0) == []
+    assert GroupReplay(4).candidates(0) == []
     assert (len(replay) == 12
             and all(r.prompt_id not in (3, 4) for g in replay.candidates(9) for r in g))
 
 
 def test_fresh_groups_are_not_candidates_and_age_eviction_at_tau_max():
-    replay = buffer.GroupReplay(tau_max=2)
+    replay = GroupReplay(tau_max=2)
     replay.add(graded(0, 0, [1, 0]), step=0)
     assert replay.candidates(0) == []                           # version == step: the fresh part
     assert len(replay.candidates(2)) == 1                       # age 2 == tau_max: still replayable
@@ -233,7 +234,7 @@ def test_fresh_groups_are_not_candidates_and_age_eviction_at_tau_max():
 
 
 def test_state_round_trip():
-    replay = buffer.GroupReplay(tau_max=3, headroom="failure", groups=1, candidates=2,
+    replay = GroupReplay(tau_max=3, headroom="failure", groups=1, candidates=2,
                                 logprobs=own_logprobs)
     for step in range(3):
         replay.add(graded(step, step, [1, 0, 0]) + graded(10 + step, step, [1, 1, 0]), step)
@@ -243,13 +244,13 @@ def test_state_round_trip():
     torch.save(sd, buf)
     buf.seek(0)
     for loaded in (torch.load(buf, weights_only=True), pickle.loads(pickle.dumps(sd))):
-        other = buffer.GroupReplay(tau_max=3, headroom="failure", groups=1, candidates=2,
+        other = GroupReplay(tau_max=3, headroom="failure", groups=1, candidates=2,
                                    logprobs=own_logprobs)
         other.load_state_dict(loaded)
         assert other.stats() == replay.stats()
         assert other.sample(3, 0) == copy.deepcopy(replay).sample(3, 0)
     with pytest.raises(ValueError, match="headroom"):
-        buffer.GroupReplay(tau_max=3).load_state_dict(sd)
+        GroupReplay(tau_max=3).load_state_dict(sd)
 
 
 # ---- Drift: gating through the real drift pass, and its bounded cost -----------------------------
@@ -268,12 +269,12 @@ def test_drift_gate_skips_then_replays_when_the_policy_returns_and_candidates_bo
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0).eval()
     a = flags.Args(micro_batch_size=4, hd_drift_frac=0.25)         # one forward pass per group of 4
-    drift_max = buffer.drift_limit(a.hd_drift_frac, a.eps_low, a.eps_high)   # as train.setup: 0.056
+    drift_max = drift_limit(a.hd_drift_frac, a.eps_low, a.eps_high)   # as train.setup: 0.056
 
     def policy_logprobs(rollouts):                                # as train.setup gives the buffer
         return rollout.lockstep_logprobs(model, rollouts, a.micro_batch_size, a.temperature,
                                          tok.pad_token_id, 1)
-    replay = buffer.GroupReplay(tau_max=9, groups=2, candidates=3, drift_max=drift_max,
+    replay = GroupReplay(tau_max=9, groups=2, candidates=3, drift_max=drift_max,
                                 logprobs=policy_logprobs)
     replay.add([r for g in _policy_groups(model, 5) for r in g], step=0)
     calls = []
@@ -308,13 +309,13 @@ def test_drift_is_the_mean_over_rollouts_of_the_absolute_mean_log_ratio():
     def shifted(rollouts):
         calls.append(len(rollouts))
         return [[lp + d for lp, d in zip(r.logprobs, shifts[id(r)])] for r in rollouts]
-    drift = buffer.GroupReplay(tau_max=2, logprobs=shifted).drift_and_headroom(gs)[0]
+    drift = GroupReplay(tau_max=2, logprobs=shifted).drift_and_headroom(gs)[0]
     assert drift == [pytest.approx((0.3 + 0.2) / 2), pytest.approx((0.0 + 0.0 + 0.9) / 3)]
     assert calls == [5]
-    assert buffer.GroupReplay(tau_max=2, logprobs=own_logprobs).drift_and_headroom(gs)[0] == [0.0,
+    assert GroupReplay(tau_max=2, logprobs=own_logprobs).drift_and_headroom(gs)[0] == [0.0,
                                                                                               0.0]
     with pytest.raises(ValueError, match="logprobs"):
-        buffer.GroupReplay(tau_max=2).sample(1, 0)          # no forward given: no drift gate
+        GroupReplay(tau_max=2).sample(1, 0)          # no forward given: no drift gate
 
 
 
@@ -332,7 +333,7 @@ def test_changed_frac_is_the_share_of_the_ungated_stored_ranking_not_replayed():
     def drifted(rollouts):                               # A's every token drifts by 2 x limit
         return [[lp + (2 * limit if r.prompt_id == 0 else 0.0) for lp in r.logprobs]
                 for r in rollouts]
-    replay = buffer.GroupReplay(tau_max=4, groups=2, candidates=8, drift_max=limit,
+    replay = GroupReplay(tau_max=4, groups=2, candidates=8, drift_max=limit,
                                 logprobs=drifted)
     replay.add(a + b, step=0)
     replay.add(c, step=1)
@@ -342,7 +343,7 @@ def test_changed_frac_is_the_share_of_the_ungated_stored_ranking_not_replayed():
     s = replay.stats()
     assert s["replay/hd_reference"] == 2 and s["replay/hd_changed_frac"] == 0.5
     policy = Policy()
-    current = buffer.GroupReplay(tau_max=4, headroom="current", groups=2, candidates=8,
+    current = GroupReplay(tau_max=4, headroom="current", groups=2, candidates=8,
                                  drift_max=10.0, logprobs=policy)
     current.add(a + b, step=0)
     current.add(c, step=1)

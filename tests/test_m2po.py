@@ -1,4 +1,4 @@
-"""M2PO's second-moment mask (grpo.m2po_threshold / m2po_keep, objective.Objective.prepare) by hand
+"""M2PO's second-moment mask (methods.m2po: m2po_threshold / m2po_keep, M2PO.prepare) by hand
 and through the loop, and the clip fraction by position (grpo's loss/clip_frac_first, _middle,
 _last) by hand and combined over micro-batches."""
 import io
@@ -11,13 +11,13 @@ import torch
 
 import flags
 import grpo
-import objective
 import rollout
 import train
 from make_tiny_model import make_model, make_tokenizer
+from methods import m2po
 from metrics import Metrics
 from rollout import Rollout
-from tiny import objective_of, update
+from tiny import run_of, update
 
 # train.main in process, on the CPU whatever the machine has (conftest's cpu_only)
 pytestmark = pytest.mark.usefixtures("cpu_only")
@@ -27,7 +27,7 @@ BASE = ["--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "6",
 
 def keep(log_r, tau=0.04, mask=None):
     lr = torch.tensor([log_r], dtype=torch.float64)
-    return grpo.m2po_keep(lr, torch.ones_like(lr, dtype=torch.bool) if mask is None else mask,
+    return m2po.m2po_keep(lr, torch.ones_like(lr, dtype=torch.bool) if mask is None else mask,
                           tau)[0].tolist()
 
 
@@ -38,9 +38,9 @@ def test_threshold_by_hand():
     M2 = 0.35 / 4 = 0.0875 >= 0.04; without 0.25 the rest has M2 = 0.10 / 3 = 0.033 < 0.04: only the
     first token is masked."""
     sq = torch.tensor([0.25, 0.09, 0.01, 0.0], dtype=torch.float64)
-    assert grpo.m2po_threshold(sq, 0.04) == 0.25
+    assert m2po.m2po_threshold(sq, 0.04) == 0.25
     assert keep([0.5, -0.3, 0.1, 0.0]) == [False, True, True, True]
-    assert grpo.m2po_threshold(sq, 0.1) == math.inf                      # 0.0875 < 0.1: none masked
+    assert m2po.m2po_threshold(sq, 0.1) == math.inf                      # 0.0875 < 0.1: none masked
 
 
 def test_n_is_the_kept_count_and_the_test_is_strict():
@@ -62,20 +62,22 @@ def test_ties_at_the_cut_are_masked_together():
 def test_padding_is_ignored_and_zero_masks_nothing():
     log_r = torch.tensor([[0.5, -0.3, 0.1, 0.0, 9.0, 9.0], [0.0] * 6])
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [0] * 6])
-    assert grpo.m2po_keep(log_r, mask, 0.04).tolist() == [[False, True, True, True, False, False],
+    assert m2po.m2po_keep(log_r, mask, 0.04).tolist() == [[False, True, True, True, False, False],
                                                           [False] * 6]
-    assert grpo.m2po_sq(log_r, mask).tolist() == pytest.approx([0.25, 0.09, 0.01, 0.0])
+    assert m2po.m2po_sq(log_r, mask).tolist() == pytest.approx([0.25, 0.09, 0.01, 0.0])
     zero = torch.zeros(3, 5)
     valid = torch.arange(5)[None, :] < torch.tensor([[5], [2], [0]])
-    assert torch.equal(grpo.m2po_keep(zero, valid, 0.04), valid)       # the first update: log r = 0
-    assert grpo.m2po_threshold(torch.zeros(0, dtype=torch.float64), 0.04) == math.inf
+    assert torch.equal(m2po.m2po_keep(zero, valid, 0.04), valid)       # the first update: log r = 0
+    assert m2po.m2po_threshold(torch.zeros(0, dtype=torch.float64), 0.04) == math.inf
 
 
-# ---- through the objective and the loop: the step's mask, the loss, the flags --------------------
+# ---- through the loss slot and the loop: the step's mask, the loss, the flags --------------------
 
-def keep_masks(model, mbs, args, pad_id):
-    """Objective.prepare's mask of each micro-batch (mb["m2po_keep"])."""
-    objective_of(args, pad_id).prepare(model, mbs)
+def keep_masks(model, mbs, args):
+    """M2PO.prepare's mask of each micro-batch (mb["m2po_keep"]): the loss slot's prepare hook of
+    the run train.setup binds from `args`."""
+    (prepare,) = run_of(args, model).hooks.prepare
+    prepare(model, mbs)
     return [mb["m2po_keep"] for mb in mbs]
 
 
@@ -100,15 +102,15 @@ OFFSETS = [[0.5, -0.3, 0.1], [0.0, 0.02], [-0.4, 0.05, 0.0, 0.3], [0.01]]
 
 @pytest.mark.paths
 def test_step_threshold_is_the_merged_batch_one():
-    """Objective.prepare over micro-batches of 2 rows and over one micro-batch of all 4: the
-    same kept tokens per rollout, and the same as grpo.m2po_keep on all 10 tokens at once. The two
+    """M2PO.prepare over micro-batches of 2 rows and over one micro-batch of all 4: the
+    same kept tokens per rollout, and the same as m2po.m2po_keep on all 10 tokens at once. The two
     shapes round log r differently (~1e-7); OFFSETS keep every partial M2 7e-4 or more from tau."""
     model, tok, rs = _policy_and_rollouts(OFFSETS)
     a = flags.Args(m2po_tau=0.04)
     kept = []
     for size in (2, 4):
         mbs = rollout.micro_batches(rs, size, tok.pad_token_id, "cpu")
-        masks = keep_masks(model, mbs, a, tok.pad_token_id)
+        masks = keep_masks(model, mbs, a)
         assert len(mbs) == 4 // size
         by_rollout = {}
         for idx, mb, k in zip(rollout.length_buckets(rs, size), mbs, masks):
@@ -117,7 +119,7 @@ def test_step_threshold_is_the_merged_batch_one():
         kept.append(by_rollout)
     assert kept[0] == kept[1]
     flat = torch.tensor([x for off in OFFSETS for x in off], dtype=torch.float64)[None]
-    assert grpo.m2po_keep(flat, torch.ones_like(flat), 0.04)[0].tolist() == \
+    assert m2po.m2po_keep(flat, torch.ones_like(flat), 0.04)[0].tolist() == \
         [x for i in range(4) for x in kept[0][i]]
     # (log r)^2 sorted: .25 .16 .09 .09 .01 ...: M2 of all 10 = 0.0607, without .25 = 0.0397 < 0.04
     assert sum(not x for i in range(4) for x in kept[0][i]) == 1 and kept[0][0][0] is False
@@ -129,10 +131,11 @@ def test_loss_is_the_masked_token_mean_without_clip():
     model, tok, rs = _policy_and_rollouts(OFFSETS)
     a = flags.Args(m2po_tau=0.04, eps_low=0.2, eps_high=0.28)
     mb = rollout.micro_batches(rs, 4, tok.pad_token_id, "cpu")[0]
-    objective = objective_of(a, tok.pad_token_id)
-    objective.prepare(model, [mb])
+    run = run_of(a, model)
+    for prepare in run.hooks.prepare:
+        prepare(model, [mb])
     m = Metrics()
-    loss = objective.loss(model, mb, 10.0, m)
+    loss = train.micro_batch_loss(run, mb, 10.0, m)
     order = rollout.length_buckets(rs, 4)[0]
     by_hand = 0.0
     for b, i in enumerate(order):
@@ -201,18 +204,19 @@ def test_a_micro_batch_threshold_would_fail_that_check(monkeypatch):
         for mb in mbs:
             real(self, model, [mb])
 
-    real = objective.Objective.prepare
-    monkeypatch.setattr(objective.Objective, "prepare", per_micro_batch)
+    real = m2po.M2PO.prepare
+    monkeypatch.setattr(m2po.M2PO, "prepare", per_micro_batch)
     assert _one_update(rs, tok, 4) == pytest.approx(0.1, rel=1e-12)    # one: the step's threshold
     assert _one_update(rs, tok, 2) == pytest.approx(0.2, rel=1e-12)    # two: each its own
 
 
 @pytest.mark.parametrize("kw", [{"ratio": "gspo"}, {"dual_clip": 3.0}, {"tis_cap": 2.0}])
 def test_m2po_refuses_what_it_cannot_combine_with(kw):
+    """A rule across owners: methods.m2po.make raises it when train.setup fills the slots."""
     with pytest.raises(ValueError, match="--m2po-tau"):
-        flags.check_args(flags.Args(m2po_tau=0.04, **kw))
-    flags.check_args(flags.Args(m2po_tau=0.04))
-    flags.check_args(flags.Args(**kw))
+        run_of(flags.Args(m2po_tau=0.04, **kw))
+    run_of(flags.Args(m2po_tau=0.04))
+    run_of(flags.Args(**kw))
 
 
 # ---- the clip fraction by position ---------------------------------------------------------------

@@ -1,6 +1,6 @@
 """mu-GRPO's stage (arXiv 2605.17570): one loop step of many optimizer steps, each on the stored
 advantages and behaviour log-probs, with the engine held at the stage-start weights and synced only
-after the stage. Its veto is grpo.veto_mask (tests/test_grpo.py) and its preset runs with the others
+after the stage. Its veto is methods.mu_grpo.veto_mask (tests/test_grpo.py) and its preset runs with the others
 (tests/test_presets.py).
 
     python -m pytest -q tests/test_mu_grpo.py
@@ -12,8 +12,8 @@ import torch
 
 import flags
 import metrics
-import objective
 import rollout
+import train
 from make_tiny_model import make_model, make_tokenizer
 from rollout import Rollout
 from tiny import run_main, update
@@ -47,14 +47,14 @@ def test_mu_grpo_stage_uses_stored_advantages_and_behaviour_logprobs_with_the_en
     stored = copy.deepcopy(stage)
     engine_start = {k: v.clone() for k, v in engine.model.state_dict().items()}
     a = flags.Args(mini_batches=4, eps_low=1.0, eps_high=4.0, veto_scope="suffix", lr=1e-2)
-    seen, real_loss = [], objective.Objective.loss
+    seen, real_loss = [], train.micro_batch_loss
 
-    def spy(self, model_, mb, normaliser, metrics):
+    def spy(run, mb, normaliser, metrics):
         assert all(torch.equal(v, engine_start[k]) for k, v in engine.model.state_dict().items())
         seen.append({k: mb[k].clone()
                      for k in ("advantages", "behaviour_logprobs", "old_logprobs")})
-        return real_loss(self, model_, mb, normaliser, metrics)
-    monkeypatch.setattr(objective.Objective, "loss", spy)
+        return real_loss(run, mb, normaliser, metrics)
+    monkeypatch.setattr(train, "micro_batch_loss", spy)
     per_update, before = [], copy.deepcopy(model.state_dict())
     m = update(model, None, torch.optim.AdamW(model.parameters(), lr=a.lr), stage, [], a,
                step=0, pad_id=tok.pad_token_id, world=1, per_update=per_update).reduce(1)
@@ -73,8 +73,8 @@ def test_mu_grpo_stage_uses_stored_advantages_and_behaviour_logprobs_with_the_en
 
 
 def test_stage_loop_syncs_the_engine_only_after_the_stage(monkeypatch, tmp_path):
-    events, real_loss, real_load = [], objective.Objective.loss, rollout.TorchEngine.load_weights
-    monkeypatch.setattr(objective.Objective, "loss",
+    events, real_loss, real_load = [], train.micro_batch_loss, rollout.TorchEngine.load_weights
+    monkeypatch.setattr(train, "micro_batch_loss",
                         lambda *a: events.append("loss") or real_loss(*a))
     monkeypatch.setattr(rollout.TorchEngine, "load_weights",
                         lambda self, w: events.append("sync") or real_load(self, w))

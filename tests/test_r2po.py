@@ -21,16 +21,16 @@ import eval as eval_lib
 import flags
 import grpo
 import metrics as metrics_lib
-import r2po
 import rollout
 import train
 import vllm_engine
 from conftest import cpu_env
-from r2po import R2PO, ResidualHead
 from checkpoint import load_model
 from data import Prompt
+from methods import r2po
+from methods.r2po import R2PO, ResidualHead
 from rollout import Rollout, Sampling, TorchEngine
-from tiny import score, update
+from tiny import run_of, update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")
@@ -79,7 +79,7 @@ def mixed_head_rollouts(model, tok, prompts, args, std=0.05):
     for i, r in enumerate(rollouts):
         r.prompt_id = i % 7
         r.correct = float(len(r.completion_ids) % 2)
-    score(rollouts, args)
+    train.score(run_of(args), rollouts)
     return head, rollouts
 
 
@@ -169,9 +169,10 @@ def test_head_changes_sampling_and_the_trainer_scores_it_as_the_engine_did(tiny)
 def test_vllm_engine_refuses_the_head_and_flags_say_so():
     with pytest.raises(ValueError, match="--engine torch"):
         vllm_engine.VLLMEngine.generate(object(), [Prompt(0, [1])], 1, Sampling(use_head=True))
-    args = flags.parse(["--preset", "r2po", "--engine", "vllm"])
+    # r2po.make refuses an engine without a logits head (vLLM's), at train.setup
+    assert not hasattr(vllm_engine.VLLMEngine, "logits_head")
     with pytest.raises(ValueError, match="needs --engine torch"):
-        flags.check_args(args)
+        run_of(flags.parse(["--preset", "r2po"]), engine=object())
     for bad in ("1", "1,0", "a,b", "-1,2"):
         with pytest.raises(ValueError, match="--r2po-schedule"):
             flags.check_args(flags.parse(["--preset", "r2po", f"--r2po-schedule={bad}"]))
@@ -210,10 +211,10 @@ def test_head_inits_lora_starts_at_the_base_official_is_the_official_codes(tiny)
     base_logp, head_logp = r2po.head_forward(model, lora, batch, 1.0)
     assert torch.equal(head_logp, base_logp)
 
-    # the flag reaches the head through r2po.make; the default is lora
+    # the flag reaches the head through r2po.make (at train.setup); the default is lora
     def made(**kw):
-        f = r2po.Flags(r2po_head="residual", r2po_kl_anchor="current", **kw)
-        return r2po.make(f, None, model, "cpu").head
+        args = flags.Args(r2po_head="residual", r2po_kl_anchor="current", **kw)
+        return run_of(args).slots["phase"].head
     assert torch.equal(made().w2.weight, torch.zeros(V, 64))
     assert made(r2po_head_init="official").w2.weight.std().item() == pytest.approx(1e-6, rel=0.05)
     assert flags.parse(["--preset", "r2po"]).r2po_head_init == "lora"
@@ -267,7 +268,7 @@ def test_phases_follow_the_schedule():
 
     args = flags.Args(r2po_head="residual", r2po_schedule="2,3")
     assert [phases(args).phase(s) for s in range(7)] == ["head"] * 2 + ["policy"] * 3 + ["head"] * 2
-    assert r2po.make(r2po.Flags(), None, None, "cpu") is None
+    assert r2po.make(r2po.Flags(), None) == {}                      # no head: no slot filled
     assert phases(flags.Args(r2po_head="residual", r2po_schedule="0,1")).phase(5) == "policy"
 
 

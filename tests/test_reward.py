@@ -1,16 +1,41 @@
-"""The verdict, the shaped reward and the advantage, each set once (allocation.grade,
-shaped_reward, score); the reward of `--reward correct+format` and the answer form it pays for
-(verify.format_rule), on hand-written completions; the format-error rate it is reported with."""
+"""The verdict, the shaped reward and the advantage, each set once (train.grade, credit, score, on
+the run train.setup binds: tests/tiny.py); the reward of `--reward correct+format` and the answer
+form it pays for (verify.format_rule), on hand-written completions; the format-error rate it is
+reported with."""
+import functools
+
 import pytest
 import torch
 
-import allocation
 import flags
 import grpo
 import metrics as metrics_lib
+import train
 import verify
+from methods import dapo
 from metrics import Metrics
 from rollout import Rollout
+from tiny import run_of
+
+
+@functools.cache
+def run_for(train_data="builtin_steps", **kw):
+    """The run train.setup binds for these flags (--prompt-template builtin): on the long task
+    (the default) its grader is verify.grade_integer, on the built-in one verify.grade; the form
+    verify.integer_form on both."""
+    return run_of(flags.Args(train_data=train_data, prompt_template="builtin", **kw))
+
+
+def score(rollouts, **kw):
+    """train.score of the run of these flags (run_for), with the reward slot's terms where a
+    method gives one (DAPO's overlong penalty); returns the verdicts."""
+    return train.score(run_for(**kw), rollouts)
+
+
+def shaped_reward(rollouts, **kw) -> list:
+    """r.reward of each rollout as train.score of these flags sets it (run_for)."""
+    score(rollouts, **kw)
+    return [r.reward for r in rollouts]
 
 
 @pytest.mark.parametrize("text, ok", [
@@ -42,7 +67,9 @@ def test_format_rule_of_each_prompt_set():
 def _rollouts(texts, answers):
     rs = [Rollout(prompt_id=0, prompt_ids=[1], completion_ids=[2] * 3, logprobs=[-1.0] * 3, text=t,
                   answer=a) for t, a in zip(texts, answers)]
-    allocation.grade(rs, verify.grade_integer, verify.integer_form)
+    run = run_for()
+    assert (run.grader, run.form) == (verify.grade_integer, verify.integer_form)
+    train.grade(run, rs)
     return rs
 
 
@@ -63,18 +90,18 @@ def test_shaped_reward_values():
     R²PO's official values right 1, wrong -1, ok 1.25, bad -1: 1 + 1.25, -1 + 1.25, 1 + 1.25 (a
     plain "7 " is in the form), -1 - 1."""
     rs = _rollouts(TEXTS, ANSWERS)
-    plain = allocation.shaped_reward(rs, allocation.Flags(), max_len=8)
-    assert plain.tolist() == [1.0, 0.0, 1.0, 0.0]
-    official = allocation.Flags(reward="correct+format", reward_right=1.0, reward_wrong=-1.0,
-                                format_ok=1.25, format_bad=-1.0)
-    assert allocation.shaped_reward(rs, official, max_len=8).tolist() == [2.25, 0.25, 2.25, -2.0]
-    two_sided = allocation.Flags(reward_right=1.0, reward_wrong=-1.0)     # no format term
-    assert allocation.shaped_reward(rs, two_sided, max_len=8).tolist() == [1.0, -1.0, 1.0, -1.0]
+    plain = shaped_reward(rs, max_new_tokens=8)
+    assert plain == [1.0, 0.0, 1.0, 0.0]
+    official = dict(reward="correct+format", reward_right=1.0, reward_wrong=-1.0, format_ok=1.25,
+                    format_bad=-1.0)
+    assert shaped_reward(rs, max_new_tokens=8, **official) == [2.25, 0.25, 2.25, -2.0]
+    two_sided = dict(reward_right=1.0, reward_wrong=-1.0)                 # no format term
+    assert shaped_reward(rs, max_new_tokens=8, **two_sided) == [1.0, -1.0, 1.0, -1.0]
 
 
 def test_four_classes_give_four_rewards_and_the_format_error_rate():
     rs = _rollouts(TEXTS + ["3+4=9x"], ANSWERS + ["7"])
-    allocation.score(rs, allocation.Flags(reward="correct+format", reward_wrong=-1.0), max_len=8)
+    score(rs, reward="correct+format", reward_wrong=-1.0, max_new_tokens=8)
     assert [r.reward for r in rs] == [2.25, 0.25, 2.25, -2.0, -2.0]
     m = Metrics()
     metrics_lib.rollout_metrics(m, rs, rs)
@@ -93,20 +120,20 @@ def test_reward_flag_in_help_and_a_bad_value_is_one_line(capsys):
 # ---- the verdict and the shaped reward: set once each --------------------------------------------
 
 def test_grade_sets_the_verdict_and_score_the_shaped_reward():
-    """allocation.grade sets r.correct (the verifier's verdict) and nothing else; score reads it,
-    sets r.reward (with DAPO's overlong penalty: not the verdict) and r.advantage, leaves the
-    verdict as it was and returns the verdicts. Scoring again gives the same rewards: it starts from
-    r.correct, never from an earlier r.reward."""
+    """train.grade sets r.correct (the verifier's verdict) and nothing else; score reads it,
+    sets r.reward (with DAPO's overlong penalty, the term its allocate slot adds: not the verdict)
+    and r.advantage, leaves the verdict as it was and returns the verdicts. Scoring again gives the
+    same rewards: it starts from r.correct, never from an earlier r.reward."""
     texts = ["7", "7", "8", "8", "5", "5"]
     lengths = [1, 4, 1, 3, 2, 4]       # max_new_tokens 4, buffer 2: penalty 0, -1, 0, -0.5, 0, -1
     rs = [Rollout(prompt_id=i // 4, prompt_ids=[1], completion_ids=[2] * n, logprobs=[0.0] * n,
                   text=t, answer="7" if i < 4 else "5")
           for i, (t, n) in enumerate(zip(texts, lengths))]
-    allocation.grade(rs)
+    train.grade(run_for("builtin"), rs)
     assert [r.correct for r in rs] == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
     assert all(r.reward == 0.0 and r.advantage == 0.0 for r in rs)  # grading scores nothing
-    dapo = allocation.Flags(overlong_buffer=2)
-    verdicts = allocation.score(rs, dapo, max_len=4)
+    overlong = dict(train_data="builtin", overlong_buffer=2, max_new_tokens=4)
+    verdicts = score(rs, **overlong)
     assert verdicts.tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
     assert [r.correct for r in rs] == verdicts.tolist()            # the verdict unchanged
     rewards = [1.0, 0.0, 0.0, -0.5, 1.0, 0.0]
@@ -114,15 +141,15 @@ def test_grade_sets_the_verdict_and_score_the_shaped_reward():
     adv = grpo.grpo_advantages(torch.tensor(rewards), torch.tensor([0, 0, 0, 0, 1, 1]))
     assert [r.advantage for r in rs] == pytest.approx(adv.tolist())
     # DAPO's dynamic sampling reads the verdicts: group 1 is all correct, whatever its rewards
-    assert grpo.dynamic_sampling_keep(verdicts, torch.tensor([0, 0, 0, 0, 1, 1])).tolist() == [
+    assert dapo.dynamic_sampling_keep(verdicts, torch.tensor([0, 0, 0, 0, 1, 1])).tolist() == [
         True] * 4 + [False] * 2
-    allocation.score(rs, dapo, max_len=4)
+    score(rs, **overlong)
     assert [r.reward for r in rs] == rewards and [r.correct for r in rs] == verdicts.tolist()
-    allocation.score(rs, allocation.Flags(), max_len=4)            # no penalty: reward = verdict
+    score(rs, train_data="builtin", max_new_tokens=4)            # no penalty: reward = verdict
     assert [r.reward for r in rs] == [r.correct for r in rs]
 
 
-# ---- --reward partial: the long task's partial credit (verify.step_share, shaped_reward) ---------
+# ---- --reward partial: the long task's partial credit (verify.step_share, train.credit) ---------
 
 @pytest.mark.parametrize("step, value", [
     ("7+54-3*2-1", 54), ("61-6-1", 54), ("54", 54), (" 54 ", 54), ("2*3*4-5*6", -6),
@@ -180,19 +207,19 @@ def test_partial_reward_by_hand():
     rs = _rollouts(texts, [g for _, g, *_ in CHAINS])
     credit = [(v + s) / 2 for _, _, s, v in CHAINS]
     assert credit[:4] == pytest.approx([1.0, 0.2, 0.5, 5 / 6])
-    got = allocation.shaped_reward(rs, allocation.Flags(reward="partial"), max_len=8).tolist()
+    got = shaped_reward(rs, reward="partial", max_new_tokens=8)
     assert got == pytest.approx(credit)
     assert [c == 1.0 for c in got] == [s == 1.0 and v == 1.0 for _, _, s, v in CHAINS]
     right = [c for c, r in zip(got, rs) if r.correct == 1.0]
     wrong = [c for c, r in zip(got, rs) if r.correct == 0.0]
     assert min(right) == 0.5 == max(wrong)            # the unread right one; the unreduced chain
     assert min(c for c, r in zip(got, rs) if r.correct == 1.0 and len(r.text) < 10_000) > 0.5
-    two_sided = allocation.Flags(reward="partial", reward_right=1.0, reward_wrong=-1.0)
-    assert allocation.shaped_reward(rs, two_sided, max_len=8).tolist() == pytest.approx(
+    two_sided = dict(reward="partial", reward_right=1.0, reward_wrong=-1.0)
+    assert shaped_reward(rs, max_new_tokens=8, **two_sided) == pytest.approx(
         [-1 + 2 * c for c in credit])
-    official = allocation.Flags(reward="partial+format", reward_wrong=-1.0)   # ok 1.25, bad -1
+    official = dict(reward="partial+format", reward_wrong=-1.0)           # ok 1.25, bad -1
     form = [1.25 if verify.integer_form(t) else -1.0 for t in texts]
-    assert allocation.shaped_reward(rs, official, max_len=8).tolist() == pytest.approx(
+    assert shaped_reward(rs, max_new_tokens=8, **official) == pytest.approx(
         [-1 + 2 * c + b for c, b in zip(credit, form)])
 
 
@@ -202,13 +229,13 @@ def test_partial_reward_shapes_only_the_reward_not_the_verdict():
     before. A group of all-wrong answers (0 signal under the verdict) gets advantages."""
     texts = ["61-6-1=55-1=54", "61-6-1=55-1", "61-6-1=56-1=55", "xyz"]
     rs = _rollouts(texts, ["54"] * 4)
-    verdicts = allocation.score(rs, allocation.Flags(reward="partial"), max_len=8)
+    verdicts = score(rs, reward="partial", max_new_tokens=8)
     assert verdicts.tolist() == [1.0, 0.0, 0.0, 0.0] == [r.correct for r in rs]
     assert [r.reward for r in rs] == pytest.approx([1.0, 0.5, 1 / 6, 0.0])
-    allocation.score(rs, allocation.Flags(), max_len=8)
+    score(rs, max_new_tokens=8)
     assert [r.reward for r in rs] == [1.0, 0.0, 0.0, 0.0]
     wrong = _rollouts(texts[1:], ["54"] * 3)
-    allocation.score(wrong, allocation.Flags(reward="partial"), max_len=8)
+    score(wrong, reward="partial", max_new_tokens=8)
     assert len({r.advantage for r in wrong}) == 3
 
 

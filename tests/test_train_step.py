@@ -11,15 +11,15 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 import torch
 
-import allocation
 import flags
+import parallel
 import rollout
 import train
-import vigor
 from make_tiny_model import make_model, make_tokenizer
+from methods import vigor
 from metrics import Metrics
 from rollout import Rollout
-from tiny import allocation_of, objective_of
+from tiny import run_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # train.main in process, on the CPU whatever the machine has (conftest's cpu_only): on CUDA it would
@@ -78,11 +78,11 @@ def test_veto_uses_behaviour_logprobs_under_tis():
     # behaviour: far more likely back then
     mb["behaviour_logprobs"] = torch.where(mask, current + 20.0, 0.0)
     m, m_off = Metrics(), Metrics()
-    objective_of(a, tok.pad_token_id).loss(model, mb, 2.0, m)
+    train.micro_batch_loss(run_of(a, model), mb, 2.0, m)
     assert m.reduce(1)["loss/veto_frac"] == pytest.approx(0.5)      # 2 tokens: the second is vetoed
     no_veto = dataclasses.replace(a, veto_scope="none")
-    objective_of(no_veto, tok.pad_token_id).loss(model, mb, 2.0, m_off)
-    assert m_off.reduce(1)["loss/veto_frac"] == 0.0
+    train.micro_batch_loss(run_of(no_veto, model), mb, 2.0, m_off)
+    assert "loss/veto_frac" not in m_off.reduce(1)                  # no veto: not logged at all
 
 
 # ---- 5. length-bucketed micro-batches: the gradient of the whole batch, float rounding aside -----
@@ -111,14 +111,14 @@ def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
     old = [[x + 0.1 for x in r.logprobs] for r in rs] if a.tis_cap else None
     assert rollout.length_buckets(rs, 3) != [[0, 1, 2], [3, 4, 5], [6, 7]]
 
-    objective = objective_of(a, tok.pad_token_id)
+    run = run_of(a, model)
 
     def loss_and_grads(mbs):
-        n = objective.normaliser(mbs)
+        n = parallel.global_normaliser(mbs, a.agg, a.max_new_tokens, 1)
         model.zero_grad(set_to_none=True)
         loss = 0.0
         for mb in mbs:
-            mb_loss = objective.loss(model, mb, n, Metrics())
+            mb_loss = train.micro_batch_loss(run, mb, n, Metrics())
             mb_loss.backward()
             loss += mb_loss.item()
         return n, loss, [p.grad.clone() for p in model.parameters()]
@@ -158,9 +158,9 @@ def test_dynamic_sampling_drops_all_correct_groups_whatever_their_lengths():
                    group_size=4)
     group0 = [_rollout(0, "5", "5", n) for n in (2, 6, 7, 8)]          # all correct, lengths differ
     group1 = [_rollout(1, t, "5", 2) for t in ("5", "4", "4", "4")]          # one correct
-    alloc = allocation_of(a, FixedEngine(group0 + group1))
-    fresh, generated, _ = alloc.generate_and_score([None] * 2, [0, 1], 0, step=0,
-                                                   metrics=Metrics())
+    run = run_of(a, engine=FixedEngine(group0 + group1))
+    run.prompts, run.mine = [None] * 2, [0, 1]
+    fresh, generated, _ = train.generate_and_score(run, 0, 0, Metrics())
     shaped = [r for r in generated if r.prompt_id == 0]
     # shaped rewards differ
     assert len({r.reward for r in shaped}) > 1 and any(r.advantage != 0 for r in shaped)
@@ -183,7 +183,7 @@ class Started(Exception):
 def run_main(argv, monkeypatch, tmp_path):
     def first_step(*args, **kw):
         raise Started
-    monkeypatch.setattr(allocation.Allocation, "generate_and_score", first_step)
+    monkeypatch.setattr(train, "generate_and_score", first_step)
     err, out = io.StringIO(), io.StringIO()
     try:
         with redirect_stderr(err), redirect_stdout(out):
@@ -354,21 +354,24 @@ def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
 
 
 def _graded(train_data, texts, answer, allocation="fixed", monkeypatch=None):
-    """r.correct of hand-made rollouts of one prompt, through Allocation.generate_and_score (fixed
-    allocation) or the grade callback Allocation.generate hands VIGOR."""
+    """r.correct of hand-made rollouts of one prompt, through train.generate_and_score (fixed
+    allocation) or the grade callback the run hands VIGOR's allocate slot (ctx.grade)."""
     rs = [_rollout(0, t, answer, 4) for t in texts]
     a = flags.Args(train_data=train_data, prompts_per_step=1, group_size=len(rs),
                    allocation=allocation, vigor_budget=len(rs))
     if allocation == "fixed":
-        alloc = allocation_of(a, FixedEngine(rs))
-        _, generated, _ = alloc.generate_and_score([None], [0], 0, step=0, metrics=Metrics())
+        run = run_of(a, engine=FixedEngine(rs))
+        run.prompts, run.mine = [None], [0]
+        _, generated, _ = train.generate_and_score(run, 0, 0, Metrics())
         return [r.correct for r in generated]
 
     def vigor_generate(engine, prompts, sampling_for, version, grade, **kw):
         grade(rs)
         return rs, {}
     monkeypatch.setattr(vigor, "vigor_generate", vigor_generate)
-    allocation_of(a, None).generate([None], step=0, round_=0, metrics=Metrics())
+    run = run_of(a)
+    run.prompts, run.mine = [None], [0]
+    train.generate_and_score(run, 0, 0, Metrics())
     return [r.correct for r in rs]
 
 

@@ -1,24 +1,26 @@
-"""VIGOR's variance-guided allocation (vigor.vigor_generate): the budget, who gets the extra
-completions, and variable-size groups through the advantages, the loss's normaliser and the replay
-buffer; the readings (a Beta prior, marginal-gain ranking, prompt weighting) on hand-built
-groups; the variance of the reward's credit (allocation.credit) under --reward partial."""
+"""VIGOR's variance-guided allocation (methods.vigor.vigor_generate): the budget, who gets the
+extra completions, and variable-size groups through the advantages, the loss's normaliser and the
+replay buffer; the readings (a Beta prior, marginal-gain ranking, prompt weighting) on hand-built
+groups; the variance of the reward's credit (train.credit) under --reward partial."""
 import functools
 
 import pytest
 import torch
 
-import allocation
 import buffer
+import flags
 import grpo
+import train
 import verify
-import vigor
 from data import Prompt
+from methods import vigor
+from methods.vigor import vigor_generate
 from metrics import Metrics
 from rollout import Rollout, Sampling
-from vigor import vigor_generate
+from tiny import run_of
 
-# the credit under --reward correct, c = v (allocation.credit, as Allocation hands it to VIGOR)
-VERDICTS = functools.partial(allocation.credit, flags=allocation.Flags())
+# the credit under --reward correct, c = v (train.credit, as the run hands it to VIGOR: ctx.credit)
+VERDICTS = functools.partial(train.credit, f=flags.RewardFlags())
 
 # prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2
 # right 1 in 4, 3 always wrong. Variances after 2 completions: 0, 0.25, 0 or 0.25 (...) , 0.
@@ -43,7 +45,7 @@ class PatternEngine:
 
 
 def grade(rollouts):
-    """vigor_generate's callback: the verdict r.correct, as allocation.grade sets it."""
+    """vigor_generate's callback: the verdict r.correct, as train.grade sets it."""
     for r in rollouts:
         r.correct = float(r.text == "1")
 
@@ -107,7 +109,7 @@ def test_variable_size_groups_advantages_normaliser_and_replay():
     mask = torch.ones(8, 3)
     assert grpo.loss_normaliser(mask, "token-mean") == 24.0
     assert grpo.loss_normaliser(mask, "seq-mean-token-mean") == 8
-    replay = buffer.make_replay("prioritized", tau_max=2, alpha=1.0, capacity=None, seed=0)
+    replay = buffer.make(buffer.Flags(replay="prioritized", tau_max=2, priority_alpha=1.0), seed=0)
     rs = [Rollout(prompt_id=int(g), prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
                   advantage=float(a), version=0) for g, a in zip(group, adv)]
     replay.add(rs, step=0)
@@ -242,14 +244,20 @@ def test_prompt_weights_make_each_prompts_total_weight_equal():
     assert sum(w) == pytest.approx(12.0)
 
 
-def test_score_scales_advantages_by_prompt_weight():
-    import flags
-    from tiny import score
+def test_score_scales_advantages_by_prompt_weight(monkeypatch):
+    """Through the allocate slot (Vigor.allocate, on the run train.setup binds): the spine scores
+    VIGOR's groups, then --vigor-weight prompt scales their advantages."""
     rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], correct=c)
           for q, c in [(7, 1), (7, 0)] + [(9, c) for c in (1, 0, 1, 1, 1, 0)]]
-    score(rs, flags.Args(allocation="vigor"))
+    monkeypatch.setattr(vigor, "vigor_generate", lambda *a, **kw: (rs, {}))
+
+    def score(args):
+        run = run_of(args)
+        fresh, _, _ = train.generate_and_score(run, 0, 0, Metrics())
+        assert fresh == rs
+    score(flags.Args(allocation="vigor"))
     plain = [r.advantage for r in rs]
-    score(rs, flags.Args(allocation="vigor", vigor_weight="prompt"))
+    score(flags.Args(allocation="vigor", vigor_weight="prompt"))
     assert [r.advantage for r in rs] == pytest.approx([a * 2.0 for a in plain[:2]]
                                                       + [a * 4 / 6 for a in plain[2:]])
 
@@ -329,7 +337,6 @@ def test_top_k_spends_the_budget_exactly_and_keeps_the_floor(prior, full, budget
 
 
 def test_top_k_flags_and_their_rule():
-    import flags
     a = flags.parse(["--allocation", "vigor", "--vigor-rank", "topk", "--vigor-full", "12"])
     assert (a.vigor_rank, a.vigor_full) == ("topk", 12)
     assert flags.Args().vigor_full == 0 and flags.Args().vigor_rank == "marginal"   # unchanged
@@ -427,8 +434,21 @@ class ChainEngine:
         return out
 
 
-GRADE_INTEGER = functools.partial(allocation.grade, grader=verify.grade_integer)
-PARTIAL = functools.partial(allocation.credit, flags=allocation.Flags(reward="partial"))
+@functools.cache
+def long_task_run():
+    """The run train.setup binds on the long task (tests/tiny.py): its grader verify.grade_integer,
+    its form verify.integer_form."""
+    return run_of(flags.Args(train_data="builtin_steps", prompt_template="builtin"))
+
+
+def grade_integer(rollouts):
+    """train.grade on the long task, as its run hands it to VIGOR (ctx.grade)."""
+    run = long_task_run()
+    assert run.grader is verify.grade_integer
+    train.grade(run, rollouts)
+
+
+PARTIAL = functools.partial(train.credit, f=flags.RewardFlags(reward="partial"))
 
 
 def test_partial_credit_variance_by_hand():
@@ -445,7 +465,7 @@ def test_partial_credit_variance_by_hand():
     m = 0.1, sigma^2 = 0.1 x 0.9 = 0.09: a hopeless prompt still outranks one all wrong with
     spread; at a = 1, 19/128 against 3/16."""
     rs = ChainEngine().generate([Prompt(q, [1]) for q in range(3)], 2, Sampling())
-    GRADE_INTEGER(rs)
+    grade_integer(rs)
     credits = PARTIAL(rs).tolist()
     assert [r.correct for r in rs] == [0, 0, 0, 0, 1, 1]
     assert credits == [1 / 8, 3 / 8, 0, 0, 1, 1]
@@ -467,7 +487,7 @@ def test_partial_credit_gives_the_budget_to_the_all_wrong_prompt_with_spread(ran
 
     def sizes(credit):
         out, stats = vigor_generate(ChainEngine(), prompts, lambda k: Sampling(seed=k), 0,
-                                    GRADE_INTEGER, credit=credit, n_init=2, n_step=2, top=2,
+                                    grade_integer, credit=credit, n_init=2, n_step=2, top=2,
                                     budget=8, rank=rank, prior=0.0)
         return [sum(r.prompt_id == q for r in out) for q in range(3)], stats
 
@@ -481,21 +501,19 @@ def test_partial_credit_gives_the_budget_to_the_all_wrong_prompt_with_spread(ran
 
 @pytest.mark.parametrize("reward", ["correct", "partial", "partial+format"])
 def test_the_allocation_hands_vigor_the_credit_it_trains_on(reward):
-    """Through Allocation.generate_and_score (built as train.setup builds it, tests/tiny.py): VIGOR
-    ranks by allocation.credit of the run's --reward, the reward's own term (with --reward-right
+    """Through train.generate_and_score (the run train.setup binds, tests/tiny.py): VIGOR
+    ranks by train.credit of the run's --reward, the reward's own term (with --reward-right
     1, --reward-wrong 0, r.reward is c, plus the form's term under +format): under partial prompt
     0 gets the 2 extra completions, under correct there is no round."""
-    import flags
-    from tiny import allocation_of
     a = flags.Args(train_data="builtin_steps", reward=reward, allocation="vigor",
                    vigor_rank="variance", vigor_prior=0.0, vigor_n_init=2, vigor_n_step=2,
                    vigor_top=2, vigor_budget=8, prompts_per_step=3, group_size=2)
-    alloc = allocation_of(a, ChainEngine())
-    prompts = [Prompt(q, [1]) for q in range(3)]
-    _, generated, _ = alloc.generate_and_score(prompts, [0, 1, 2], 0, step=0, metrics=Metrics())
+    run = run_of(a, engine=ChainEngine())
+    run.prompts, run.mine = [Prompt(q, [1]) for q in range(3)], [0, 1, 2]
+    _, generated, _ = train.generate_and_score(run, 0, 0, Metrics())
     sizes = [sum(r.prompt_id == q for r in generated) for q in range(3)]
     assert sizes == ([2, 2, 2] if reward == "correct" else [4, 2, 2])
     form = [1.25 if verify.integer_form(r.text) else -1.0 for r in generated]
     expected = [c + (f if reward.endswith("+format") else 0.0)
-                for c, f in zip(alloc.credit(generated).tolist(), form)]
+                for c, f in zip(train.credit(generated, run.settings.reward).tolist(), form)]
     assert [r.reward for r in generated] == pytest.approx(expected)

@@ -77,58 +77,57 @@ def decided_prefix(model, prompt_ids: list[int], completion_ids: list[int],
     return close.index(True) if True in close else len(completion_ids)
 
 
-# ---- the run's objects from a flat Args, as train.setup binds them (for tests of one piece) ------
+# ---- the run from a flat Args, as train.setup binds it (for tests of one piece) ------------------
 
-def objective_of(args, pad_id: int, ref_model=None, world: int = 1, device: str = "cpu"):
-    """objective.Objective of `args` (flags.Args), as train.setup builds it."""
-    import cli
-    import objective
-    batching = objective.Batching(args.micro_batch_size, args.micro_batch_tokens, pad_id, device)
-    return objective.Objective(cli.part(args, objective.Flags), temperature=args.temperature,
-                               max_len=args.max_new_tokens, batching=batching,
-                               ref_model=ref_model, world=world)
+def run_of(args, model=None, *, opt=None, ref_model=None, engine=None, rank: int = 0,
+           world: int = 1, device: str = "cpu"):
+    """train.setup(args) (flags.Args; the model and data of args.model, the tiny one by default,
+    its first screen swallowed): the train.Run every step function takes, the method files'
+    slots filled from `args`. With `model`, that policy in place of the one loaded, used as given
+    (not sharded here: the caller shards it if it must, dist_update.py), with `opt` (AdamW at
+    --lr over it by default, as setup makes it) and `ref_model` (the KL reference; by default the
+    model as loaded when --kl-coef > 0); with `engine`, that engine in place of TorchEngine, also
+    the one the slots are made with (methods.Context)."""
+    import contextlib
+    import io
+    from unittest import mock
+    import train
+    real_load = train.load_inputs
+
+    def load_inputs(*a, **kw):
+        resume, loaded, tok, prompts = real_load(*a, **kw)
+        return resume, loaded if model is None else model, tok, prompts
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        stack.enter_context(mock.patch.object(train, "load_inputs", load_inputs))
+        if model is not None:
+            stack.enter_context(mock.patch.object(train, "shard_model", lambda m, device: m))
+        if engine is not None:
+            stack.enter_context(mock.patch.object(train, "TorchEngine", lambda m, tok: engine))
+        run = train.setup(args, rank=rank, world=world, device=device)
+    if opt is not None:
+        run.opt = opt
+    if ref_model is not None:
+        run.ref_model = ref_model
+    return run
 
 
 def update(model, ref_model, opt, fresh, replayed, args, *, step: int, pad_id: int,
            world: int = 1, guard=None, per_update=None):
-    """train.update with the objective and the optimisation flags of `args` (flags.Args)."""
-    import cli
-    import flags
+    """train.update of `model` with `opt` (and `ref_model`, the KL reference) under the flags of
+    `args` (flags.Args), on a run train.setup binds (run_of) with an engine that never generates
+    (it takes a head: R²PO's make hands it one); `guard` a fresh parallel.StepGuard by default."""
+    import types
+    import parallel
     import train
-    return train.update(model, objective_of(args, pad_id, ref_model, world), opt, fresh, replayed,
-                        cli.part(args, flags.OptimFlags), step=step, seed=args.seed,
-                        pad_id=pad_id, world=world, guard=guard, per_update=per_update)
-
-
-def allocation_of(args, engine, rank: int = 0, world: int = 1):
-    """allocation.Allocation of `args` (flags.Args) on `engine`, as train.setup builds it."""
-    import allocation
-    import cli
-    import train
-    import verify
-    import vigor
-    from rollout import Sampling
-    vigor_flags, vig = cli.part(args, vigor.Flags), None
-    if args.allocation == "vigor":
-        budget = vigor_flags.budget(args.prompts_per_step, args.group_size) // world
-        vig = vigor.Vigor(vigor_flags, budget)
-    return allocation.Allocation(
-        cli.part(args, allocation.Flags), engine=engine, group_size=args.group_size,
-        per_rank=args.prompts_per_step // world, vigor=vig,
-        sampling=Sampling(args.temperature, args.top_p, args.max_new_tokens,
-                          use_head=args.r2po_head != "none"),
-        seed_of=lambda step, round_: train.sampling_seed(args.seed, rank, step, round_),
-        grader=verify.grader(args.train_data), form=verify.format_rule(args.train_data))
-
-
-def score(rollouts, args):
-    """allocation.score of `args` (flags.Args)."""
-    import allocation
-    import cli
-    import vigor
-    vig = vigor.Vigor(cli.part(args, vigor.Flags), 0) if args.allocation == "vigor" else None
-    return allocation.score(rollouts, cli.part(args, allocation.Flags),
-                            max_len=args.max_new_tokens, vigor=vig)
+    run = run_of(args, model, opt=opt, ref_model=ref_model,
+                 engine=types.SimpleNamespace(logits_head=None), world=world)
+    if pad_id != run.tok.pad_token_id:           # another tokenizer than args.model's: its pad
+        run.tok = types.SimpleNamespace(pad_token_id=pad_id)
+    return train.update(run, fresh, replayed, step=step,
+                        guard=guard or parallel.StepGuard(args.max_bad_steps),
+                        per_update=per_update)
 
 
 def run_main(argv, out):

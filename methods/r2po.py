@@ -129,6 +129,11 @@ class Flags:
         """Whether the head's KL anchor is the model as loaded (a frozen copy, train.setup's)."""
         return self.r2po_head != "none" and self.r2po_kl_anchor == "initial"
 
+    @property
+    def checkpoint_files(self) -> tuple[str, ...]:
+        """The files a checkpoint to resume from must hold (the head's)."""
+        return (HEAD_FILE,) if self.r2po_head != "none" else ()
+
 
 class Shared(NamedTuple):
     """What the head step takes from the rest of the run: its clip and aggregation (the policy's
@@ -336,18 +341,53 @@ class R2PO:
 # R²PO's fields of the log line (metrics.fields): the phase (0 = the head's, 1 = the policy's) and,
 # in the head phase, the head's loss
 LOG = ("r2po phase {r2po/phase:.0f}", "head loss {r2po/head_loss:+.4f}")
+BASE_SAMPLING_ROUND = 999          # the probe of the base policy at eval: its own sampling round
+
+PRESETS = {
+    "r2po": ("R²PO (arXiv 2601.11960, official code): rank-64 residual rollout head, 8 head "
+             "then 10 policy steps, KL to the initial model, reward ±1 + format, T 0.9; lr 1e-4",
+             dict(replay="none", r2po_head="residual", r2po_head_rank=64, r2po_schedule="8,10",
+                  r2po_head_lr=1e-3, r2po_kl_coef=0.04, r2po_kl_anchor="initial",
+                  reward="correct+format", reward_wrong=-1.0, temperature=0.9, lr=1e-4)),
+}
 
 
-def make(flags: Flags, shared: Shared, model, device, initial=None) -> R2PO | None:
-    """R²PO for `--r2po-head residual`, else None (no head: the loop is plain GRPO). `initial`: the
-    KL anchor under `--r2po-kl-anchor initial`, the model as loaded from --model (the original
+class Phases(R2PO):
+    """The phase slot: R2PO with the run's pad id, world and sampling bound (train.py's loop
+    calls phase, run_phase, report, at_eval; checkpoints save, state_dict, restore)."""
+
+    def __init__(self, head, flags: Flags, shared: Shared, initial, ctx):
+        super().__init__(head, flags, shared, initial)
+        self.ctx = ctx
+
+    def run_phase(self, model, fresh: list) -> Metrics:
+        return self.head_step(model, fresh, self.ctx.tok.pad_token_id, self.ctx.world)
+
+    def at_eval(self, engine, generated: list, step: int, metrics: Metrics) -> None:
+        base = dataclasses.replace(self.ctx.sampling(step, BASE_SAMPLING_ROUND), use_head=False)
+        self.base_diversity(engine, generated, base, metrics)
+
+
+def make(flags: Flags, ctx) -> dict:
+    """R²PO for `--r2po-head residual`, else {} (no head: the loop is plain GRPO). ctx.initial:
+    the KL anchor under `--r2po-kl-anchor initial`, the model as loaded from --model (the original
     base, also when resuming from a checkpoint): a frozen, unsharded fp32 copy on each rank
     (train.setup loads it once, the KL reference of --kl-coef too); it is not saved in
-    checkpoints."""
+    checkpoints. The head is made from the torch seed (the same on every rank) and handed to the
+    engine, which samples the training rollouts through it."""
     if flags.r2po_head == "none":
-        return None
-    if flags.needs_initial and initial is None:
+        return {}
+    if not hasattr(ctx.engine, "logits_head"):
+        raise ValueError("--r2po-head residual needs --engine torch: vLLM cannot add R²PO's head "
+                         "to its logits")
+    if flags.needs_initial and ctx.initial is None:
         raise ValueError("--r2po-kl-anchor initial: R2PO needs the initial model")
-    head = ResidualHead(model.config.hidden_size, model.config.vocab_size, flags.r2po_head_rank,
-                        flags.r2po_head_init)
-    return R2PO(head.to(device), flags, shared, initial if flags.needs_initial else None)
+    config = ctx.model.config
+    head = ResidualHead(config.hidden_size, config.vocab_size, flags.r2po_head_rank,
+                        flags.r2po_head_init).to(ctx.device)
+    rows, tokens = ctx.micro_batch
+    shared = Shared(*ctx.eps, ctx.agg, ctx.temperature, ctx.max_len, rows, tokens,
+                    ctx.max_grad_norm, ctx.group_size)
+    phases = Phases(head, flags, shared, ctx.initial if flags.needs_initial else None, ctx)
+    ctx.engine.logits_head = head            # the engine samples through the trainer's head
+    return {"phase": phases}

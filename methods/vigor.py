@@ -103,31 +103,49 @@ class Flags:
         """Completions per step over all ranks: --vigor-budget, or the fixed allocation's."""
         return self.vigor_budget or prompts_per_step * group_size
 
+    def completions(self, prompts_per_step: int, group_size: int) -> int:
+        """The step's completions over all ranks when VIGOR allocates them, else 0 (flags.sizes)."""
+        return self.budget(prompts_per_step, group_size) if self.allocation == "vigor" else 0
+
+
+PRESETS = {
+    "vigor": ("VIGOR (abstract only): variance-guided rollout allocation at the fixed "
+              "allocation's budget (top-k, Beta(0.25) prior), no replay; lr 1e-4",
+              dict(replay="none", allocation="vigor", vigor_n_init=2, vigor_n_step=2,
+                   vigor_top=16, vigor_rank="topk", vigor_prior=0.25, vigor_weight="rollout",
+                   lr=1e-4)),
+}
+
 
 class Vigor:
-    """VIGOR bound to its flags: `budget` completions per step on this rank."""
+    """The allocate slot: VIGOR's completions of this rank's next `per_rank` prompts, scored by the
+    spine (ctx.score), then, with --vigor-weight prompt, their advantages reweighed."""
 
-    def __init__(self, flags: Flags, budget: int):
-        self.f = flags
-        self.budget = budget
+    def __init__(self, flags: Flags, ctx):
+        self.f, self.ctx = flags, ctx
 
-    def generate(self, engine, prompts: list[Prompt], sampling_for, version: int, grade, credit,
-                 metrics=None) -> list[Rollout]:
-        """One step's completions of `prompts` by variance-guided allocation (vigor_generate), with
-        the allocation's `grade` and `credit` (allocation.credit of its --reward)."""
-        f = self.f
-        out, _ = vigor_generate(engine, prompts, sampling_for, version, grade, credit=credit,
-                                n_init=f.vigor_n_init, n_step=f.vigor_n_step, top=f.vigor_top,
-                                budget=self.budget, rank=f.vigor_rank, prior=f.vigor_prior,
-                                full=f.vigor_full, metrics=metrics)
-        return out
+    def allocate(self, prompts: list, mine: list[int], pos: int, *, step: int, metrics):
+        f, ctx = self.f, self.ctx
+        batch = [prompts[mine[(pos + i) % len(mine)]] for i in range(ctx.per_rank)]
+        new, _ = vigor_generate(ctx.engine, batch, lambda k: ctx.sampling(step, k), step,
+                                ctx.grade, credit=ctx.credit, n_init=f.vigor_n_init,
+                                n_step=f.vigor_n_step, top=f.vigor_top, budget=ctx.completions,
+                                rank=f.vigor_rank, prior=f.vigor_prior, full=f.vigor_full,
+                                metrics=metrics)
+        ctx.score(new)
+        if f.vigor_weight == "prompt":
+            adv = torch.tensor([r.advantage for r in new]) * torch.tensor(prompt_weights(new))
+            for r, a in zip(new, adv.tolist()):
+                r.advantage = a
+        return new, new, pos + ctx.per_rank
 
-    def weigh(self, adv: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
-        """The advantages [B] as the loss weighs them: --vigor-weight prompt multiplies each by
-        prompt_weights (every prompt's group weighs as one prompt); rollout leaves them."""
-        if self.f.vigor_weight != "prompt":
-            return adv
-        return adv * torch.tensor(prompt_weights(rollouts), dtype=adv.dtype)
+
+def make(flags: Flags, ctx) -> dict:
+    if flags.allocation != "vigor":
+        return {}
+    if ctx.completions < flags.vigor_n_init * ctx.per_rank:
+        raise ValueError("--vigor-budget must cover --vigor-n-init completions of every prompt")
+    return {"allocate": Vigor(flags, ctx)}
 
 
 def smoothed_variance(rollouts: list[Rollout], credits: list[float],

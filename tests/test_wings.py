@@ -1,0 +1,91 @@
+"""The method files (methods/) plug into the spine's slots and can each be taken away: with one
+made unimportable, train.py's flags and presets lose that method's alone, and the default and
+another method's preset still train. Also the registry's rules: two methods may not fill one
+slot."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, cpu_env
+
+import methods
+
+WINGS = methods.WINGS
+TINY = ["--steps", "1", "--prompts-per-step", "4", "--group-size", "4", "--eval-size", "0",
+        "--save-every", "0", "--threads", "1"]
+PRESET_OF = {"drgrpo": "drgrpo", "gspo": "gspo", "pnpo": "pnpo", "mu_grpo": "mu-grpo",
+             "m2po": "m2po", "dapo": "dapo", "headroom_drift": "headroom-drift",
+             "vigor": "vigor", "r2po": "r2po"}
+
+SCRIPT = """
+import json, sys
+result = {}
+for wing in json.loads(sys.argv[1]):
+    for name in [m for m in sys.modules if m.startswith("methods") or m in ("flags", "train")]:
+        del sys.modules[name]                         # flags and train composed afresh
+    sys.modules["methods." + wing] = None             # the method file cannot be imported
+    import flags, train
+    other = "gspo" if wing != "gspo" else "pnpo"
+    out = {"presets": sorted(flags.PRESETS), "fields": list(flags.Args.__dataclass_fields__),
+           "choices": {k: list(v) for k, v in flags.Args.more_choices.items()}}
+    for name, argv in (("default", []), ("other", ["--preset", other])):
+        out[name] = train.main(argv + json.loads(sys.argv[2]) + ["--out-dir",
+                                                                 sys.argv[3] + wing + name])
+    result[wing] = out
+print(json.dumps(result))
+"""
+
+
+def test_every_wing_is_registered_and_has_a_preset():
+    assert sorted(WINGS) == sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "methods"))
+                                   if f.endswith(".py") and f != "__init__.py")
+    import flags
+    assert set(PRESET_OF.values()) | {"grpo", "rollout-replay", "naive-replay"} == set(
+        flags.PRESETS)
+
+
+def test_each_method_file_removed_leaves_the_rest_working(tmp_path):
+    """Each wing in turn made unimportable (in one process, flags.py and train.py imported anew
+    each time): its preset, flags and choices are gone, and the default and another method's
+    preset (gspo's; pnpo's without gspo) each train a step (exit status 0)."""
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(WINGS), json.dumps(TINY),
+                           str(tmp_path / "run-")], cwd=ROOT, env=cpu_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for mod in methods.loaded():
+        wing = mod.__name__.split(".")[1]
+        out = result[wing]
+        assert out["default"] == 0 and out["other"] == 0, (wing, proc.stderr[-3000:])
+        assert PRESET_OF[wing] not in out["presets"]
+        own = getattr(mod, "Flags", None)
+        assert own is None or not set(own.__dataclass_fields__) & set(out["fields"]), wing
+        for flag, values in getattr(mod, "CHOICES", {}).items():
+            assert not set(values) & set(out["choices"][flag]), wing
+        assert own is not None or getattr(mod, "CHOICES", None), wing
+
+
+def test_two_methods_may_not_fill_one_slot(tiny_model, tmp_path, cpu_only):
+    """VIGOR and DAPO's refill both allocate a step's completions: the run says so at set-up."""
+    import train
+    rc = train.main(["--allocation", "vigor", "--dynamic-sampling", *TINY,
+                     "--out-dir", str(tmp_path)])
+    assert rc == 2
+
+
+def test_two_methods_may_share_a_list_slot(tiny_model, tmp_path, cpu_only):
+    """DAPO's overlong term is a reward term (a list slot): VIGOR's allocation takes it too."""
+    import train
+    rc = train.main(["--allocation", "vigor", "--overlong-buffer", "2", "--max-new-tokens", "4",
+                     *TINY, "--out-dir", str(tmp_path)])
+    assert rc == 0
+
+
+def test_the_default_fills_no_slot(tmp_path, cpu_only):
+    """With no method flag, no method file fills a slot: the step is the spine's alone."""
+    import flags
+    import train
+    run = train.setup(flags.parse([*TINY, "--out-dir", str(tmp_path)]), rank=0, world=1,
+                      device="cpu")
+    assert run.slots == {"reward": [], "loss": []} and run.hooks == train.LossHooks([], [], [], [], None, [])
