@@ -130,7 +130,7 @@ class RolloutReplay:
         self._records = np.concatenate([self._records, records])
         self._version = np.concatenate([self._version, version])
         self._abs_adv = np.concatenate([self._abs_adv, np.abs(adv)])
-        self._last["replay/capacity_dropped"] = self._enforce_capacity()
+        self._last["replay/capacity_dropped"] = self._enforce_capacity() if self.capacity else 0
 
     def _enforce_capacity(self) -> int:
         """Drop the oldest records (lowest version, ties by insertion order) to len <= capacity."""
@@ -162,13 +162,10 @@ class RolloutReplay:
 
     # ---- sample ----------------------------------------------------------------------------------
     def sample(self, step: int, n_fresh: int) -> list[Rollout]:
-        """The replayed part of the batch at `step` for `n_fresh` fresh rollouts: draw(round(ratio *
-        n_fresh))."""
-        return self.draw(round(self.ratio * n_fresh), step)
-
-    def draw(self, k: int, step: int) -> list[Rollout]:
-        """Evict by age, then draw up to k distinct rollouts with version < step, P(j) ∝
+        """The replayed part of the batch at `step` for `n_fresh` fresh rollouts: evict by age, then
+        draw up to k = round(ratio * n_fresh) distinct rollouts with version < step, P(j) ∝
         |A_j|^alpha."""
+        k = round(self.ratio * n_fresh)
         if k < 0:
             raise ValueError(f"replay: sample size k must be >= 0, got {k}")
         self.evict(step)

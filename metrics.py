@@ -27,7 +27,6 @@ import torch.distributed as dist
 import checkpoint
 import grpo
 import verify
-from parallel import print0
 
 @dataclass(frozen=True)
 class LogFlags:
@@ -53,21 +52,18 @@ class Metrics:
         # key -> (kind, [value, ...] or [(value, weight), ...])
         self.stats = {}
 
-    def _add(self, key: str, kind: str, value) -> None:
-        self.stats.setdefault(key, (kind, []))[1].append(value)
-
     def mean(self, key: str, value: float, weight: float) -> None:
         """Add a mean `value` of `weight` items."""
-        self._add(key, "mean", (float(value), float(weight)))
+        self.stats.setdefault(key, ("mean", []))[1].append((float(value), float(weight)))
 
     def total(self, key: str, value) -> None:
-        self._add(key, "sum", value)
+        self.stats.setdefault(key, ("sum", []))[1].append(value)
 
     def max(self, key: str, value) -> None:
-        self._add(key, "max", value)
+        self.stats.setdefault(key, ("max", []))[1].append(value)
 
     def min(self, key: str, value) -> None:
-        self._add(key, "min", value)
+        self.stats.setdefault(key, ("min", []))[1].append(value)
 
     def token_means(self, means: dict, n: float, extremes: dict | None = None) -> None:
         """Add a dict of means over n tokens (0-dim tensors or floats); keys in `extremes` ({key:
@@ -129,24 +125,18 @@ def _weighted_mean(parts: list[tuple[float, float]]) -> float:
 
 # ---- the step's rollouts -------------------------------------------------------------------------
 
-def distinct_answers(rollouts: list) -> float:
-    """Rollout diversity, R²PO's measure: the mean over groups of (distinct final answers) / (group
-    size); an answer is verify.extract_answer's, or the whole stripped text when it states none."""
-    return _distinct(rollouts, lambda r: verify.extract_answer(r.text) or r.text.strip())
-
-
-def distinct_chains(rollouts: list) -> float:
-    """Diversity of whole completions (the worked chain, not only its final answer): the mean over
-    groups of (distinct stripped texts) / (group size). On the long task two chains can end on the
-    same answer; on 3-token answers it is about distinct_answers."""
-    return _distinct(rollouts, lambda r: r.text.strip())
-
-
-def _distinct(rollouts: list, key) -> float:
-    by_prompt: dict[int, list[str]] = {}
+def diversity(rollouts: list) -> tuple[float, float]:
+    """(distinct answers, distinct chains) of rollouts: the mean over groups of (distinct final
+    answers) / (group size), an answer being verify.extract_answer's or the whole stripped text
+    when it states none; and of (distinct stripped texts) / (group size), the worked chain and not
+    only its answer (on 3-token answers it is about the first)."""
+    answers: dict[int, list[str]] = {}
+    chains: dict[int, list[str]] = {}
     for r in rollouts:
-        by_prompt.setdefault(r.prompt_id, []).append(key(r))
-    return sum(len(set(a)) / len(a) for a in by_prompt.values()) / max(len(by_prompt), 1)
+        answers.setdefault(r.prompt_id, []).append(verify.extract_answer(r.text) or r.text.strip())
+        chains.setdefault(r.prompt_id, []).append(r.text.strip())
+    return tuple(sum(len(set(a)) / len(a) for a in by.values()) / max(len(by), 1)
+                 for by in (answers, chains))
 
 
 def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
@@ -157,10 +147,12 @@ def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
     groups = grpo.group_ids(generated)
     n = len(generated)
     n_groups = len({r.prompt_id for r in generated})
-    m.mean("reward/mean", rewards.mean().item(), n)
-    m.mean("reward/zero_std_frac", grpo.zero_std_fraction(rewards, groups), n_groups)
     flat = grpo.flat_groups(rewards, groups)                         # every advantage exactly 0
-    m.total("rollout/prompts_with_signal", n_groups - len(set(groups[flat].tolist())))
+    n_flat = len(set(groups[flat].tolist()))
+    m.mean("reward/mean", rewards.mean().item(), n)
+    # the share of groups, rounded to float32 as a mean of their flags (grpo.zero_std_fraction)
+    m.mean("reward/zero_std_frac", float(torch.tensor(n_flat / n_groups)), n_groups)
+    m.total("rollout/prompts_with_signal", n_groups - n_flat)
     m.total("rollout/zero_var_rollouts", int(flat.sum()))
     m.total("batch/fresh", len(fresh))
     m.total("rollout/generated", n)
@@ -168,9 +160,9 @@ def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
     m.mean("response/truncated_frac", sum(r.truncated for r in generated) / n, n)
     # not in the task's answer form (verify.format_rule), whatever --reward pays for
     m.mean("rollout/format_error", sum(not r.formatted for r in generated) / n, n)
-    # diversity within groups
-    m.mean("rollout/distinct_answers", distinct_answers(generated), n_groups)
-    m.mean("rollout/distinct_chains", distinct_chains(generated), n_groups)
+    answers, chains = diversity(generated)             # within groups
+    m.mean("rollout/distinct_answers", answers, n_groups)
+    m.mean("rollout/distinct_chains", chains, n_groups)
 
 
 # ---- the log line and rank 0's files -------------------------------------------------------------
@@ -225,15 +217,15 @@ def open_logs(out_dir: str, rank: int, start: int, tensorboard: bool = False):
 
 def write_logs(files, row: dict, line: str, rollouts: list = (), tokenizer=None,
                updates: list = ()) -> None:
-    """Print the step's `line` (rank 0) and write its metrics `row` to metrics.jsonl, with a few
+    """Print the step's `line` and write its metrics `row` to metrics.jsonl, with a few
     decoded rollouts to samples.jsonl and each optimizer step's reduced metrics to updates.jsonl
     ({"step", "update": 1.., loss/clip_frac, loss/veto_frac, ...}: in a mu-GRPO stage they change
     across its updates), and with --tensorboard every numeric key of the row as a scalar at x =
     row["step"]."""
-    print0(line, flush=True)
     metrics_f, samples_f, updates_f, tb = files
-    if metrics_f is None:
+    if metrics_f is None:                              # not rank 0 (open_logs)
         return
+    print(line, flush=True)
     metrics_f.write(json.dumps(row) + "\n")
     metrics_f.flush()
     # the same numbers as metrics.jsonl, a curve per key

@@ -354,15 +354,18 @@ def sampling(run: Run, step: int, round_: int) -> Sampling:
 
 def generate_and_score(run: Run, pos: int, step: int, metrics: Metrics):
     """1. and 2.: `group_size` completions of each of this rank's next `per_rank` prompts
-    (mine[pos:], wrapping around), graded and scored; or the allocate slot's. Returns (fresh,
-    every generated rollout, new pos)."""
+    (mine[pos:], wrapping around), graded and scored, or the allocate slot's; their numbers to
+    `metrics`. Returns (fresh, every generated rollout, new pos)."""
     if "allocate" in run.slots:
-        return run.slots["allocate"].allocate(run.prompts, run.mine, pos, step=step,
-                                              metrics=metrics)
-    prompts = [run.prompts[run.mine[(pos + i) % len(run.mine)]] for i in range(run.per_rank)]
-    fresh = generate(run, prompts, run.settings.run.group_size, step, 0)
-    score(run, fresh)
-    return fresh, list(fresh), pos + run.per_rank
+        fresh, generated, pos = run.slots["allocate"].allocate(run.prompts, run.mine, pos,
+                                                               step=step, metrics=metrics)
+    else:
+        prompts = [run.prompts[run.mine[(pos + i) % len(run.mine)]] for i in range(run.per_rank)]
+        fresh = generate(run, prompts, run.settings.run.group_size, step, 0)
+        score(run, fresh)
+        generated, pos = list(fresh), pos + run.per_rank
+    metrics_lib.rollout_metrics(metrics, fresh, generated)    # what was generated: its numbers
+    return fresh, generated, pos
 
 
 def generate(run: Run, prompts: list, n: int, step: int, round_: int) -> list:
@@ -486,6 +489,7 @@ def update(run: Run, fresh: list, replayed: list, *, step: int, guard: parallel.
     with the global normaliser N fixed first. Returns this rank's metrics; each optimizer step's
     own metrics are also appended to `per_update` when given (updates.jsonl)."""
     o, f, pad_id = run.settings.optim, run.settings.loss, run.tok.pad_token_id
+    run.engine.sleep()                             # vLLM on CUDA frees its memory for the update
     metrics, updates = Metrics(), []
     batch = fresh + replayed
     old = None                                     # TIS: the proximal policy's, recomputed
@@ -517,13 +521,10 @@ def update(run: Run, fresh: list, replayed: list, *, step: int, guard: parallel.
 
 # ---- the loop ------------------------------------------------------------------------------------
 
-def check_engine(run: Run, generated: list, step: int, m: Metrics) -> None:
-    """Every --check-every steps: does the engine hold our weights? rollout/logprob_diff (the
+def check_engine(run: Run, generated: list, m: Metrics) -> None:
+    """Does the engine hold our weights (every --check-every steps)? rollout/logprob_diff (the
     canary), and under bf16 autocast the floor precision alone gives it."""
-    every, temperature = run.settings.engine.check_every, run.settings.run.temperature
-    if not every or step % every:
-        return
-    pad_id = run.tok.pad_token_id
+    temperature, pad_id = run.settings.run.temperature, run.tok.pad_token_id
     m.mean("rollout/logprob_diff", rollout.logprob_diff(run.model, generated[:16], temperature,
                                                         pad_id), 1)
     if run.precision == "autocast-bf16":
@@ -532,18 +533,19 @@ def check_engine(run: Run, generated: list, step: int, m: Metrics) -> None:
     parallel.reshard(run.model)                    # the no-grad forward's gathered parameters
 
 
-def train_step(run: Run, pos: int, *, step: int, guard: parallel.StepGuard):
-    """One pass of the loop, 1. to 6. of the module docstring. Returns (this rank's metrics, the
+def train_step(run: Run, pos: int, m: Metrics, *, step: int, guard: parallel.StepGuard):
+    """One pass of the loop, 1. to 6. of the module docstring, its metrics into `m`. Returns (the
     fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
     metrics)."""
     t0 = time.perf_counter()
-    m, per_update = Metrics(), []
+    per_update = []
     fresh, generated, pos = generate_and_score(run, pos, step, m)                # 1. and 2.
-    check_engine(run, generated, step, m)
+    if run.settings.engine.check_every and step % run.settings.engine.check_every == 0:
+        check_engine(run, generated, m)            # does the engine hold our weights?
     t1 = time.perf_counter()
-    run.engine.sleep()                             # vLLM on CUDA frees its memory for the update
     phase = run.slots.get("phase")
     if phase is not None and phase.phase(step) != "policy":      # a method's own phase
+        run.engine.sleep()
         m.merge(phase.run_phase(run.model, fresh))
     else:
         replay = run.replay
@@ -556,7 +558,28 @@ def train_step(run: Run, pos: int, *, step: int, guard: parallel.StepGuard):
     t2 = time.perf_counter()
     for key, seconds in (("generate", t1 - t0), ("update", t2 - t1), ("step", t2 - t0)):
         m.max(f"time/{key}", seconds)
-    return m, fresh, generated, pos, per_update
+    return fresh, generated, pos, per_update
+
+
+def log_step(run: Run, logs, m: Metrics, per_update: list, generated: list, *, step: int,
+             verified: dict) -> dict:
+    """The step's bookkeeping: the buffer's and a method's numbers, the verifier's error counts
+    since `verified`; then every rank's metrics
+    reduced in one collective, the log line, metrics.jsonl, samples.jsonl and updates.jsonl; then
+    the canary's check. Returns the step's reduced metrics."""
+    s = run.settings
+    buffer.report(run.replay, m)                       # the buffer's state after this step
+    if "phase" in run.slots:
+        run.slots["phase"].report(m, step)
+    for key, count in verify.stats().items():         # errors would zero rewards: count them
+        m.total(f"verify/{key}", count - verified[key])
+    row, *per_update_rows = metrics_lib.reduce_all([m, *per_update], run.world)
+    row = {"step": step + 1, **row}
+    metrics_lib.write_logs(logs, row, metrics_lib.log_line(row, LOG_LINE),
+                           generated[:s.log.log_samples], run.tok, per_update_rows)
+    rollout.check_canary(row.get("rollout/logprob_diff", 0.0), s.engine.max_logprob_diff,
+                         step + 1)
+    return row
 
 
 # the step's log line: each component's fields, in this order (metrics.fields)
@@ -588,23 +611,13 @@ def train(run: Run) -> dict:
     row, ckpt = {}, run.resume
     for step in range(start, s.run.steps):
         verified = verify.stats()
-        m, fresh, generated, pos, per_update = train_step(run, pos, step=step, guard=guard)
-        metrics_lib.rollout_metrics(m, fresh, generated)
-        buffer.report(run.replay, m)                   # the buffer's state after this step
-        if phase is not None:
-            phase.report(m, step)
+        m = Metrics()
+        fresh, generated, pos, per_update = train_step(run, pos, m, step=step, guard=guard)
         if (s.eval.eval_every and (step + 1) % s.eval.eval_every == 0) or step + 1 == s.run.steps:
             evaluate(m)
             if phase is not None:
                 phase.at_eval(run.engine, generated, step, m)
-        for key, count in verify.stats().items():     # errors would zero rewards: count them
-            m.total(f"verify/{key}", count - verified[key])
-        row = {"step": step + 1, **m.reduce(world)}
-        per_update_rows = metrics_lib.reduce_all(per_update, world)
-        metrics_lib.write_logs(logs, row, metrics_lib.log_line(row, LOG_LINE),
-                               generated[:s.log.log_samples], run.tok, per_update_rows)
-        rollout.check_canary(row.get("rollout/logprob_diff", 0.0), s.engine.max_logprob_diff,
-                             step + 1)
+        row = log_step(run, logs, m, per_update, generated, step=step, verified=verified)
         if (s.run.save_every and (step + 1) % s.run.save_every == 0) or step + 1 == s.run.steps:
             ckpt = checkpoint.save(os.path.join(s.run.out_dir, "checkpoints"), step + 1,
                                    run.model, run.opt, run.tok, run.flags, guard=guard,

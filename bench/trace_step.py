@@ -7,13 +7,15 @@ switches files.
 
 It traces a real run (sys.setprofile), so what it lists is what runs, not what a reading guesses.
 The step is the second one (the first pays for a canary check every --check-every steps);
-eval is off.
+eval is off. It also prints the lines of the spine's four algorithm files (tests/test_layout.py
+pins them under 1,900).
 """
 import argparse
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPINE = ("train.py", "rollout.py", "grpo.py", "buffer.py")    # GRPO with rollout replay, whole
 
 
 def trace(depth: int, out_dir: str) -> list[tuple[str, str]]:
@@ -42,8 +44,8 @@ def trace(depth: int, out_dir: str) -> list[tuple[str, str]]:
             return
         rel = stack_depth(frame) - state["train_depth"]
         if rel == 1 and code.co_name == "stats" and code.co_filename.endswith("verify.py"):
-            state["stats_calls"] += 1            # twice a step, at its start and its end
-            state["recording"] = state["stats_calls"] in (3, 4)
+            state["stats_calls"] += 1            # once a step, at its start
+            state["recording"] = state["stats_calls"] == 2
         key = (os.path.relpath(code.co_filename, ROOT), code.co_name)
         if state["recording"] and 1 <= rel <= depth and key not in order:
             order.append(key)
@@ -69,6 +71,9 @@ def main(argv=None) -> int:
     switches = sum(a[0] != b[0] for a, b in zip(order, order[1:]))
     files = len({f for f, _ in order})
     print(f"{len(order)} functions in {files} files, {switches} file switches (depth {args.depth})")
+    spine = {name: len(open(os.path.join(ROOT, name)).read().splitlines()) for name in SPINE}
+    print(f"the spine's algorithm files: {sum(spine.values())} lines ("
+          + ", ".join(f"{name} {n}" for name, n in spine.items()) + ")")
     for f, name in order:
         print(f"  {f}:{name}")
     return 0

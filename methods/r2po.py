@@ -1,75 +1,42 @@
-"""R²PO, whole: training rollouts sampled from a residual rollout head that inference never uses.
+"""R²PO (arXiv 2601.11960; its abstract and official code, RRPO-ARR/Code, were read): training
+rollouts sampled from a residual rollout head that inference never uses.
 
     python train.py --preset r2po          # rank-64 head, 8 head steps then 10 policy steps
 
-R²PO (arXiv 2601.11960; official code RRPO-ARR/Code) decouples the policy that explores from the
-policy that is deployed. Training rollouts are sampled from
+Training rollouts are sampled from
 
     z_rollout = z + W2 · ReLU(W1 · h),      z = lm_head(h) the base logits,
                                             h the last hidden state (after the final norm),
 
-while eval and the saved model use z alone. The loop alternates two phases (`--r2po-schedule H,P`: H
-loop steps of the head phase, then P of the policy phase, and again; a function of the step, so a
-resumed run continues in the same phase):
+while eval and the saved model use z alone. The loop alternates two phases (`--r2po-schedule H,P`:
+H loop steps of the head phase, then P of the policy phase, and again; a function of the step,
+so a resumed run continues in the same phase):
 
 - head phase (`R2PO.head_step`): the base is frozen, the head takes one optimizer step on this
-  step's head-sampled rollouts, with rarity advantages (`rarity_advantages`: an outcome rare in its
-  group is worth more) and a k3 KL of the rollout policy to an anchor (`--r2po-kl-anchor`): the
-  initial model (the official code's) or the current base policy;
-- policy phase: plain GRPO (train.update) on head-sampled rollouts, ratios against the base head's
-  log-probs at generation (`Rollout.logprobs`). No correction for sampling from the head: the
-  paper's choice.
+  step's head-sampled rollouts, with rarity advantages (`rarity_advantages`) and a k3 KL of the
+  rollout policy to an anchor (`--r2po-kl-anchor`: the initial model, the official code's, or
+  the current base policy);
+- policy phase: the spine's GRPO update on head-sampled rollouts, ratios against the base head's
+  log-probs at generation (`Rollout.logprobs`), uncorrected for sampling from the head (the
+  paper's choice).
 
-What was read and what was chosen: the paper's abstract and the official code
-(simple_grpo_v1/rollout_head_train.py, 2stage_train.sh, ref_server.py): rarity advantages line for
-line, and the KL anchor, which is the model as loaded at step 0 (the reference server's fixed model
-path), not the current base. The official values beside this repository's defaults:
+It fills the phase slot (`Phases`: the head phase in place of sample, store, update and sync;
+the head's files in checkpoints) and hands the head to the engine (`TorchEngine.logits_head`,
+which samples through it when `Sampling.use_head`); vLLM cannot, so `make` refuses --engine vllm.
+Departures from the official code, each a flag with the official value available:
 
     setting                 official code                           here (--preset r2po)
     head lr                 1e-6 (AdamW; the policy's too)          --r2po-head-lr 1e-3 (dev)
-    schedule                ~20 head loop steps, then 20-40 policy  --r2po-schedule 8,10 (0.8
-                            loop steps (0.78 head rollouts per      head rollouts per policy
-                            policy rollout)                         rollout)
-    KL to                   the initial model                       --r2po-kl-anchor initial
-    KL coefficient          0.04 (k3)                               --r2po-kl-coef 0.04
-    temperature             0.9 (log-probs scored at 1)             --temperature 0.9 (scored at
-                                                                    0.9: one convention here)
-    group size G            8 (a prompt a loop step, 2 an AdamW     --group-size 8
-                            step)
-    reward                  correct ±1 plus format +1.25 / -1:      --reward correct+format
-                            four outcome classes                    --reward-wrong -1
-    head                    W2 ReLU(W1 h), no bias, W1 d x d,       W1 r x d, W2 V x r, r =
-                            W2 V x d                                --r2po-head-rank 64
-    head init               both N(0, 1e-6²) (`random_init`)        --r2po-head-init lora: W1 ~
-                                                                    N(0, 2/d), W2 = 0 (below)
+    schedule                ~20 head loop steps, then 20-40 policy  --r2po-schedule 8,10
+    KL to / coefficient     the initial model, 0.04 (k3)            the same
+    temperature             0.9 (log-probs scored at 1)             0.9 (scored at 0.9)
+    reward                  correct ±1, format +1.25 / -1           --reward correct+format
+                                                                    --reward-wrong -1
+    head                    W2 ReLU(W1 h), W1 d x d, W2 V x d       W1 r x d, W2 V x r (r = 64)
+    head init               both N(0, 1e-6²)                        lora: W1 ~ N(0, 2/d), W2 = 0
 
-The head's learning rate at this repository's scale (the built-in tiny model) is not the official
-1e-6, under which a head that starts at std 1e-6 does not move in tens of steps: it is chosen on
-the dev split (eval/dev_accuracy) among 1e-2, 1e-3, 1e-4, each with its own policy lr, among those
-whose head KL to the current base (r2po/head_kl_current) stays at most 0.1 at every step
-(bench/experiments.py's `r2po`, run under the official init below: 1e-2 reached 0.33 on arith and
-0.58 on the long task; dev chose 1e-3 on arith, the preset's, and 1e-4 on the long task). The KL to
-the initial model (r2po/head_kl) also grows as the base trains away from it, whatever the head
-does.
-
-The head's initial scale, std 1e-6 on both factors, is the official code's (`random_init`; its
-unused `zero_init` zeros both, a head no gradient reaches). A product of two 1e-6 matrices sits at
-a saddle: each factor's gradient is scaled by the other, to near AdamW's eps (1e-8) on the
-built-in model, so Adam's first steps barely move the product, which grows as lr² (the head KL to
-the base stayed under 1e-9 at head lr 1e-4, 1e-4 at 1e-3, over 16 head steps: the method did not
-act). Here the head starts as LoRA does (Hu et al. 2021; `--r2po-head-init lora`, ResidualHead):
-W1 Kaiming normal, W2 = 0, the rollout policy exactly the base policy and the head's output
-growing linearly in the head lr from the first step; `--r2po-head-init official` keeps the
-official init.
-
-Where it plugs in: its flags are `Flags` below; train.setup builds `R2PO` from them (`make`) and
-hands `head` to the engine (`TorchEngine.logits_head`: the engine samples through it when
-`Sampling.use_head`); the loop asks `phase(step)` and runs `head_step` instead of
-sample/store/update/sync in the head phase, and `report` each step; checkpoints call `save` /
-`state_dict` / `restore` (the head in HEAD_FILE beside the HF model, which transformers ignores;
-its AdamW state in the rank files; the frozen initial model is not saved: train.setup reloads it
-from --model, the original base even on resume). vLLM cannot add the head to its logits: flags.py
-refuses `--r2po-head residual` with `--engine vllm`.
+Why the head lr and the init depart (a head at std 1e-6 does not move in tens of steps), and the
+dev sweeps that chose them: docs/methods.md.
 """
 import dataclasses
 import os
@@ -82,7 +49,7 @@ from torch import Tensor
 
 import grpo
 import parallel
-from metrics import Metrics, distinct_answers, distinct_chains
+from metrics import Metrics, diversity
 from data import Prompt
 from rollout import Sampling, completion_logits, forward_logprobs, micro_batches
 
@@ -316,8 +283,9 @@ class R2PO:
         by_id = {r.prompt_id: Prompt(r.prompt_id, r.prompt_ids, r.answer) for r in generated}
         prompts = list(by_id.values())
         base = engine.generate(prompts, self.s.group_size, sampling)
-        metrics.mean("r2po/base_distinct_answers", distinct_answers(base), len(prompts))
-        metrics.mean("r2po/base_distinct_chains", distinct_chains(base), len(prompts))
+        answers, chains = diversity(base)
+        metrics.mean("r2po/base_distinct_answers", answers, len(prompts))
+        metrics.mean("r2po/base_distinct_chains", chains, len(prompts))
 
     # ---- checkpoints: the head beside the HF model, its optimizer in the rank files --------------
 

@@ -1,41 +1,22 @@
-"""VIGOR: variance-guided rollout allocation, at the fixed allocation's budget.
+"""VIGOR (its abstract was read): variance-guided rollout allocation, at the fixed allocation's
+budget.
 
     python train.py --preset vigor          # 2 completions each, then more where they inform most
 
-The reading of the paper and its choices are `vigor_generate`'s docstring. Its flags are `Flags`
-below, bound into a `Vigor` (its generation round and its advantage weights), which the allocation
-(allocation.py) calls in place of one `engine.generate(prompts, group_size, ...)`; everything after
-it (scoring, advantages of variable-size groups, the normaliser, replay) takes its groups as they
-come; with `--vigor-weight prompt` each rollout's advantage is scaled by `prompt_weights`.
+It fills the allocate slot (`Vigor`, `--allocation vigor`): in place of `group_size` completions
+of every prompt, `vigor_generate` gives every prompt `--vigor-n-init` and the rest of the budget,
+in rounds, to the prompts whose credits vary most (its docstring has the reading and its
+choices); the spine then scores the variable-size groups as they come, and with `--vigor-weight
+prompt` each rollout's advantage is scaled by `prompt_weights`.
 
-The readings behind flags (--vigor-rank, --vigor-prior, --vigor-weight, and screening more prompts
-at the same --vigor-budget) were compared on the dev split (bench/compare.py --experiment vigor);
-the flags' defaults are the dev's choice: marginal, prior 1, rollout weight (its mean final dev
-accuracy tied with screening twice the prompts; ties go to the first listed). vigor_generate's
-own defaults (variance, prior 0) are the first reading, kept for its tests. Why the readings
-matter: with prior 0 and n_init 2 a prompt's variance is 0 with probability >= 1/2 even at p =
-1/2, and such a prompt never gets another completion; with most prompts excluded, `top` ranks
-nothing and the budget goes in large groups to a few prompts (28 on the built-in task). The
-opposite failure, with prior 1: a hopeless prompt (0 right of n) keeps sigma^2 = (n + 1) / (n +
-2)^2, 3/16 at n = 2 against 1/4 at p = 1/2, so marginal spreads a 0/1 reward's budget nearly
-evenly (tests/test_vigor.py: 7 hopeless prompts of 10 take 61% of it). Two readings concentrate
-without starving anyone (every prompt keeps its n_init): a weak prior, --vigor-prior 0.1 to 0.5
-(smoothed_variance), and --vigor-rank topk (by_top_k: the highest-variance prompts each brought to
---vigor-full completions, in one round). bench/results/vigor/*/sweep.md compared them on dev: arith
-chose top-k with prior 0.25 (--preset vigor's reading), the mixed-difficulty task marginal with
-prior 0.25, the long task marginal with prior 1 (those runs ranked the long task's prompts by their
-0/1 verdicts under its --reward partial, before VIGOR ranked by the credit, below).
+The variance is of each completion's credit c in [0, 1] (train.credit, handed in as ctx.credit):
+the 0/1 verdict, or (v + share) / 2 under --reward partial. The reward is wrong + (right - wrong)
+c, an affine map, so ranking by c is ranking by the trained reward's verdict term; a format term
+and other methods' reward terms are not in the ranking.
 
-The variance is of each completion's credit c in [0, 1], the verdict's term of the reward the
-advantage is computed from (allocation.credit, handed in by the allocation with the grader): c = v,
-the 0/1 verdict, under --reward correct and correct+format; c = (v + share) / 2 under partial and
-partial+format. The reward is wrong + (right - wrong) c, an affine map that scales every prompt's
-variance by (right - wrong)^2 alike, so ranking by c is ranking by the trained reward's verdict
-term; the "+format" term and DAPO's overlong penalty are not in the ranking (no preset combines
-them with VIGOR). Under --reward partial a prompt whose completions are all wrong but differ in
-their shares carries signal GRPO trains on, and VIGOR no longer reads it as hopeless: at prior 0 it
-gets completions a verdict's variance of 0 denied it; with a prior, a hopeless prompt's smoothed
-variance can still outrank its spread (smoothed_variance).
+The readings behind flags (--vigor-rank, --vigor-prior, --vigor-weight, screening more prompts
+at the same --vigor-budget) and what the dev split chose among them: docs/methods.md.
+vigor_generate's own defaults (variance, prior 0) are the first reading, kept for its tests.
 """
 import collections
 import functools

@@ -35,8 +35,8 @@ def within_binomial_bound(counts: np.ndarray, probs: np.ndarray, n: int) -> bool
 
 def single_draw_counts(replay: RolloutReplay, n: int, step: int) -> np.ndarray:
     """How often each stored rollout (identified by prompt_id) is the one drawn in n calls of
-    draw(1, step)."""
-    ids = [replay.draw(1, step)[0].prompt_id for _ in range(n)]
+    sample(step, 1) (ratio 1: one rollout)."""
+    ids = [replay.sample(step, 1)[0].prompt_id for _ in range(n)]
     return np.bincount(ids, minlength=len(replay))
 
 
@@ -47,9 +47,9 @@ def test_eviction_at_exactly_tau_max():
         replay.add([mk(1.0, v), mk(-1.0, v)], step=v)
     assert replay.evict(5) == 4                    # versions 0, 1: age 5, 4 > 3
     # age 3 == tau_max is kept
-    assert sorted({r.version for r in replay.draw(100, step=5)}) == [2, 3, 4]
+    assert sorted({r.version for r in replay.sample(5, 100)}) == [2, 3, 4]
     assert len(replay) == 8                        # versions 2..5 stored, 5 not replayable yet
-    assert replay.draw(100, step=6) and all(6 - r.version <= 3 for r in replay.draw(100, step=6))
+    assert replay.sample(6, 100) and all(6 - r.version <= 3 for r in replay.sample(6, 100))
     assert replay.stats()["replay/evicted"] == 0   # the second sample at step 6 evicted nothing new
     assert len(replay) == 6                        # version 2 (age 4) went at step 6
 
@@ -57,7 +57,7 @@ def test_eviction_at_exactly_tau_max():
 def test_tau_max_zero_replays_nothing():
     replay = RolloutReplay(tau_max=0, alpha=1.0)
     replay.add([mk(1.0, 0)], step=0)
-    assert replay.draw(5, step=1) == [] and len(replay) == 0
+    assert replay.sample(1, 5) == [] and len(replay) == 0
 
 
 def test_fresh_anchored_excludes_current_step_whatever_the_order():
@@ -67,8 +67,8 @@ def test_fresh_anchored_excludes_current_step_whatever_the_order():
     for step in range(6):
         fresh = [mk(float(g - 1.5), step, pid=10 * step + g) for g in range(4)]
         a.add(fresh, step)                          # store first, then sample
-        got_a = a.draw(3, step)
-        got_b = b.draw(3, step)                     # sample first, then store
+        got_a = a.sample(step, 3)
+        got_b = b.sample(step, 3)                     # sample first, then store
         b.add(fresh, step)
         assert [asdict(r) for r in got_a] == [asdict(r) for r in got_b]
         assert all(r.version < step for r in got_a)
@@ -112,7 +112,7 @@ def test_k2_inclusion_follows_successive_draws_without_replacement():
     n = 6000
     counts, first = np.zeros(4), np.zeros(4)
     for _ in range(n):
-        got = replay.draw(2, step=1)
+        got = replay.sample(1, 2)
         first[got[0].prompt_id] += 1
         for r in got:
             counts[r.prompt_id] += 1
@@ -148,7 +148,7 @@ def test_vectorised_sample_equals_naive_loop(alpha):
     for step in range(6):
         # 1000 of up to 3000: a partial selection
         expected = naive_sample(stored, rng, 1000, step, 2, alpha)
-        assert [id(r) for r in replay.draw(1000, step)] == [id(r) for r in expected]
+        assert [id(r) for r in replay.sample(step, 1000)] == [id(r) for r in expected]
         # A in {-2..2}, some 0
         fresh = [mk(float((step * 7 + g) % 5 - 2), step, pid=g) for g in range(1500)]
         replay.add(fresh, step)
@@ -160,20 +160,20 @@ def test_zero_advantage_never_drawn_when_alpha_positive():
     replay.add([mk(0.0, 0, pid=j) for j in range(50)] + [mk(1e-6, 0, pid=50), mk(-2.0, 0, pid=51)],
                step=0)
     for _ in range(2000):
-        assert all(r.advantage != 0.0 for r in replay.draw(1, step=1))
+        assert all(r.advantage != 0.0 for r in replay.sample(1, 1))
     # fewer eligible than k: all of them
-    assert sorted(r.prompt_id for r in replay.draw(10, step=1)) == [50, 51]
+    assert sorted(r.prompt_id for r in replay.sample(1, 10)) == [50, 51]
 
 
 def test_no_duplicates_and_all_eligible_when_short():
     replay = RolloutReplay(tau_max=10, alpha=1.0, seed=6)
     replay.add([mk(float(j % 7 + 1), j % 3, pid=j) for j in range(100)], step=2)
     for k in (1, 10, 50, 67):
-        got = [r.prompt_id for r in replay.draw(k, step=2)]   # version 2 (33 rollouts) not eligible
+        got = [r.prompt_id for r in replay.sample(2, k)]   # version 2 (33 rollouts) not eligible
         assert len(got) == k and len(set(got)) == k
-    got = replay.draw(1000, step=2)
+    got = replay.sample(2, 1000)
     assert len(got) == 67 and len({id(r) for r in got}) == 67
-    assert replay.draw(0, step=2) == []
+    assert replay.sample(2, 0) == []
 
 
 # ---- capacity, resume, stats, immutability, factory ----------------------------------------------
@@ -183,10 +183,10 @@ def test_capacity_drops_oldest_version_then_earliest_inserted():
     replay.add([mk(1.0, 1, pid=3), mk(1.0, 3, pid=4), mk(1.0, 2, pid=5)], step=3)
     # versions in insertion order: 3 1 2 1 3 2 -> drop the two version-1 rollouts (pids 1 and 3)
     assert replay.stats()["replay/capacity_dropped"] == 2
-    assert sorted(r.prompt_id for r in replay.draw(10, step=4)) == [0, 2, 4, 5]
+    assert sorted(r.prompt_id for r in replay.sample(4, 10)) == [0, 2, 4, 5]
     # versions 3 2 3 2 4: the first-inserted version 2 (pid 2) goes
     replay.add([mk(1.0, 4, pid=6)], step=4)
-    assert sorted(r.prompt_id for r in replay.draw(10, step=5)) == [0, 4, 5, 6]
+    assert sorted(r.prompt_id for r in replay.sample(5, 10)) == [0, 4, 5, 6]
 
 
 def _run(replay: RolloutReplay, steps: range) -> list[list[dict]]:
@@ -194,7 +194,7 @@ def _run(replay: RolloutReplay, steps: range) -> list[list[dict]]:
     the step."""
     out = []
     for step in steps:
-        out.append([asdict(r) for r in replay.draw(5, step)])
+        out.append([asdict(r) for r in replay.sample(step, 5)])
         adv = [(-1.0) ** g * ((step + g) % 3) for g in range(4)]
         replay.add([mk(a, step, pid=100 * step + g) for g, a in enumerate(adv)], step)
     return out
@@ -238,7 +238,7 @@ def test_stats_on_a_hand_built_case():
     replay.add([mk(1.0, 0), mk(-3.0, 0), mk(0.0, 0)], step=0)
     replay.add([mk(2.0, 1), mk(-0.5, 1)], step=1)
     replay.add([mk(4.0, 2)], step=2)
-    got = replay.draw(10, step=3)       # evicts version 0 (age 3 > 2); eligible |A| = 2, 0.5, 4
+    got = replay.sample(3, 10)       # evicts version 0 (age 3 > 2); eligible |A| = 2, 0.5, 4
     assert sorted(abs(r.advantage) for r in got) == [0.5, 2.0, 4.0]
     replay.add([mk(0.0, 3), mk(1.0, 3)], step=3)
     assert replay.stats() == {
@@ -251,7 +251,7 @@ def test_stats_on_a_hand_built_case():
         "replay/abs_adv_sampled": pytest.approx((2 + 0.5 + 4) / 3),
         "replay/abs_adv_stored": pytest.approx((2 + 0.5 + 4 + 0 + 1) / 5),
     }
-    assert replay.draw(3, step=20) == [] and replay.stats()["replay/sampled"] == 0
+    assert replay.sample(20, 3) == [] and replay.stats()["replay/sampled"] == 0
     assert replay.stats()["replay/age_mean"] == 0.0 and replay.stats()["replay/size"] == 0
 
 
@@ -262,11 +262,11 @@ def test_records_are_stored_as_given_and_never_mutated():
     replay = RolloutReplay(tau_max=1, alpha=1.0, capacity=4, seed=8)
     replay.add(rollouts[:3], step=1)
     replay.add(rollouts[3:], step=2)
-    got = replay.draw(10, step=2)
+    got = replay.sample(2, 10)
     assert all(any(g is r for r in rollouts) for g in got)   # the very objects, not re-made copies
     replay.evict(3)
     replay.load_state_dict(replay.state_dict())
-    replay.draw(10, step=3)
+    replay.sample(3, 10)
     assert rollouts == before
 
 
@@ -278,7 +278,7 @@ def test_add_rejects_future_versions_and_non_finite_advantages():
         replay.add([mk(float("nan"), 0)], step=0)
     assert len(replay) == 0
     with pytest.raises(ValueError, match="k must be"):
-        replay.draw(-1, step=0)
+        replay.sample(0, -1)
 
 
 def make_replay(kind: str, *, tau_max: int, ratio: float = 1.0, alpha: float = 1.0,
@@ -339,13 +339,13 @@ def test_report_weights_each_key_by_what_it_averages():
     reported into one Metrics combine as two ranks do. No buffer: NO_REPLAY."""
     one = RolloutReplay(tau_max=9, alpha=0.0)
     one.add([mk(1.0, 0), mk(-3.0, 1), mk(2.0, 2)], step=2)
-    assert len(one.draw(10, step=3)) == 3                 # ages 3, 2, 1; |A| 1, 3, 2
+    assert len(one.sample(3, 10)) == 3                 # ages 3, 2, 1; |A| 1, 3, 2
     two = RolloutReplay(tau_max=9, alpha=0.0)
     two.add([mk(4.0, 5)], step=5)
-    assert len(two.draw(10, step=6)) == 1                 # age 1; |A| 4
+    assert len(two.sample(6, 10)) == 1                 # age 1; |A| 4
     empty = RolloutReplay(tau_max=9, alpha=0.0)
     empty.add([mk(8.0, 7)] * 4, step=7)
-    assert empty.draw(10, step=7) == []                   # nothing drawn: its age_mean 0.0 weighs 0
+    assert empty.sample(7, 10) == []                   # nothing drawn: its age_mean 0.0 weighs 0
     m = Metrics()
     for replay in (one, two, empty):
         buffer.report(replay, m)

@@ -424,7 +424,7 @@ def test_distinct_answers_by_hand():
     def r(pid, text):
         return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text=text)
     rs = [r(0, "7"), r(0, "7"), r(0, "8"), r(0, "The answer is 8"), r(1, "5"), r(1, "5")]
-    assert metrics_lib.distinct_answers(rs) == pytest.approx((2 / 4 + 1 / 2) / 2)
+    assert metrics_lib.diversity(rs)[0] == pytest.approx((2 / 4 + 1 / 2) / 2)
 
 
 def test_distinct_chains_by_hand():
@@ -433,8 +433,8 @@ def test_distinct_chains_by_hand():
         return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text=text)
     rs = [r(0, "2+3*4=2+12=14"), r(0, "2+3*4=5*4=14"), r(0, " 2+3*4=2+12=14"), r(0, "9"),
           r(1, "5"), r(1, "5")]
-    assert metrics_lib.distinct_answers(rs) == pytest.approx((2 / 4 + 1 / 2) / 2)
-    assert metrics_lib.distinct_chains(rs) == pytest.approx((3 / 4 + 1 / 2) / 2)
+    assert metrics_lib.diversity(rs)[0] == pytest.approx((2 / 4 + 1 / 2) / 2)
+    assert metrics_lib.diversity(rs)[1] == pytest.approx((3 / 4 + 1 / 2) / 2)
 
 
 def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):

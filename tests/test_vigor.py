@@ -113,7 +113,7 @@ def test_variable_size_groups_advantages_normaliser_and_replay():
     rs = [Rollout(prompt_id=int(g), prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
                   advantage=float(a), version=0) for g, a in zip(group, adv)]
     replay.add(rs, step=0)
-    drawn = replay.draw(8, step=1)
+    drawn = replay.sample(1, 16)                     # replay ratio 0.5: 8 of 16
     # all 8 have |A| > 0
     assert sorted(r.advantage for r in drawn) == sorted(float(a) for a in adv)
     assert {r.prompt_id for r in drawn} == {7, 9}
