@@ -17,6 +17,7 @@ ROOT = Path(_ROOT)
 
 sys.path.insert(0, str(ROOT / "bench"))
 import experiments  # noqa: E402
+import protocol  # noqa: E402  (where run_setting reads load and stream: patched there)
 
 
 def flag(argv, name):
@@ -523,8 +524,8 @@ def test_an_own_lr_arm_is_swept_beside_a_shared_lr(monkeypatch, tmp_path):
         lr = float(d.parent.name[3:])
         acc = dev[lr] if "sweep" in d.parts else 0.5
         return {"final": acc, "maxima": {}, "curve": [(0, 0, 0, 0.0, acc)]}
-    monkeypatch.setattr(experiments, "load", fake_load)
-    monkeypatch.setattr(experiments, "stream", lambda argv: None)
+    monkeypatch.setattr(protocol, "load", fake_load)
+    monkeypatch.setattr(protocol, "stream", lambda argv: None)
     for arm in arms:
         d = experiments.run_dir(tmp_path / "x", "report", arm.name, 2e-5, 100)
         d.mkdir(parents=True)

@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import experiments  # noqa: E402
+import report  # noqa: E402  (where plots lives: patched there)
 import stats  # noqa: E402
 from experiments import Arm, Claim, Setting  # noqa: E402
 
@@ -385,7 +386,7 @@ def test_a_baseline_that_does_not_learn_makes_every_claim_not_testable():
 def test_a_stress_setting_reads_the_gate_of_its_dev_lr_setting(tmp_path, monkeypatch):
     """learns_in: the gate is the other setting's baseline gain, read from its summary.json (so a
     collapsing baseline at the stress lr does not silence the claims); missing: a clear error."""
-    monkeypatch.setattr(experiments, "plots", lambda summary, out: False)
+    monkeypatch.setattr(report, "plots", lambda summary, out: False)
     summary = verdict_summary()
     stress = dataclasses.replace(summary["setting"], label="stress", learns_in="arith",
                                  shared_lr=1e-4)
@@ -403,7 +404,7 @@ def test_a_stress_setting_reads_the_gate_of_its_dev_lr_setting(tmp_path, monkeyp
 
 
 def test_table_and_summary_json_carry_the_statistics(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(experiments, "plots", lambda summary, out: False)   # no matplotlib
+    monkeypatch.setattr(report, "plots", lambda summary, out: False)   # no matplotlib
     summary = verdict_summary()
     exp = experiments.Experiment("toy", "a toy paper", "it works", "everything",
                                  (summary["setting"],))
