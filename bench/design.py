@@ -35,17 +35,22 @@ class Claim:
 
     direction: +1 the paper claims the arm is better (higher), -1 worse, 0 on par (within
     ±PAR_MARGIN), None no claim (no verdict). against: the reference arm ("": the setting's
-    baseline). metric: "final" (final test accuracy), "at 25%" / "at 50%" / "at 75%" /
-    "at 100%" (accuracy at that budget, BUDGETS) or a metrics key of Setting.finals (its last
-    value per run). acted: (metrics key, "AGG OP RHS"), e.g. ("loss/veto_frac", "max > 0"), on
-    the arm's reported runs (mechanism_acted); false: "not testable here". headline: the paper's
-    headline claim, the setting's row in the README's table (headline_rows)."""
+    baseline). metric: "final" (final test accuracy), "peak" (the best test evaluation),
+    "at 25%" / "at 50%" / "at 75%" / "at 100%" (accuracy at that budget, BUDGETS) or a metrics
+    key of Setting.finals (its last value per run). acted: (metrics key, "AGG OP RHS" or "AGG /
+    KEY2 OP RHS"), e.g. ("loss/veto_frac", "max > 0"), on the arm's reported runs
+    (mechanism_acted); false: "not testable here". headline: the paper's headline claim (its
+    abstract's comparison), the setting's row in the README's table (headline_rows). note: what
+    the row shows where it is not the paper's claim (e.g. "replay's effect"); beside: an arm whose
+    Δ against the same reference is printed beside the row (e.g. naive replay's)."""
     arm: str
     direction: int | None = 1
     against: str = ""
     metric: str = "final"
     acted: tuple[str, str] | None = None
     headline: bool = False
+    note: str = ""
+    beside: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,19 @@ class Setting:
     lr_note: str = ""                          # why shared_lr, where it is not a stress setting's
     sweep_of: str = ""                         # read the sweep runs of this setting (same flags)
     final_at: tuple[float, ...] = ()           # final = mean accuracy at these fractions of x
-    learns_in: str = ""                        # the setting whose baseline must learn (the gate)
     seed_curves: bool = False                  # also seeds.png: every seed's curve (seed_plot)
+    dev_gate: str = ""                         # under shared_lr: this arm is swept there too and
+                                               # the report runs only if it does not fall on dev
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One claim read over the paired seeds of several settings of an experiment (the same arms,
+    every arm on the same seeds within a setting): Δ paired over every (setting, seed) pair, from
+    each setting's summary.json (verdicts.pooled). Its row beside the per-setting rows."""
+    label: str                                 # e.g. "arith + arith-s1 (pooled)"
+    settings: tuple[str, ...]
+    claim: Claim                               # against: a named arm (no setting's baseline)
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,7 @@ class Experiment:
     held_equal: str
     settings: tuple[Setting, ...]
     notes: str = ""
+    pooled: tuple[Pooled, ...] = ()            # claims read over several settings' seeds
 
 
 # ---- the experiments --------------------------------------------------------------------------

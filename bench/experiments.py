@@ -55,6 +55,7 @@ be finished over several sessions (the archive is packed again after every finis
 session stopped mid-setting keeps what it ran). `--setting LABEL` runs one setting of an experiment.
 """
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))    # bench/: run as a script or imported
 
 # The names tests and compare.py read as experiments.X, from the files that own them:
+from curves import *      # noqa: E402,F401,F403  a run's curve as numbers
 from design import *      # noqa: E402,F401,F403  the vocabulary: Arm, Claim, Setting, constants
 from papers import EXPERIMENTS  # noqa: E402
 from papers.dapo import *  # noqa: E402,F401,F403  each paper's settings
@@ -75,17 +77,20 @@ from protocol import *    # noqa: E402,F401,F403  sweep, choose, run, reuse, arc
 from report import *      # noqa: E402,F401,F403  tables, plots, summary.json, the headline
 from verdicts import *    # noqa: E402,F401,F403  the verdict rule and its numbers
 from design import QUICK_GRID, LR_GRID, EXTEND  # noqa: E402
-from protocol import (REUSE_STALE, MAKE_MODEL, Plan, missing_model, pack_runs,  # noqa: E402
-                      run_setting, slow_bf16, unpack_runs)
-from report import write_setting  # noqa: E402
+from protocol import (REUSE_STALE, MAKE_MODEL, Plan, Stopped, missing_model,  # noqa: E402
+                      pack_runs, run_setting, slow_bf16, unpack_runs)
+from report import headline_rows, headline_table, write_pooled, write_setting  # noqa: E402
 from verdicts import VERDICT_RULE  # noqa: E402
 
 
 def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: int = 1,
-                   quick: bool = False, only: str = "", reuse_stale: str = "none") -> str:
+                   quick: bool = False, only: str = "", reuse_stale: str = "none",
+                   train: bool = True) -> str:
     """Every setting of experiment `name` (only the one labelled `only` when given: the others'
     tables are taken from their results.md in OUT where they exist), its runs in RUNS (reused as
-    Plan.reuse_stale says); writes OUT and returns OUT/README.md's text."""
+    Plan.reuse_stale says; with train False nothing runs: a setting that stops for runs not in
+    the archive keeps its committed results, protocol.Stopped), then its pooled claims from the
+    settings' summary.json files (write_pooled); writes OUT and returns OUT/README.md's text."""
     exp = EXPERIMENTS[name](quick)
     labels = [s.label for s in exp.settings]
     if only and only not in labels:
@@ -94,7 +99,7 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
     if reuse_stale not in REUSE_STALE:
         raise SystemExit(f"--reuse-stale must be one of {', '.join(REUSE_STALE)}")
     plan = Plan(runs, jobs, threads, quick, archive=None if quick else out / "runs.tar.gz",
-                reuse_stale=reuse_stale)
+                reuse_stale=reuse_stale, train=train)
     t0 = time.perf_counter()
     unpack_runs(out / "runs.tar.gz", runs)
     parts, kept = [], []
@@ -106,9 +111,14 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
         slow = "" if missing or (only and s.label != only) else slow_bf16(s)
         if slow and s.label == only:
             raise SystemExit(slow)
+        stopped = ""
         if not missing and not slow and (not only or s.label == only):
-            parts.append(write_setting(run_setting(s, plan), out / s.label, exp))
-            continue
+            try:
+                parts.append(write_setting(run_setting(s, plan), out / s.label, exp))
+                continue
+            except Stopped as why:
+                stopped = str(why)
+                print(f"{why}; its committed results are kept", file=sys.stderr)
         if missing:
             print(f"setting {s.label} not run: {missing} is not here "
                   f"({MAKE_MODEL.get(missing, 'make it first')}); its committed results are kept",
@@ -119,10 +129,19 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
         if (out / s.label / "results.md").exists():
             text = (out / s.label / "results.md").read_text()
             parts.append(text.replace("\n" + VERDICT_RULE + "\n", ""))
+        elif stopped:
+            parts.append(f"## {s.label}\n\nStopped: {stopped}.\n")
         else:
             parts.append(f"## {s.label}\n\nNot run yet: `python bench/compare.py --experiment "
                          f"{name} --setting {s.label} --jobs 2 --threads 1`.\n")
-    pack_runs(plan.ran + kept, runs, out / "runs.tar.gz")
+    for p in exp.pooled:
+        done = {label: out / label / "summary.json" for label in p.settings}
+        if all(path.exists() for path in done.values()):
+            parts.append(write_pooled(p, {label: json.loads(path.read_text())
+                                          for label, path in done.items()},
+                                      out / ("pooled-" + "-".join(p.settings)), exp))
+    if train:
+        pack_runs(plan.ran + kept, runs, out / "runs.tar.gz")
     took = sum(float((d / "done").read_text().split()[0]) for d in set(plan.ran))
     head = (f"# {exp.name}: {exp.paper}\n\n**Claim** (words in quotes are the paper's): "
             f"{exp.claim}\n\n**Held equal**: "
@@ -161,8 +180,8 @@ def main(argv=None) -> int:
     if not args.headline:
         p.print_help()
         return 2
-    rows, skipped = headline_rows(Path(args.headline), args.every_claim)
-    print(headline_markdown(rows), end="")
+    _, skipped = headline_rows(Path(args.headline), args.every_claim)
+    print(headline_table(Path(args.headline), args.every_claim), end="")
     for path in skipped:
         print(f"skipped {path}: no comparisons (written before verdicts; run it again)",
               file=sys.stderr)

@@ -84,32 +84,79 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
+SAME_CODE = ROOT / "bench" / "results" / "same_code.json"
+
+
+def same_code(current: str, path: Path | None = None) -> frozenset[str]:
+    """The code hashes known to compute the same numbers as `current`: its class under the
+    equalities listed in bench/results/same_code.json, {"<newer code_hash>": {"same_as": "<older
+    code_hash>", "check": "<the bench/same_metrics.py comparison that showed it>"}, ...} (a bare
+    "<older code_hash>" string is read as same_as), taken both ways and transitively; {current}
+    where the file lists none. A refactor that leaves every number as it was adds its entry, and
+    the runs the older code made are then reused as the current code's (run_train)."""
+    path = SAME_CODE if path is None else path
+    entries = json.loads(path.read_text()) if path.exists() else {}
+    linked: dict[str, set[str]] = {}
+    for new, entry in entries.items():
+        old = entry if isinstance(entry, str) else entry["same_as"]
+        linked.setdefault(new, set()).add(old)
+        linked.setdefault(old, set()).add(new)
+    seen, todo = {current}, [current]
+    while todo:
+        for h in linked.get(todo.pop(), ()):
+            if h not in seen:
+                seen.add(h)
+                todo.append(h)
+    return frozenset(seen)
+
+
 def recorded_code(run_dir: Path) -> str:
     """The code_hash a finished run was made by ("" for a run made before it was recorded)."""
     path = run_dir / "code.sha256"
     return path.read_text().strip() if path.exists() else ""
 
 
+def cpu_kind(cpuinfo: str | None = None) -> str:
+    """The machine a run ran on, one line: /proc/cpuinfo's model name and whether it has AVX-512
+    (avx512f), which decide its speed and its float rounding (torch's kernels); "unknown" where
+    there is no /proc/cpuinfo. Wall times compare only within one kind."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                 if line.startswith("model name")), "")
+    if not name:
+        return "unknown"
+    return f"{name}, {'AVX-512' if 'avx512f' in cpuinfo.split() else 'no AVX-512'}"
+
+
 def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool,
-              stale_ok: bool = False) -> Path:
+              stale_ok: bool = False, train: bool = True) -> Path | None:
     """One train.py run into run_dir (stdout in run.log, its flags in argv.json, the base model's
-    hash in model.sha256, the code's in code.sha256, its wall time and peak memory in done);
-    skipped when run_dir/done exists and was made with the same flags, the same base weights and
-    the same code (code_hash), or with `stale_ok` whatever code made it (a changed arm or a remade
-    model runs again either way)."""
+    hash in model.sha256, the code's in code.sha256, the machine's kind in cpu.txt (cpu_kind), its
+    wall time and peak memory in done); skipped when run_dir/done exists and was made with the
+    same flags, the same base weights and the same code (code_hash, or a hash same_code lists as
+    computing the same numbers), or with `stale_ok` whatever code made it (a changed arm or a
+    remade model runs again either way). With train False nothing is run or removed: None where
+    the run is not there to reuse."""
     recorded, weights = run_dir / "argv.json", run_dir / "model.sha256"
     model = base_model_hash(argv)
     if (run_dir / "done").exists():
         same_model = not weights.exists() or weights.read_text().strip() == model
-        same_code = stale_ok or recorded_code(run_dir) == code_hash()
+        same = stale_ok or recorded_code(run_dir) in same_code(code_hash())
         if ((not recorded.exists() or json.loads(recorded.read_text()) == argv) and same_model
-                and same_code):
+                and same):
             return run_dir
+        if not train:
+            return None
         shutil.rmtree(run_dir)
+    if not train:
+        return None
     run_dir.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps(argv))
     weights.write_text(model + "\n")
     (run_dir / "code.sha256").write_text(code_hash() + "\n")
+    (run_dir / "cpu.txt").write_text(cpu_kind() + "\n")
     t0 = time.perf_counter()
     argv = [*argv, "--out-dir", str(run_dir), "--save-every", "0"]
     peak = ""
@@ -139,7 +186,7 @@ def load(run_dir: Path, metric: str, keys: tuple[str, ...], final_at: tuple[floa
     fractions of its x-range), response length at the first and last step, time split, loop steps,
     per key its mean, largest and smallest value over the steps and its last value, and the run's
     own wall time and peak RSS (its done file; None where not recorded); code: the code_hash that
-    made it."""
+    made it; cpu: the machine's kind (cpu.txt; None where not recorded)."""
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if line.strip()]
     fresh = updates = 0
     wall = gen = upd = 0.0
@@ -165,6 +212,8 @@ def load(run_dir: Path, metric: str, keys: tuple[str, ...], final_at: tuple[floa
     return {"curve": curve, "final": run_final(curve, final_at, x), "start": curve[0][4],
             "run_s": float(done[0]) if done else None,
             "peak_rss_kb": int(done[4]) if len(done) > 4 else None, "code": recorded_code(run_dir),
+            "cpu": (run_dir / "cpu.txt").read_text().strip() if (run_dir / "cpu.txt").exists()
+            else None,
             "len_start": steps[0].get("response/len_mean"), "len_end":
             steps[-1].get("response/len_mean"), "refreshes": len(steps), "updates": updates,
             "fresh": fresh, "wall": wall, "gen": gen, "upd": upd, "means": means,
@@ -232,6 +281,8 @@ class Plan:
     archive: Path | None = None    # packed again after each run (a stopped session keeps its runs)
     lock: threading.Lock = field(default_factory=threading.Lock)
     reuse_stale: str = "none"
+    train: bool = True         # False: analyse only, nothing runs; runs not there go to missing
+    missing: set = field(default_factory=set)
 
     def run_all(self, runs: list[tuple[list[str], Path]], split: str = "report") -> None:
         stale_ok = self.reuse_stale == "all" or (self.reuse_stale == "sweep" and split == "sweep")
@@ -240,7 +291,10 @@ class Plan:
             done = job[1] / "done"
             before = done.stat().st_mtime_ns if done.exists() else None
             d = run_train(job[0], job[1], threads=self.threads, in_process=self.quick,
-                          stale_ok=stale_ok)
+                          stale_ok=stale_ok, train=self.train)
+            if d is None:                          # analyse only: not there to reuse
+                self.missing.add(job[1])
+                return d
             # a run that trained (a reused one changes nothing): every finished run under RUNS,
             # the last pack narrows it
             if self.archive is not None and done.stat().st_mtime_ns != before:
@@ -254,19 +308,35 @@ class Plan:
         else:
             with ThreadPoolExecutor(self.jobs) as pool:
                 list(pool.map(one, runs))
-        self.ran += [d for _, d in runs]
+        self.ran += [d for _, d in runs if d not in self.missing]
 
     def ran_of(self, *bases: Path) -> list[Path]:
         """The run folders this plan ran or reused under any of `bases`."""
         return [d for d in dict.fromkeys(self.ran) if any(b in d.parents for b in bases)]
 
 
+class Stopped(Exception):
+    """A setting that stops before its report: its message says why (runs not in the archive in
+    an analyse-only call; a pre-registered dev gate that did not hold, Setting.dev_gate)."""
+
+
+def dev_gate_holds(runs: list[dict]) -> bool:
+    """Setting.dev_gate: the arm's mean final dev accuracy over its sweep seeds at the shared lr
+    is at least its mean step-0 dev accuracy (it does not fall on dev)."""
+    return (statistics.mean(r["final"] for r in runs)
+            >= statistics.mean(r["curve"][0][4] for r in runs))
+
+
 def run_setting(s: Setting, plan: Plan) -> dict:
     """Sweep, choose, report (every arm on all of the setting's seeds) for one setting; its
     summary. A stress setting (s.shared_lr) sweeps no lr: every arm runs at shared_lr, and only
     the readings are swept, at that lr, to choose among them (in s.sweep_of's folders where given:
-    the same flags, so the same runs); an arm of s.own_lr is swept on the grid all the same and
-    runs at its own choice (an arm added to a setting whose lr was fixed before it)."""
+    the same flags, so the same runs; every reported arm's dev accuracy at each lr swept there is
+    read too, dev_lrs); an arm of s.own_lr is swept on the grid all the same and runs at its own
+    choice (an arm added to a setting whose lr was fixed before it); s.dev_gate's arm is swept at
+    shared_lr beside the readings and the report runs only where it holds (dev_gate_holds), else
+    Stopped. With plan.train False nothing runs: an arm whose runs are not all there is left out
+    of the report and listed as waiting (Stopped where it is the baseline)."""
     grid = QUICK_GRID if plan.quick else s.grid
     sweep_seeds = s.sweep_seeds[:1] if plan.quick else s.sweep_seeds
     report_seeds = s.seeds[:1] if plan.quick else s.seeds
@@ -277,7 +347,8 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     todo = [(a, lr) for a in s.arms for lr in grid]
     if s.shared_lr is not None:                            # the readings at shared_lr, own_lr's
         own = tuple(a for a in s.arms if a.name in s.own_lr)   # arms on the grid
-        todo = [(a, s.shared_lr) for a in s.arms if any(a.name in g for g in s.readings)]
+        todo = [(a, s.shared_lr) for a in s.arms
+                if any(a.name in g for g in s.readings) or a.name == s.dev_gate]
         todo += [(a, lr) for a in own for lr in grid]
         grid = grid if own else (s.shared_lr,)
     swept_arms = tuple(dict.fromkeys(a for a, _ in todo))
@@ -296,17 +367,32 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     keys += tuple(c.metric for c in s.claims if "/" in c.metric)     # a metrics key's last value
     sweep = {a.name: {} for a in s.arms}
     swept = {}                                             # (arm, lr) -> its sweep runs, loaded
+    waiting = set()                                        # arms whose runs are not all there
     extend = 0 if plan.quick or not own else EXTEND
     for _ in range(1 + extend):                            # the grid, then past its edge
         plan.run_all([(argv(a, lr, sd, "dev"), sweep_dir(a, lr, sd))
                       for a, lr in todo for sd in sweep_seeds], "sweep")
         for a, lr in todo:
-            swept[a.name, lr] = [load(sweep_dir(a, lr, sd), "eval/dev_accuracy", keys,
-                                      s.final_at, s.x) for sd in sweep_seeds]
+            dirs = [sweep_dir(a, lr, sd) for sd in sweep_seeds]
+            if any(d in plan.missing for d in dirs):
+                waiting.add(a.name)
+                continue
+            swept[a.name, lr] = [load(d, "eval/dev_accuracy", keys, s.final_at, s.x)
+                                 for d in dirs]
             sweep[a.name][lr] = [r["final"] for r in swept[a.name, lr]]
-        todo = [(a, lr) for a in own
-                if (lr := past_edge(sweep[a.name], s.ladder)) is not None]
-    chosen = {a.name: choose(sweep[a.name]) if a in own else s.shared_lr for a in s.arms}
+        todo = [(a, lr) for a in own if a.name not in waiting
+                and (lr := past_edge(sweep[a.name], s.ladder)) is not None]
+    if s.baseline in waiting or any(n in waiting for g in s.readings for n in g):
+        raise Stopped(f"setting {s.label}: sweep runs of {', '.join(sorted(waiting))} are not "
+                      "in the archive (analyse only)")
+    if s.dev_gate and not dev_gate_holds(swept[s.dev_gate, s.shared_lr]):
+        runs = swept[s.dev_gate, s.shared_lr]
+        raise Stopped(f"setting {s.label} stops after dev, as pre-registered: {s.dev_gate}'s "
+                      f"mean final dev accuracy at lr {s.shared_lr:g}, "
+                      f"{100 * statistics.mean(r['final'] for r in runs):.1f}%, is below its "
+                      f"start, {100 * statistics.mean(r['curve'][0][4] for r in runs):.1f}%")
+    chosen = {a.name: choose(sweep[a.name]) if a in own else s.shared_lr
+              for a in s.arms if a.name not in waiting}
     band = {}                                # the band metric's max at each arm's chosen lr
     if s.band:
         band = {a.name: max((m for r in swept[a.name, chosen[a.name]]
@@ -314,7 +400,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
                 for a in swept_arms}
     picked, also = reported_readings(s, sweep, chosen, band)
     dropped = {n for g in s.readings for n in g if n not in (picked[g], also.get(g))}
-    arms = [a for a in s.arms if a.name not in dropped]
+    arms = [a for a in s.arms if a.name not in dropped and a.name not in waiting]
 
     def report_dir(arm, seed):
         return run_dir(base, "report", arm.name, chosen[arm.name], seed)
@@ -322,6 +408,11 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     # seed by seed, every arm of a seed before the next seed: a stopped call leaves pairs
     plan.run_all([(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
                   for sd in report_seeds for a in arms], "report")
+    waiting |= {a.name for a in arms for sd in report_seeds if report_dir(a, sd) in plan.missing}
+    if s.baseline in waiting:
+        raise Stopped(f"setting {s.label}: report runs of {s.baseline} are not in the archive "
+                      "(analyse only)")
+    arms = [a for a in arms if a.name not in waiting]
     runs = {a.name: [{**load(report_dir(a, sd), "eval/accuracy", keys, s.final_at, s.x),
                       "seed": sd,
                       "stream": stream(json.loads((report_dir(a, sd) / "argv.json").read_text()))}
@@ -330,15 +421,37 @@ def run_setting(s: Setting, plan: Plan) -> dict:
                ] if s.sweep_of else [recorded_code(d) for d in plan.ran_of(base)]
     return {"setting": s, "grid": grid, "sweep_seeds": sweep_seeds, "sweep": sweep,
             "chosen": chosen, "runs": runs, "picked": picked, "also": also, "band": band,
-            "codes": code_counts(made_by)}
+            "codes": code_counts(made_by), "waiting": sorted(waiting),
+            "dev_lrs": dev_lrs(s, plan, arms, sweep_seeds) if s.shared_lr is not None else {}}
+
+
+def dev_lrs(s: Setting, plan: Plan, arms: list, sweep_seeds: tuple[int, ...]) -> dict:
+    """{arm: {lr: [final dev accuracy per sweep seed]}}: every reported arm at every lr of its
+    dev sweep in s.sweep_of's folders (the same flags: a stress setting's arms were swept there),
+    from the finished runs only (nothing runs here); {} without sweep_of."""
+    if not s.sweep_of:
+        return {}
+    out = {}
+    for a in arms:
+        per = {}
+        for folder in sorted((plan.out / s.sweep_of / "sweep" / slug(a.name)).glob("lr-*")):
+            dirs = [folder / f"seed-{sd}" for sd in sweep_seeds]
+            if all((d / "done").exists() for d in dirs):
+                per[float(folder.name[3:])] = [
+                    load(d, "eval/dev_accuracy", (), s.final_at, s.x)["final"] for d in dirs]
+        out[a.name] = per
+    return out
 
 
 def code_counts(made_by: list[str]) -> dict:
-    """{"current": code_hash(), "runs": {hash (or "not recorded"): number of runs}}."""
+    """{"current": code_hash(), "runs": {hash (or "not recorded"): number of runs}, "same": the
+    hashes among them that same_code lists as computing the current code's numbers}."""
     counts: dict[str, int] = {}
     for h in made_by:
         counts[h or "not recorded"] = counts.get(h or "not recorded", 0) + 1
-    return {"current": code_hash(), "runs": counts}
+    same = same_code(code_hash())
+    return {"current": code_hash(), "runs": counts,
+            "same": sorted(h for h in counts if h in same and h != code_hash())}
 
 
 def code_line(codes: dict | None) -> str:
@@ -346,7 +459,13 @@ def code_line(codes: dict | None) -> str:
     if not codes:
         return ""
     def name(h):
-        return "the current code" if h == codes["current"] else h[:12] if len(h) == 64 else h
+        if h == codes["current"]:
+            return "the current code"
+        short = h[:12] if len(h) == 64 else h
+        if h in codes.get("same", ()):
+            return (f"{short} (computes the same numbers as the current code: "
+                    "bench/results/same_code.json)")
+        return short
 
     parts = [f"{n} made before the code was recorded" if h == "not recorded" else
              f"{n} by {name(h)}" for h, n in sorted(codes["runs"].items(), key=lambda kv: -kv[1])]
@@ -356,7 +475,8 @@ def code_line(codes: dict | None) -> str:
 
 # ---- the runs kept with the results -----------------------------------------------------------
 
-KEPT = ("argv.json", "done", "model.sha256", "code.sha256", "metrics.jsonl")   # load(), reuse
+KEPT = ("argv.json", "done", "model.sha256", "code.sha256", "cpu.txt",
+        "metrics.jsonl")                                                  # load(), reuse
 
 
 def pack_runs(run_dirs: list[Path], runs: Path, archive: Path) -> None:

@@ -11,7 +11,7 @@ from design import EXTEND, Experiment
 from papers import EXPERIMENTS
 from protocol import code_line
 from stats import mean_std
-from verdicts import (BUDGETS, PAR_MARGIN, TARGET_FRAC, VERDICT_RULE, X_COL, analyse)
+from verdicts import BUDGETS, PAR_MARGIN, TARGET_FRAC, VERDICT_RULE, X_COL, analyse, pooled
 
 def fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
@@ -27,8 +27,25 @@ def points(c: dict | None) -> str:
 
 
 def pairing(c: dict | None) -> str:
-    return "—" if c is None or c["paired"] is None else (
-        "paired" if c["paired"] else "unpaired (Welch)")
+    """paired / unpaired (Welch); a pooled claim's: the pairs it holds, setting by setting."""
+    if c is None or c["paired"] is None:
+        return "—"
+    if c.get("settings"):
+        held = ", ".join(f"{n} in {label}" for label, n in c["settings"].items())
+        return f"paired over {sum(c['settings'].values())} pairs ({held})"
+    return "paired" if c["paired"] else "unpaired (Welch)"
+
+
+def claim_cell(c: dict) -> str:
+    """"arm vs reference (metric)", with what the row shows where it is not the paper's claim
+    (Claim.note) and the Δ of the arm beside it against the same reference (Claim.beside)."""
+    metric = "" if c["metric"] == "final" else f" ({c['metric']})"
+    text = f"{c['arm']} vs {c['against']}{metric}"
+    if c.get("note"):
+        text += f": {c['note']}"
+    if c.get("beside"):
+        text += f"; beside it {c['beside']['arm']} vs {c['against']} {points(c['beside'])}"
+    return text
 
 
 def claim_words(direction: int | None) -> str:
@@ -74,7 +91,7 @@ def table(summary: dict, analysis: dict | None = None) -> str:
     cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} [95% CI]", "SE", "df",
             "pairing", f"{x_name} to target (reached)", "ratio", "wall s to target (reached)",
             "ratio", *(f"acc {b['label']} ({b['x']:,.0f})" for b in a_["budgets"]), "verdict",
-            "length start → end", f"AES vs {s.baseline}", "refreshes (= syncs)", "updates",
+            "gain over step 0 [95% CI] (course)", "length start → end", f"AES vs {s.baseline}", "refreshes (= syncs)", "updates",
             "generate / update s",
             *(f"final {c}" for c, _ in s.finals), *(c for c, _ in s.diagnostics)]
     out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -106,16 +123,21 @@ def table(summary: dict, analysis: dict | None = None) -> str:
                  fmt(d and d["df"], ".3g"), pairing(d),
                  time_cell(e["to_target"], ",.0f"), ratio_cell(e["to_target"]),
                  time_cell(e["wall_to_target"], ".1f"), ratio_cell(e["wall_to_target"]), *at,
-                 word, f"{fmt(avg('len_start'), '.1f')} → {fmt(avg('len_end'), '.1f')}",
+                 word, f"{points(e.get('gain'))} ({e.get('course', '—')})",
+                 f"{fmt(avg('len_start'), '.1f')} → {fmt(avg('len_end'), '.1f')}",
                  fmt(e["aes"], "+.3f"),
                  fmt(avg("refreshes"), ".0f"), fmt(avg("updates"), ".0f"),
                  f"{fmt(avg('gen'), '.1f')} / {fmt(avg('upd'), '.1f')}", *lasts, *diag]
         out.append("| " + " | ".join(cells) + " |")
     gate = a_.get("gate")
     if gate:
-        out += ["", f"The learning gate: {gate['setting']}'s baseline {s.baseline} gained "
+        out += ["", f"The learning gate: this setting's baseline {s.baseline} gained "
                     f"{points(gate['gain'])} points over its step-0 accuracy (paired over its "
-                    f"seeds): {'it learns' if gate['learned'] else 'it does not learn'}."]
+                    f"seeds): {'it learns' if gate['learned'] else 'it does not learn'}. Each "
+                    "claim reads its own two arms' courses (the gain column: learns, flat, "
+                    "degrades): where its reference does not learn, its verdict says what it "
+                    "shows instead (VERDICT_RULE)."]
+    out += ["", cpu_line(runs)]
     out += ["", "Verdicts:", "", "| claim | metric | the paper claims | Δ [95% CI] | SE | df | "
             "pairing | mechanism acted | verdict | Holm (setting) |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -125,6 +147,81 @@ def table(summary: dict, analysis: dict | None = None) -> str:
                    f"{fmt(c['se'] and 100 * c['se'], '.2f')} | {fmt(c['df'], '.3g')} | "
                    f"{pairing(c)} | {acted_cell(c['diagnostic'])} | {c['verdict']} | "
                    f"{c.get('holm', '—')} |")
+    return "\n".join(out) + "\n"
+
+
+def cpu_line(runs: dict) -> str:
+    """Which CPU kinds the reported runs ran on (cpu.txt, protocol.cpu_kind): wall times and
+    wall-to-target cells compare only within one kind."""
+    kinds = [r.get("cpu") for rs in runs.values() for r in rs]
+    known = sorted({k for k in kinds if k})
+    text = ("Wall times: every reported run on one CPU kind, " + known[0] + "." if len(known) == 1
+            else f"Wall times mix {len(known)} CPU kinds ({'; '.join(known)}): compare them "
+                 "within a kind only." if known else "Wall times:")
+    unknown = sum(k is None for k in kinds)
+    if unknown:
+        text += (f" {unknown} of {len(kinds)} runs were made before runs recorded their CPU "
+                 "kind (cpu.txt): their machine is not known here (docs/results.md names the "
+                 "machines per setting).")
+    return text
+
+
+def waiting_line(summary: dict) -> str:
+    """The arms whose runs are not in the archive yet (an analyse-only call), said above the
+    table: they are not in it, nor in any claim."""
+    if not summary.get("waiting"):
+        return ""
+    return (f"Runs in progress: {', '.join(summary['waiting'])} (not in the archive yet): not in "
+            "the tables or the verdicts below until they finish.\n\n")
+
+
+def write_pooled(p, summaries: dict[str, dict], out: Path, exp: Experiment | None = None) -> str:
+    """OUT/pooled-<settings>/: summary.json (verdicts.pooled's comparison, for the headline) and
+    results.md; returns the results.md text."""
+    c = pooled(p, summaries)
+    out.mkdir(parents=True, exist_ok=True)
+    text = (f"## {p.label}\n\n{c['arm']} against {c['against']}, final test accuracy, "
+            f"{pairing(c)}: the settings' own paired seeds pooled (one claim, declared in its "
+            f"experiment's Pooled). Δ {points(c)}, SE {fmt(c['se'] and 100 * c['se'], '.2f')}, "
+            f"df {fmt(c['df'], '.3g')}; courses {', '.join(f'{n} {k}' for n, k in c['courses'].items())}; "
+            f"mechanism: {acted_cell(c['diagnostic'])}; verdict: **{c['verdict']}**.\n")
+    (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n")
+    data = {"experiment": exp and exp.name, "paper": exp and exp.paper, "setting": p.label,
+            "pooled": list(p.settings), "verdict_rule": VERDICT_RULE, "comparisons": [c]}
+    (out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
+    return text
+
+
+def dev_lr_means(summary: dict) -> dict:
+    """{arm: {lr: mean final dev accuracy}} of summary["dev_lrs"] (a shared-lr setting's arms on
+    its sweep_of setting's dev sweep; {} elsewhere), the lrs as strings (JSON's keys)."""
+    return {name: {f"{lr:g}": statistics.mean(accs) for lr, accs in sorted(per.items())}
+            for name, per in summary.get("dev_lrs", {}).items()}
+
+
+def dev_lr_table(summary: dict) -> str:
+    """A shared-lr setting's arms at every lr of its sweep_of setting's dev sweep (mean final dev
+    accuracy, %), the shared lr marked: what the lr chosen by the baseline's collapse alone
+    (stress_lr) costs each arm against its own best on dev. "" where there is none."""
+    s, means = summary["setting"], dev_lr_means(summary)
+    if not any(means.values()):
+        return ""
+    lrs = sorted({float(lr) for per in means.values() for lr in per}, reverse=True)
+    out = ["", f"Each arm's mean final dev accuracy (%) at every lr of {s.sweep_of}'s dev sweep "
+           f"(its seeds {', '.join(map(str, s.sweep_seeds))}); **the shared lr "
+           f"{s.shared_lr:g}**, chosen where {s.baseline} is unstable on dev (stress_lr), not by "
+           "any other arm; best: the arm's own best lr there.", "",
+           "| arm | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |",
+           "|---|" + "---|" * (len(lrs) + 1)]
+    for name, per in means.items():
+        cells = []
+        for lr in lrs:
+            v = per.get(f"{lr:g}")
+            cell = "—" if v is None else f"{100 * v:.1f}"
+            cells.append(f"**{cell}**" if lr == s.shared_lr else cell)
+        best = max(per.items(), key=lambda kv: kv[1]) if per else None
+        cells.append("—" if best is None else f"{100 * best[1]:.1f} at {best[0]}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -274,23 +371,18 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
     and the plots; returns the text for the experiment's README (results.md less the rule)."""
     out.mkdir(parents=True, exist_ok=True)
     s = summary["setting"]
-    if s.learns_in:                      # the gate reads the dev-lr setting's baseline
-        other = out.parent / s.learns_in / "summary.json"
-        if not other.exists():
-            raise SystemExit(f"setting {s.label} reads whether {s.learns_in}'s baseline learns: "
-                             f"run --setting {s.learns_in} first ({other} is missing)")
-        summary = {**summary, "gate": json.loads(other.read_text()).get("baseline_gain")}
     analysis = analyse(summary)
     where = f", in {s.sweep_of} (the same runs)" if s.sweep_of else ""
     stress = ("" if s.shared_lr is None else f"{s.lr_note}\n\n" if s.lr_note else
               f"A stress setting: every arm at one shared lr {s.shared_lr:g} (stress_lr: where "
-              f"{s.baseline} is unstable on {s.learns_in or 'its'}'s dev sweep); only the "
+              f"{s.baseline} is unstable on {s.sweep_of or 'its'}'s dev sweep); only the "
               f"readings are swept, at that lr{where}.\n\n")
     text = (f"## {s.label}\n\n{stress}Common flags: `{' '.join(s.flags)}`"
             + (f"; sweep runs add `{' '.join(s.sweep)}`" if s.sweep and swept(summary) else "")
             + "\n\n"
             + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
-            + code_line(summary.get("codes")) + table(summary, analysis))
+            + code_line(summary.get("codes")) + waiting_line(summary)
+            + table(summary, analysis) + dev_lr_table(summary))
     sweep = "\nThe sweep:\n\n" + sweep_table(summary)
     (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n" + sweep)
     (out / "sweep.md").write_text(sweep_table(summary))
@@ -301,6 +393,8 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
                                                     summary["picked"].items()},
             "also": {" | ".join(g): p for g, p in summary.get("also", {}).items()},
             "band": summary["band"], "codes": summary.get("codes"),
+            "shared_lr": s.shared_lr, "dev_lrs": dev_lr_means(summary),
+            "waiting": summary.get("waiting", []),
             "sweep": {n: {str(k): v for k, v in d.items()}
                                                    for n, d in summary["sweep"].items()},
             "runs": summary["runs"]}
@@ -321,12 +415,8 @@ def headline_rows(results_dir: Path, every: bool = False) -> tuple[list[list[str
     first claim with a direction), or with `every` per claim with a direction, of every
     RESULTS_DIR/*/**/summary.json (the experiments in EXPERIMENTS' order, then by path); skipped:
     the summary.json files without comparisons (written before verdicts were)."""
-    order = {name: i for i, name in enumerate(EXPERIMENTS)}
-    paths = sorted(Path(results_dir).glob("*/**/summary.json"),
-                   key=lambda p: (order.get(p.relative_to(results_dir).parts[0], len(order)), p))
     rows, skipped = [], []
-    for path in paths:
-        data = json.loads(path.read_text())
+    for path, data in summaries(results_dir):
         if "comparisons" not in data:
             skipped.append(path)
             continue
@@ -334,19 +424,68 @@ def headline_rows(results_dir: Path, every: bool = False) -> tuple[list[list[str
         if not every:
             directed = [c for c in directed if c.get("headline")] or directed[:1]
         for c in directed:
-            metric = "" if c["metric"] == "final" else f" ({c['metric']})"
             rows.append([data.get("paper") or path.parent.parent.name, data["setting"],
-                         f"{c['arm']} vs {c['against']}{metric}", claim_words(c["direction"]),
+                         claim_cell(c), claim_words(c["direction"]),
                          points(c), pairing(c), c["verdict"], c.get("holm", "—")])
     return rows, skipped
+
+
+def summaries(results_dir: Path) -> list[tuple[Path, dict]]:
+    """Every RESULTS_DIR/*/**/summary.json, the experiments in EXPERIMENTS' order, then by path."""
+    order = {name: i for i, name in enumerate(EXPERIMENTS)}
+    paths = sorted(Path(results_dir).glob("*/**/summary.json"),
+                   key=lambda p: (order.get(p.relative_to(results_dir).parts[0], len(order)), p))
+    return [(path, json.loads(path.read_text())) for path in paths]
+
+
+def stress_lr_rows(results_dir: Path) -> list[list[str]]:
+    """A row [experiment, setting, arm, its mean final dev accuracy at every lr of the dev sweep
+    (the shared lr in bold), its best there, the shared lr's cost against that best] per arm of
+    every shared-lr setting whose summary.json has dev_lrs: the shared lr was chosen by the
+    baseline's collapse alone (stress_lr), and this is what it costs each arm."""
+    rows = []
+    for path, data in summaries(results_dir):
+        shared = data.get("shared_lr")
+        for arm, per in (data.get("dev_lrs") or {}).items():
+            if not per:
+                continue
+            cells = [f"**{k}: {100 * v:.1f}**" if float(k) == shared else f"{k}: {100 * v:.1f}"
+                     for k, v in sorted(per.items(), key=lambda kv: float(kv[0]))]
+            best_lr, best = max(per.items(), key=lambda kv: kv[1])
+            at = per.get(f"{shared:g}")
+            cost = "—" if at is None else f"{100 * (at - best):+.1f}"
+            rows.append([data.get("experiment") or path.parent.parent.name,
+                         f"{data['setting']} (shared lr {shared:g})", arm,
+                         ", ".join(cells), f"{100 * best:.1f} at {best_lr}", cost])
+    return rows
 
 
 def headline_table(results_dir: Path, every: bool = False) -> str:
     """The README's headline table (markdown) from the experiments' summary.json files: paper,
     setting, arm vs baseline, what the paper claims, Δ [95% CI] in points (final test accuracy
     unless the claim names another metric), paired or unpaired (Welch), the verdict; a row per
-    headline claim, or with `every` per claim (docs/results.md's)."""
-    return headline_markdown(headline_rows(results_dir, every)[0])
+    headline claim, or with `every` per claim (docs/results.md's); then, beside the stress rows,
+    every arm of each shared-lr setting at every lr of its dev sweep (stress_lr_rows)."""
+    text = headline_markdown(headline_rows(results_dir, every)[0])
+    stress = stress_lr_rows(results_dir)
+    if not stress:
+        return text
+    text += ("\nThe stress rows' shared lr, each arm on its setting's dev sweep: mean final dev "
+             "accuracy (%) at the shared lr against its own best lr there. The shared lr was "
+             "chosen by the baseline alone: where it is unstable on dev (stress_lr; R²PO's "
+             "arith-stress: the lr every arm chose, its stress the head's lr), by no other arm.\n\n")
+    if not every:                      # the README's: a row per setting
+        by_setting = {}
+        for row in stress:
+            at = row[3].split("**")[1].split(": ")[1] if "**" in row[3] else "—"
+            by_setting.setdefault((row[0], row[1]), []).append(f"{row[2]} {at} (best {row[4]})")
+        text += "| experiment | setting | each arm at the shared lr (its best on dev) |\n"
+        text += "|---|---|---|\n"
+        return text + "".join(f"| {e} | {s} | {'; '.join(cells)} |\n"
+                              for (e, s), cells in by_setting.items())
+    text += ("| experiment | setting | arm | dev accuracy by lr (the shared lr in bold) | its best "
+             "| shared lr's cost (points) |\n|---|---|---|---|---|---|\n")
+    return text + "".join("| " + " | ".join(row) + " |\n" for row in stress)
 
 
 def headline_markdown(rows: list[list[str]]) -> str:

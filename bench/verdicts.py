@@ -6,9 +6,10 @@ every number of a setting's tables, JSON-ready. No running, no writing: pure fun
 """
 import operator
 import statistics
-from typing import NamedTuple
 
-from design import ACTED, Arm, Claim, Setting
+from curves import (X_COL, final_accuracy, peak_accuracy, ratio_bound, run_final, to_target,
+                    value_at)
+from design import ACTED, Arm, Claim, Pooled, Setting
 from stats import Comparison, holm, mean_std, p_value, paired, welch
 
 # ---- the statistics, the verdicts and the tables ----------------------------------------------
@@ -16,20 +17,24 @@ from stats import Comparison, holm, mean_std, p_value, paired, welch
 TARGET_FRAC = 0.9
 BUDGETS = (0.25, 0.5, 0.75, 1.0)   # accuracy at these fractions of the baseline's x-range
 PAR_MARGIN = 0.02                  # "on par": not worse than the reference by more than this
-X_COL = {"fresh": 1, "updates": 2, "wall": 3}   # a curve point's column of each x
 VERDICT_RULE = (
-    "**Verdict** (bench/experiments.py `verdict`, one rule for every claim, fixed before the "
+    "**Verdict** (bench/verdicts.py `verdict`, one rule for every claim, fixed before the "
     "runs, as the seeds are: every arm on all of its setting's seeds): Δ = the arm's metric minus"
     " its reference's, with its 95% CI (paired over the seeds both ran where the two share the "
-    "prompt stream, equal --prompts-per-step and --seed; else Welch's). First, \"not testable "
-    "here: the baseline does not learn\" for every claim of a setting whose baseline's gain "
-    "(final minus step-0 accuracy, paired over its seeds; a stress setting: the baseline of its "
-    "dev-lr setting, Setting.learns_in) has a 95% CI that does not lie above 0. Then, for a claim "
+    "prompt stream, equal --prompts-per-step and --seed; else Welch's). First, what the setting "
+    "can show (`reading`), from each arm's own gain over the setting's seeds (final minus step-0 "
+    "accuracy, paired; it learns where the gain's 95% CI lies above 0, degrades where below): "
+    "where the reference learns, the paper's claim as stated; where the reference does not learn "
+    "and the arm does, the same words with \"(only the arm learns)\"; where neither learns and "
+    "one degrades, a claim that the arm is better (worse) is judged as degrading less (more), "
+    "and its word says so: \"reproduced (degrades less; no arm learns)\", never the accuracy "
+    "claim; where neither moves, \"not testable here: the baseline does not learn\". Each "
+    "setting reads its own arms, a stress setting too. Then, for a claim "
     "that the arm is better (worse) than its reference: \"not testable here: the mechanism did "
-    "not act\" when its diagnostic (a metrics key's mean over every step of every reported seed "
-    "of the arm above the bound stated with it; the stabilisers' shares of tokens or groups and "
-    f"R²PO's head KL: ACTED = {ACTED:g}) says it "
-    "did not, \"not testable here: its diagnostic was not logged\" when the code that made "
+    "not act\" when its diagnostic (a predicate on a metrics key's mean over every step of every "
+    "reported seed of the arm, or on the ratio of two keys' means, against a bound stated with "
+    f"it; the stabilisers' shares of tokens or groups and R²PO's head KL: ACTED = {ACTED:g}) says "
+    "it did not, \"not testable here: its diagnostic was not logged\" when the code that made "
     "the runs did not log its key; else \"reproduced\" when the CI lies above (below) 0, "
     "\"contradicted\" when it lies below (above) 0. For a claim that the arm matches or "
     "exceeds its reference (on par, "
@@ -41,79 +46,6 @@ VERDICT_RULE = (
     "exclude 0. Beside each verdict, its Holm-adjusted form (holm_verdicts): the same words from "
     "the two-sided p-value of Δ = 0 (on par: Δ = -margin), Holm's step-down adjustment over the "
     "testable claims of the setting, reproduced/contradicted where the adjusted p < 0.05.")
-
-
-def final_accuracy(curve: list) -> float:
-    """A run's final accuracy: the mean of its last two evaluations after step 0 (the last one
-    alone where there is one; the step-0 one where there is no other)."""
-    after = [p[4] for p in curve if p[0] > 0]
-    return statistics.mean(after[-2:]) if after else curve[-1][4]
-
-
-def run_final(curve: list, final_at: tuple[float, ...] = (), x: str = "fresh") -> float:
-    """A run's final accuracy: final_accuracy (the mean of its last two evaluations) or, with
-    `final_at`, the mean of value_at each of those fractions of its own x-range (Setting.final_at:
-    arms with other eval schedules then end at the same points of training)."""
-    if not final_at:
-        return final_accuracy(curve)
-    col = X_COL[x]
-    return statistics.mean(value_at(curve, col, f * curve[-1][col]) for f in final_at)
-
-
-def value_at(curve: list, col: int, x: float) -> float | None:
-    """A run's accuracy at x (curve column col): linearly interpolated between the evaluations
-    around it, a = a_{j-1} + (x - x_{j-1}) / (x_j - x_{j-1}) (a_j - a_{j-1}) for
-    x_{j-1} < x <= x_j (a_j where x_j = x_{j-1}); None past the run's last evaluation."""
-    pts = [(p[col], p[4]) for p in curve]
-    if x > pts[-1][0] + 1e-9 * max(1.0, abs(pts[-1][0])):
-        return None
-    for j, (xj, aj) in enumerate(pts):
-        if xj >= x:
-            if j == 0 or xj == pts[j - 1][0]:
-                return aj
-            x0, a0 = pts[j - 1]
-            return a0 + (x - x0) / (xj - x0) * (aj - a0)
-    return pts[-1][1]
-
-
-def time_to_target(curve: list, col: int, target: float) -> tuple[float, bool]:
-    """(x, reached): the x (curve column col) at which the run first reaches target, linearly
-    interpolated between the two evaluations that bracket the crossing, a_{j-1} < target <= a_j:
-    x = x_{j-1} + (target - a_{j-1}) / (a_j - a_{j-1}) (x_j - x_{j-1}); a run that never reaches
-    it is censored at its budget: (x of its last evaluation, False), a lower bound on its time."""
-    pts = [(p[col], p[4]) for p in curve]
-    for j, (xj, aj) in enumerate(pts):
-        if aj >= target:
-            if j == 0:
-                return xj, True
-            x0, a0 = pts[j - 1]
-            return x0 + (target - a0) / (aj - a0) * (xj - x0), True
-    return pts[-1][0], False
-
-
-class ToTarget(NamedTuple):
-    """The mean over seeds of the time to target, censored seeds at their budget (so a lower
-    bound on the true mean when reached < n); reached of n seeds reached it."""
-    mean: float
-    reached: int
-    n: int
-
-
-def to_target(runs: list[dict], target: float, x: str) -> ToTarget:
-    """time_to_target of every run on x (fresh | updates | wall), averaged over the runs."""
-    times = [time_to_target(r["curve"], X_COL[x], target) for r in runs]
-    return ToTarget(statistics.mean(t for t, _ in times), sum(ok for _, ok in times), len(times))
-
-
-def ratio_bound(arm: ToTarget, base: ToTarget) -> tuple[float | None, str]:
-    """(arm.mean / base.mean, relation to the true ratio). A censored time is a lower bound on
-    the true one, so the ratio is exact ("=") where no seed is censored, a lower bound (">=")
-    where only the arm's are, an upper bound ("<=") where only the baseline's are, and no bound
-    ("?", ratio None) where both have censored seeds."""
-    arm_cut, base_cut = arm.reached < arm.n, base.reached < base.n
-    if (arm_cut and base_cut) or not base.mean:
-        return None, "?"
-    return arm.mean / base.mean, ">=" if arm_cut else "<=" if base_cut else "="
 
 
 def stream(argv: list[str]) -> list:
@@ -142,6 +74,8 @@ def metric_value(run: dict, metric: str, col: int, x_range: float,
     or a metrics key (its last value, Setting.finals)."""
     if metric == "final":
         return run_final(run["curve"], final_at, x)
+    if metric == "peak":
+        return peak_accuracy(run["curve"])
     if metric.startswith("at ") and metric.endswith("%"):
         return value_at(run["curve"], col, float(metric[3:-1]) / 100 * x_range)
     return run.get("last", {}).get(metric)
@@ -179,10 +113,22 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _terms(predicate: str) -> tuple[str, str | None, str, str]:
+    """(AGG, DENOMINATOR key or None, OP, RHS) of "AGG OP RHS" or "AGG / KEY OP RHS"."""
+    words = predicate.split()
+    if len(words) == 5 and words[1] == "/":
+        agg, _, denominator, op, rhs = words
+        return agg, denominator, op, rhs
+    agg, op, rhs = words
+    return agg, None, op, rhs
+
+
 def predicate_keys(key: str, predicate: str) -> tuple[str, ...]:
-    """The metrics keys a diagnostic reads: key, and the right-hand side where it is a key."""
-    rhs = predicate.split()[-1]
-    return (key,) if _number(rhs) is not None else (key, rhs)
+    """The metrics keys a diagnostic reads: key, the denominator's key in the ratio form, and the
+    right-hand side where it is a key."""
+    _, denominator, _, rhs = _terms(predicate)
+    keys = (key,) + ((denominator,) if denominator else ())
+    return keys if _number(rhs) is not None else keys + (rhs,)
 
 
 def aggregate(runs: list[dict], agg: str, key: str) -> float | None:
@@ -195,13 +141,28 @@ def aggregate(runs: list[dict], agg: str, key: str) -> float | None:
     return max(vals) if agg == "max" else min(vals) if agg == "min" else statistics.mean(vals)
 
 
-def mechanism_acted(runs: list[dict], key: str, predicate: str) -> bool:
-    """Whether predicate "AGG OP RHS" holds for metrics key on the arm's runs: AGG one of max,
-    min, mean, last (aggregate), OP one of > >= < <= == !=, RHS a number or another metrics key
-    (aggregated the same way); e.g. ("loss/veto_frac", "max > 0"), ("replay/headroom_mean",
-    "mean != replay/headroom_stored_mean"). False where a key was never logged."""
-    agg, op, rhs = predicate.split()
+def diagnostic_value(runs: list[dict], key: str, predicate: str) -> float | None:
+    """The left-hand side of a diagnostic on the arm's runs: AGG of key, or in the ratio form
+    "AGG / KEY2 OP RHS" the ratio AGG(key) / AGG(KEY2) (e.g. the mean |A| of the replayed
+    rollouts over that of the stored ones: what a priority draw lifts); None where a key was
+    never logged or the denominator is 0."""
+    agg, denominator, _, _ = _terms(predicate)
     left = aggregate(runs, agg, key)
+    if denominator is None or left is None:
+        return left
+    below = aggregate(runs, agg, denominator)
+    return left / below if below else None
+
+
+def mechanism_acted(runs: list[dict], key: str, predicate: str) -> bool:
+    """Whether predicate "AGG OP RHS" or "AGG / KEY2 OP RHS" holds for metrics key on the arm's
+    runs: AGG one of max, min, mean, last (aggregate), the ratio form dividing by KEY2's AGG
+    (diagnostic_value), OP one of > >= < <= == !=, RHS a number or another metrics key
+    (aggregated the same way); e.g. ("loss/veto_frac", "max > 0"), ("replay/headroom_mean",
+    "mean != replay/headroom_stored_mean"), ("replay/abs_adv_sampled", "mean /
+    replay/abs_adv_stored >= 1.05"). False where a key was never logged."""
+    agg, _, op, rhs = _terms(predicate)
+    left = diagnostic_value(runs, key, predicate)
     right = _number(rhs)
     right = aggregate(runs, agg, rhs) if right is None else right
     return left is not None and right is not None and OPS[op](left, right)
@@ -212,19 +173,63 @@ NOT_ACTED = "not testable here: the mechanism did not act"
 NOT_LOGGED = "not testable here: its diagnostic was not logged"     # runs older than the key
 
 
+LEARNS, FLAT, DEGRADES = "learns", "flat", "degrades"       # an arm's course over its seeds
+ACCURACY = "accuracy"                  # what a claim can show (reading): the paper's claim
+ONLY_ARM = "only the arm learns"       # its reference does not learn, the arm does
+DEGRADATION = "degradation"            # neither learns, one degrades: less or more, not accuracy
+NOTHING = "nothing"                    # neither moves: not testable
+
+
+def course(gain: dict | None) -> str:
+    """An arm's course from its gain (comparison_json of arm_gain): LEARNS where the 95% CI lies
+    above 0, DEGRADES where it lies below, else FLAT (an undefined CI too)."""
+    if gain is None or gain["ci"][0] is None:
+        return FLAT
+    return LEARNS if gain["ci"][0] > 0 else DEGRADES if gain["ci"][1] < 0 else FLAT
+
+
+def reading(arm: str, ref: str) -> str:
+    """What a claim of an arm against its reference can show, from their courses: ACCURACY where
+    the reference learns; ONLY_ARM where it does not and the arm does; DEGRADATION where neither
+    learns and one degrades (a stress lr past where the arms learn: "better" can only mean
+    degrades less); NOTHING where neither moves."""
+    if ref == LEARNS:
+        return ACCURACY
+    if arm == LEARNS:
+        return ONLY_ARM
+    return DEGRADATION if DEGRADES in (arm, ref) else NOTHING
+
+
+def qualify(word: str, shows: str, lo: float | None, hi: float | None) -> str:
+    """A judged word (reproduced, contradicted, inconclusive (...)) with what it shows: as it is
+    under ACCURACY; under ONLY_ARM "(only the arm learns)"; under DEGRADATION "(degrades less; no
+    arm learns)" where the CI [lo, hi] lies above 0, "(degrades more; ...)" below, "(degrades as
+    much; ...)" across it, the inconclusive word's parenthesis carrying "no arm learns"."""
+    if shows == ACCURACY or not word.split()[0] in ("reproduced", "contradicted", "inconclusive"):
+        return word
+    tag = ONLY_ARM
+    if shows == DEGRADATION:
+        tag = "no arm learns"
+        if not word.startswith("inconclusive"):
+            how = ("degrades less" if lo is not None and lo > 0 else
+                   "degrades more" if hi is not None and hi < 0 else "degrades as much")
+            tag = f"{how}; {tag}"
+    return f"{word[:-1]}; {tag})" if word.endswith(")") else f"{word} ({tag})"
+
+
 def verdict(direction: int | None, c: Comparison | None, acted: bool | None = True,
-            learns: bool = True) -> str:
+            learns: bool = True, shows: str = ACCURACY) -> str:
     """VERDICT_RULE: "—" where there is no claim (direction None); NOT_LEARNING where the
-    setting's baseline does not learn (learns False); for direction +1 / -1: NOT_LOGGED where
-    the diagnostic's key is in none of the runs (acted None), NOT_ACTED where the mechanism did
-    not act, "reproduced" where the CI [lo, hi] excludes 0 on the claimed side
+    setting can show nothing (learns False, or shows NOTHING); for direction +1 / -1: NOT_LOGGED
+    where the diagnostic's key is in none of the runs (acted None), NOT_ACTED where the mechanism
+    did not act, "reproduced" where the CI [lo, hi] excludes 0 on the claimed side
     (direction x lo > 0 and direction x hi > 0), "contradicted" where it excludes it on the
     other; for direction 0 (matches or exceeds; `acted` is not a gate): "reproduced" where lo >=
     -PAR_MARGIN, "contradicted" where hi < -PAR_MARGIN; else "inconclusive (95% CI [lo, hi])" in
-    points (x 100)."""
+    points (x 100); each judged word qualified by what it shows (qualify)."""
     if direction is None:
         return "—"
-    if not learns:
+    if not learns or shows == NOTHING:
         return NOT_LEARNING
     if direction != 0 and acted is None:
         return NOT_LOGGED
@@ -233,16 +238,17 @@ def verdict(direction: int | None, c: Comparison | None, acted: bool | None = Tr
     if c is None or c.lo is None:
         return "inconclusive (95% CI undefined: fewer than 2 seeds)"
     lo, hi = c.lo, c.hi
+    word = f"inconclusive (95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}])"
     if direction == 0:
         if lo >= -PAR_MARGIN:
-            return "reproduced"
-        if hi < -PAR_MARGIN:
-            return "contradicted"
+            word = "reproduced"
+        elif hi < -PAR_MARGIN:
+            word = "contradicted"
     elif direction * lo > 0 and direction * hi > 0:
-        return "reproduced"
+        word = "reproduced"
     elif direction * lo < 0 and direction * hi < 0:
-        return "contradicted"
-    return f"inconclusive (95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}])"
+        word = "contradicted"
+    return qualify(word, shows, lo, hi)
 
 
 def holm_verdicts(claims: list[dict]) -> list[str]:
@@ -251,7 +257,8 @@ def holm_verdicts(claims: list[dict]) -> list[str]:
     each one's p = stats.p_value of Δ = 0 (direction 0: Δ = -PAR_MARGIN), adjusted by stats.holm;
     "reproduced" where the adjusted p < 0.05 and Δ lies on the claimed side of the null (direction
     0: above -PAR_MARGIN), "contradicted" where it is < 0.05 on the other, else "inconclusive
-    (Holm p = ...)"; the other claims keep their raw word ("—", "not testable here: ...")."""
+    (Holm p = ...)", each qualified by what the claim shows (qualify); the other claims keep
+    their raw word ("—", "not testable here: ...")."""
     def p_of(c):
         if c["direction"] is None or c["verdict"].startswith("not testable") or c["se"] is None:
             return None
@@ -267,16 +274,20 @@ def holm_verdicts(claims: list[dict]) -> list[str]:
         side = 1 if c["direction"] == 0 else c["direction"]
         null = -PAR_MARGIN if c["direction"] == 0 else 0.0
         if p < 0.05:
-            out.append("reproduced" if side * (c["delta"] - null) > 0 else "contradicted")
+            word = "reproduced" if side * (c["delta"] - null) > 0 else "contradicted"
         else:
-            out.append(f"inconclusive (Holm p = {p:.2g})")
+            word = f"inconclusive (Holm p = {p:.2g})"
+        out.append(qualify(word, c.get("shows", ACCURACY), *c["ci"]))
     return out
 
 
-def baseline_gain(s: Setting, runs: list[dict]) -> Comparison:
-    """The baseline's gain over seeds: paired(final accuracy, step-0 accuracy) of each run."""
+def arm_gain(s: Setting, runs: list[dict]) -> Comparison:
+    """An arm's gain over seeds: paired(final accuracy, step-0 accuracy) of each run."""
     return paired([run_final(r["curve"], s.final_at, s.x) for r in runs],
                   [r["curve"][0][4] for r in runs])
+
+
+baseline_gain = arm_gain       # the learning gate's: the setting's own baseline
 
 
 def learned(gain: dict | None) -> bool:
@@ -325,9 +336,10 @@ def analyse(summary: dict) -> dict:
     did not gain), the budgets (BUDGETS x x_range, x_range = the smallest last x of the
     baseline's runs), per arm its final accuracy, Δ to the baseline (compare_runs), x and wall
     time to target with reached k/n and the ratio bound, accuracy at each budget with its Δ; and
-    per claim (claims_of) its Δ, CI, pairing, diagnostic, verdict and Holm-adjusted verdict; the
-    baseline's gain (baseline_gain) and the gain the learning gate reads (summary["gate"]: the
-    learns_in setting's, else this one's). JSON-ready."""
+    per arm its gain over its step-0 accuracy (arm_gain) and its course; per claim (claims_of) its
+    Δ, CI, pairing, diagnostic, what it can show (reading), verdict and Holm-adjusted verdict, and
+    where the claim names one, the Δ of the arm beside it against the same reference; the
+    learning gate: this setting's own baseline's gain. JSON-ready."""
     s, runs = summary["setting"], summary["runs"]
     col = X_COL[s.x]
 
@@ -335,7 +347,6 @@ def analyse(summary: dict) -> dict:
         return run_final(curve, s.final_at, s.x)
 
     gain = comparison_json(baseline_gain(s, runs[s.baseline]))
-    gate = summary.get("gate") if s.learns_in else gain
     start = statistics.mean(r["curve"][0][4] for rs in runs.values() for r in rs)
     base = statistics.mean(final(r["curve"]) for r in runs[s.baseline])
     target = start + TARGET_FRAC * (base - start) if base > start else None
@@ -348,6 +359,7 @@ def analyse(summary: dict) -> dict:
         acc, std = mean_std(finals)
         entry = {"seeds": [seed for seed, _ in _seed_streams(s, name, rs)],
                  "final": {"mean": acc, "std": std, "per_seed": finals},
+                 "gain": comparison_json(arm_gain(s, rs)),
                  "delta": None if name == s.baseline else
                  comparison_json(compare_runs(s, runs, name, s.baseline))}
         for x, field_name in ((s.x, "to_target"), ("wall", "wall_to_target")):
@@ -366,6 +378,7 @@ def analyse(summary: dict) -> dict:
                 "delta": None if name == s.baseline else comparison_json(
                     compare_runs(s, runs, name, s.baseline, b["label"], x_range))}
         entry["aes"] = arm_aes(rs, runs[s.baseline], final)
+        entry["course"] = course(entry["gain"])
         arms[name] = entry
     comparisons = []
     also = set(summary.get("also", {}).values())     # reported beside the pick: no headline
@@ -373,20 +386,65 @@ def analyse(summary: dict) -> dict:
         ref = c.against or s.baseline
         cmp = compare_runs(s, runs, c.arm, ref, c.metric, x_range)
         acted = mechanism_acted(runs[c.arm], *c.acted) if c.acted else True
-        value = c.acted and aggregate(runs[c.arm], c.acted[1].split()[0], c.acted[0])
+        value = c.acted and diagnostic_value(runs[c.arm], *c.acted)
+        shows = reading(arms[c.arm]["course"], arms[ref]["course"])
+        beside = c.beside and c.beside in runs and compare_runs(s, runs, c.beside, ref, c.metric,
+                                                                x_range)
         comparisons.append({
             "arm": c.arm, "against": ref, "metric": c.metric, "direction": c.direction,
-            "headline": c.headline and c.arm not in also,
+            "headline": c.headline and c.arm not in also, "note": c.note,
+            "beside": beside and {"arm": c.beside, **comparison_json(beside)},
+            "courses": {c.arm: arms[c.arm]["course"], ref: arms[ref]["course"]},
+            "shows": shows,
             "diagnostic": c.acted and {"key": c.acted[0], "predicate": c.acted[1],
                                        "acted": acted, "value": value,
                                        "gates": c.direction not in (0, None)},
             **(comparison_json(cmp) or {"delta": None, "se": None, "df": None,
                                         "ci": [None, None], "n": 0, "paired": None}),
             "verdict": verdict(c.direction, cmp, None if c.acted and value is None else acted,
-                               learned(gate))})
+                               shows=shows)})
     for c, word in zip(comparisons, holm_verdicts(comparisons)):
         c["holm"] = word
     return {"start": start, "target": target, "x": s.x, "x_range": x_range, "budgets": budgets,
             "arms": arms, "comparisons": comparisons, "baseline_gain": gain,
-            "gate": {"setting": s.learns_in or s.label, "gain": gate, "learned": learned(gate)}}
+            "gate": {"setting": s.label, "gain": gain, "learned": learned(gain)}}
 
+
+
+def pooled(p: Pooled, summaries: dict[str, dict]) -> dict:
+    """The comparison of p.claim (final accuracy) over the paired seeds of p.settings, from each
+    setting's summary.json (`summaries`, by label; written by report.write_setting): Δ paired over
+    every (setting, seed) pair where both arms ran the seed on the same prompt stream; each arm's
+    course from its gain over all those runs; the diagnostic over the arm's runs of every setting;
+    the verdict by the same rule (a family of one: its Holm word is its p's). A comparison dict
+    as analyse's, with settings and the pairs per setting."""
+    c = p.claim
+    arm, ref, values, runs = c.arm, c.against, {c.arm: [], c.against: []}, {c.arm: [], c.against: []}
+    per_setting = {}
+    for label in p.settings:
+        data = summaries[label]
+        by_seed = {name: {r["seed"]: r for r in data["runs"][name]} for name in (arm, ref)}
+        common = [sd for sd in by_seed[arm] if sd in by_seed[ref]
+                  and by_seed[arm][sd].get("stream") == by_seed[ref][sd].get("stream")]
+        per_setting[label] = len(common)
+        for name in (arm, ref):
+            finals = dict(zip(data["arms"][name]["seeds"], data["arms"][name]["final"]["per_seed"]))
+            values[name] += [finals[sd] for sd in common]
+            runs[name] += [by_seed[name][sd] for sd in common]
+    cmp = paired(values[arm], values[ref])
+    courses = {name: course(comparison_json(paired(values[name],
+                                                   [r["curve"][0][4] for r in runs[name]])))
+               for name in (arm, ref)}
+    shows = reading(courses[arm], courses[ref])
+    acted = mechanism_acted(runs[arm], *c.acted) if c.acted else True
+    value = c.acted and diagnostic_value(runs[arm], *c.acted)
+    out = {"arm": arm, "against": ref, "metric": "final", "direction": c.direction,
+           "headline": c.headline, "note": c.note, "beside": None, "courses": courses,
+           "shows": shows, "settings": per_setting,
+           "diagnostic": c.acted and {"key": c.acted[0], "predicate": c.acted[1], "acted": acted,
+                                      "value": value, "gates": c.direction not in (0, None)},
+           **comparison_json(cmp),
+           "verdict": verdict(c.direction, cmp, None if c.acted and value is None else acted,
+                              shows=shows)}
+    out["holm"] = holm_verdicts([out])[0]
+    return out

@@ -72,7 +72,7 @@ def mu_grpo(quick: bool) -> Experiment:
                     Setting("steps-stress", STEPS + common, steps, "grpo mu=4", "updates",
                             diagnostics=diag, eval_size=STEPS_EVAL, readings=(long_names,),
                             claims=mu_claims(steps, 64), final_at=ends, shared_lr=1e-4,
-                            sweep_of="steps", learns_in="steps", seeds=STRESS_SEEDS))
+                            sweep_of="steps", seeds=STRESS_SEEDS))
         notes = ("arith: U = 128, M = 128 (mu 32); steps: U = 256, M = 32 (mu 64), the regime "
                  "where the relaxed clip without the veto drifts; steps-stress: the same at one "
                  "shared lr 1e-4, where GRPO mu = 4 is unstable on dev, 10 seeds. The veto "

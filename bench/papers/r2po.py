@@ -75,7 +75,7 @@ def r2po_stress(arith: Setting) -> Setting:
     return dataclasses.replace(
         arith, label="arith-stress", arms=tuple(a for a in arith.arms if a.name in keep),
         readings=(), band=None, claims=claims, shared_lr=R2PO_STRESS_LR, sweep_of="arith",
-        learns_in="arith", seeds=STRESS_SEEDS,
+        seeds=STRESS_SEEDS,
         lr_note=f"A stress setting for the head: every arm at lr {R2PO_STRESS_LR:g} (what every "
                 f"arm chose on arith's dev sweep) and R²PO's head at lr {R2PO_MOVES}, where it "
                 "moves (head KL to the current base up to 0.33 on arith's dev sweep), no band.")
