@@ -122,7 +122,7 @@ def test_headroom_drifts_headline_is_against_naive_replay_and_grpos_row_says_wha
         heads = [c for c in s.claims if c.headline]
         assert heads and all((c.against or s.baseline) == "naive-replay" for c in heads), s.label
         for c in s.claims:
-            if c.direction is not None and not c.against:          # against GRPO
+            if c.direction is not None and (c.against or s.baseline) == "grpo (replay recipe)":
                 assert c.note == "replay's effect" and c.beside == "naive-replay"
 
 
