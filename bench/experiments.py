@@ -73,12 +73,13 @@ from papers.pnpo import *  # noqa: E402,F401,F403
 from papers.r2po import *  # noqa: E402,F401,F403
 from papers.replay import *  # noqa: E402,F401,F403
 from papers.vigor import *  # noqa: E402,F401,F403
-from protocol import *    # noqa: E402,F401,F403  sweep, choose, run, reuse, archive
+from protocol import *    # noqa: E402,F401,F403  sweep, choose, a setting's runs
+from runs import *        # noqa: E402,F401,F403  one run: made, reused, kept
 from report import *      # noqa: E402,F401,F403  tables, plots, summary.json, the headline
 from verdicts import *    # noqa: E402,F401,F403  the verdict rule and its numbers
 from design import QUICK_GRID, LR_GRID, EXTEND  # noqa: E402
-from protocol import (REUSE_STALE, MAKE_MODEL, Plan, Stopped, missing_model,  # noqa: E402
-                      pack_runs, run_setting, slow_bf16, unpack_runs)
+from protocol import REUSE_STALE, Plan, Stopped, run_setting  # noqa: E402
+from runs import MAKE_MODEL, missing_model, pack_runs, slow_bf16, unpack_runs  # noqa: E402
 from report import headline_rows, headline_table, write_pooled, write_setting  # noqa: E402
 from verdicts import VERDICT_RULE  # noqa: E402
 
@@ -153,7 +154,9 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
             f", test split)."
             f"\n\n{VERDICT_RULE}\n\n"
             f"`python bench/compare.py --experiment {name}"
-            f"{' --quick' if quick else ''}{f' --setting {only}' if only else ''} --jobs {jobs}`"
+            f"{' --quick' if quick else ''}{f' --setting {only}' if only else ''}"
+            f"{f' --reuse-stale {reuse_stale}' if reuse_stale != 'none' else ''}"
+            f"{'' if train else ' --analyse-only'} --jobs {jobs}`"
             f": {len(set(plan.ran))} runs, "
             f"{took:.0f} s of runs ("
             + ("in-process, one at a time" if quick

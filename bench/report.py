@@ -91,7 +91,8 @@ def table(summary: dict, analysis: dict | None = None) -> str:
     cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} [95% CI]", "SE", "df",
             "pairing", f"{x_name} to target (reached)", "ratio", "wall s to target (reached)",
             "ratio", *(f"acc {b['label']} ({b['x']:,.0f})" for b in a_["budgets"]), "verdict",
-            "gain over step 0 [95% CI] (course)", "length start → end", f"AES vs {s.baseline}", "refreshes (= syncs)", "updates",
+            "gain over step 0 [95% CI] (course)", "length start → end",
+            f"AES vs {s.baseline}", "refreshes (= syncs)", "updates",
             "generate / update s",
             *(f"final {c}" for c, _ in s.finals), *(c for c, _ in s.diagnostics)]
     out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -179,11 +180,12 @@ def write_pooled(p, summaries: dict[str, dict], out: Path, exp: Experiment | Non
     """OUT/pooled-<settings>/: summary.json (verdicts.pooled's comparison, for the headline) and
     results.md; returns the results.md text."""
     c = pooled(p, summaries)
+    courses = ", ".join(f"{name} {kind}" for name, kind in c["courses"].items())
     out.mkdir(parents=True, exist_ok=True)
     text = (f"## {p.label}\n\n{c['arm']} against {c['against']}, final test accuracy, "
             f"{pairing(c)}: the settings' own paired seeds pooled (one claim, declared in its "
             f"experiment's Pooled). Δ {points(c)}, SE {fmt(c['se'] and 100 * c['se'], '.2f')}, "
-            f"df {fmt(c['df'], '.3g')}; courses {', '.join(f'{n} {k}' for n, k in c['courses'].items())}; "
+            f"df {fmt(c['df'], '.3g')}; courses {courses}; "
             f"mechanism: {acted_cell(c['diagnostic'])}; verdict: **{c['verdict']}**.\n")
     (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n")
     data = {"experiment": exp and exp.name, "paper": exp and exp.paper, "setting": p.label,
@@ -473,7 +475,8 @@ def headline_table(results_dir: Path, every: bool = False) -> str:
     text += ("\nThe stress rows' shared lr, each arm on its setting's dev sweep: mean final dev "
              "accuracy (%) at the shared lr against its own best lr there. The shared lr was "
              "chosen by the baseline alone: where it is unstable on dev (stress_lr; R²PO's "
-             "arith-stress: the lr every arm chose, its stress the head's lr), by no other arm.\n\n")
+             "arith-stress: the lr every arm chose, its stress the head's lr), by no other "
+             "arm.\n\n")
     if not every:                      # the README's: a row per setting
         by_setting = {}
         for row in stress:

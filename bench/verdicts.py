@@ -419,7 +419,9 @@ def pooled(p: Pooled, summaries: dict[str, dict]) -> dict:
     the verdict by the same rule (a family of one: its Holm word is its p's). A comparison dict
     as analyse's, with settings and the pairs per setting."""
     c = p.claim
-    arm, ref, values, runs = c.arm, c.against, {c.arm: [], c.against: []}, {c.arm: [], c.against: []}
+    arm, ref = c.arm, c.against
+    values = {arm: [], ref: []}           # final accuracies, pair by pair
+    runs = {arm: [], ref: []}             # the runs, in the same order
     per_setting = {}
     for label in p.settings:
         data = summaries[label]

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import experiments  # noqa: E402
 import protocol  # noqa: E402  (where run_setting reads load: patched there)
+import runs  # noqa: E402  (where run_train reads the same-code list: patched there)
 from experiments import Arm, Claim, Setting  # noqa: E402
 
 
@@ -133,7 +134,7 @@ def test_a_rows_note_and_the_arm_beside_it_are_in_its_cell():
                                          "grpo +3.0 [+1.0, +5.0]")
 
 
-# ---- the pre-registered settings ------------------------------------------------------------------
+# ---- the pre-registered settings ---------------------------------------------------------------
 
 def test_pnpo_where_gspo_learns_is_defined_as_pre_registered():
     """lr 5e-5, between GSPO's dev choice and the stress lr; GSPO e4 and PNPO's two readings at
@@ -208,7 +209,7 @@ def test_a_dev_gate_that_fails_stops_the_setting_before_any_report_run(monkeypat
     assert "report" in {split for split, _ in jobs} and set(out["runs"]) == {"gspo", "pnpo"}
 
 
-# ---- run reuse ------------------------------------------------------------------------------------
+# ---- run reuse ---------------------------------------------------------------------------------
 
 def test_runs_of_a_code_listed_as_computing_the_same_numbers_are_reused(tmp_path, monkeypatch):
     """bench/results/same_code.json lists code hashes shown to compute the same numbers: a
@@ -218,11 +219,12 @@ def test_runs_of_a_code_listed_as_computing_the_same_numbers_are_reused(tmp_path
     listed.write_text(json.dumps({
         "new": {"same_as": "old", "check": "python bench/same_metrics.py A B: 0 differences"},
         "old": "older", "other": "unrelated"}))
-    monkeypatch.setattr(protocol, "SAME_CODE", listed)
-    assert protocol.same_code("new") == {"new", "old", "older"}
-    assert protocol.same_code("older") == {"new", "old", "older"}
-    assert protocol.same_code("alone") == {"alone"}
+    monkeypatch.setattr(runs, "SAME_CODE", listed)
+    assert runs.same_code("new") == {"new", "old", "older"}
+    assert runs.same_code("older") == {"new", "old", "older"}
+    assert runs.same_code("alone") == {"alone"}
     assert json.loads((ROOT / "bench" / "results" / "same_code.json").read_text()) == {}
+    monkeypatch.setattr(runs, "code_hash", lambda: "new")
     monkeypatch.setattr(protocol, "code_hash", lambda: "new")
     calls = []
 
@@ -249,12 +251,12 @@ def test_runs_of_a_code_listed_as_computing_the_same_numbers_are_reused(tmp_path
 def test_a_run_records_its_cpu_kind():
     avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2 avx512f avx512bw\n"
     avx2 = "model name\t: AMD EPYC 7R13 Processor\nflags\t\t: fpu avx2 fma\n"
-    assert protocol.cpu_kind(avx512) == "AMD EPYC 9R14, AVX-512"
-    assert protocol.cpu_kind(avx2) == "AMD EPYC 7R13 Processor, no AVX-512"
-    assert protocol.cpu_kind("") == "unknown"
+    assert runs.cpu_kind(avx512) == "AMD EPYC 9R14, AVX-512"
+    assert runs.cpu_kind(avx2) == "AMD EPYC 7R13 Processor, no AVX-512"
+    assert runs.cpu_kind("") == "unknown"
     assert "cpu.txt" in experiments.KEPT
-    runs = {"a": [{"cpu": "X, AVX-512"}, {"cpu": "Y, no AVX-512"}], "b": [{"cpu": None}]}
-    line = experiments.cpu_line(runs)
+    made = {"a": [{"cpu": "X, AVX-512"}, {"cpu": "Y, no AVX-512"}], "b": [{"cpu": None}]}
+    line = experiments.cpu_line(made)
     assert "mix 2 CPU kinds" in line and "1 of 3 runs were made before" in line
     assert "one CPU kind, X, AVX-512." in experiments.cpu_line({"a": [{"cpu": "X, AVX-512"}]})
 
