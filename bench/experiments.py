@@ -1,5 +1,9 @@
 """Each paper's headline comparison as data: its arms, what it holds equal, a learning rate per
-arm chosen on the dev split, then the reported runs on the test split with fresh seeds.
+arm chosen on the dev split, then the reported runs on the test split with fresh seeds. The entry
+point: the code lives by job in design.py (the vocabulary), papers/*.py (each paper's settings),
+protocol.py (sweep, choose, a setting's runs), runs.py (one run: made, reused, kept),
+verdicts.py and curves.py (the rule and its numbers) and report.py (tables, plots, the headline);
+every name is importable from here (tests and compare.py read experiments.X).
 
     python bench/compare.py --experiment replay            # writes bench/results/replay/
     python bench/compare.py --experiment mu-grpo --jobs 2  # 2 runs at a time, 1 thread each

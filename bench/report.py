@@ -440,6 +440,12 @@ def summaries(results_dir: Path) -> list[tuple[Path, dict]]:
     return [(path, json.loads(path.read_text())) for path in paths]
 
 
+def lr_text(lr: float | str) -> str:
+    """An lr as the docs write it: 1e-4, 3e-5, 2e-5."""
+    mantissa, exponent = f"{float(lr):.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def stress_lr_rows(results_dir: Path) -> list[list[str]]:
     """A row [experiment, setting, arm, its mean final dev accuracy at every lr of the dev sweep
     (the shared lr in bold), its best there, the shared lr's cost against that best] per arm of
@@ -451,13 +457,15 @@ def stress_lr_rows(results_dir: Path) -> list[list[str]]:
         for arm, per in (data.get("dev_lrs") or {}).items():
             if not per:
                 continue
-            cells = [f"**{k}: {100 * v:.1f}**" if float(k) == shared else f"{k}: {100 * v:.1f}"
+            cells = [f"**{lr_text(k)}: {100 * v:.1f}**" if float(k) == shared
+                     else f"{lr_text(k)}: {100 * v:.1f}"
                      for k, v in sorted(per.items(), key=lambda kv: float(kv[0]))]
             best_lr, best = max(per.items(), key=lambda kv: kv[1])
+            best_lr = lr_text(best_lr)
             at = per.get(f"{shared:g}")
             cost = "—" if at is None else f"{100 * (at - best):+.1f}"
             rows.append([data.get("experiment") or path.parent.parent.name,
-                         f"{data['setting']} (shared lr {shared:g})", arm,
+                         f"{data['setting']} (shared lr {lr_text(shared)})", arm,
                          ", ".join(cells), f"{100 * best:.1f} at {best_lr}", cost])
     return rows
 
@@ -472,20 +480,21 @@ def headline_table(results_dir: Path, every: bool = False) -> str:
     stress = stress_lr_rows(results_dir)
     if not stress:
         return text
-    text += ("\nThe stress rows' shared lr, each arm on its setting's dev sweep: mean final dev "
+    intro = ("\nThe stress rows' shared lr, each arm on its setting's dev sweep: mean final dev "
              "accuracy (%) at the shared lr against its own best lr there. The shared lr was "
              "chosen by the baseline alone: where it is unstable on dev (stress_lr; R²PO's "
              "arith-stress: the lr every arm chose, its stress the head's lr), by no other "
              "arm.\n\n")
-    if not every:                      # the README's: a row per setting
+    if not every:                      # the README's: a row per setting, its intro there
         by_setting = {}
         for row in stress:
             at = row[3].split("**")[1].split(": ")[1] if "**" in row[3] else "—"
             by_setting.setdefault((row[0], row[1]), []).append(f"{row[2]} {at} (best {row[4]})")
-        text += "| experiment | setting | each arm at the shared lr (its best on dev) |\n"
+        text += "\n| experiment | setting | each arm at the shared lr (its best on dev) |\n"
         text += "|---|---|---|\n"
         return text + "".join(f"| {e} | {s} | {'; '.join(cells)} |\n"
                               for (e, s), cells in by_setting.items())
+    text += intro
     text += ("| experiment | setting | arm | dev accuracy by lr (the shared lr in bold) | its best "
              "| shared lr's cost (points) |\n|---|---|---|---|---|---|\n")
     return text + "".join("| " + " | ".join(row) + " |\n" for row in stress)
