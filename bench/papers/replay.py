@@ -73,7 +73,10 @@ SMOLLM2_NOTE = ("Every arm at lr 2e-5, each arm's own choice (choose) on a dev s
                 "arm swept at both precisions chose the same lr. Those sweeps' run folders were "
                 "not archived, so their numbers are in docs/smollm2.md only. Naive replay, added "
                 "after those arms' test runs, runs at its own choice on its archived dev sweep "
-                "(the sweep below), made before any of its test runs.")
+                "(the sweep below), made before any of its test runs. The first ten test runs did "
+                "not record their machine: GRPO 100, GRPO 101 and replay 100 ran on an AVX2-only "
+                "AMD EPYC (Zen 3), the other seven on an AVX-512 one (Zen 4) (docs/smollm2.md), "
+                "so the wall times and wall-to-target cells below mix two CPU kinds.")
 
 
 def smollm2_setting(arms: tuple[Arm, ...], diag: tuple, claims: tuple) -> Setting:
