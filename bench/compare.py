@@ -253,7 +253,8 @@ def experiment_main(args, ours: list[str], extra: list[str]) -> int:
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     text = experiments.run_experiment(args.experiment, out, runs=runs, jobs=args.jobs,
                                       threads=threads, quick=args.quick, only=args.setting,
-                                      reuse_stale=args.reuse_stale)
+                                      reuse_stale=args.reuse_stale,
+                                      train=not args.analyse_only)
     print(text + f"\nwrote {out}")
     return 0
 
@@ -291,6 +292,11 @@ def main(argv=None) -> int:
     p.add_argument("--setting", default="", metavar="LABEL",
                    help="with --experiment: run only this setting (e.g. arith); the README "
                         "keeps the other settings' tables from their results.md")
+    p.add_argument("--analyse-only", action="store_true",
+                   help="with --experiment: train nothing; reanalyse the finished runs (the "
+                        "archive's); a setting whose baseline's runs are missing keeps its "
+                        "committed results, an arm whose runs are missing is listed as in "
+                        "progress")
     p.add_argument("--reuse-stale", default="none", choices=("none", "sweep", "all"),
                    help="with --experiment: reuse finished runs made by other code (its hash, "
                         "code.sha256): none (run them again), sweep (keep the sweep's, so the "

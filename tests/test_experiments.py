@@ -17,6 +17,7 @@ ROOT = Path(_ROOT)
 
 sys.path.insert(0, str(ROOT / "bench"))
 import experiments  # noqa: E402
+import protocol  # noqa: E402  (where run_setting reads load and stream: patched there)
 
 
 def flag(argv, name):
@@ -63,7 +64,7 @@ def test_pnpo_holds_everything_but_the_ratio_clip_and_epochs():
     """4 mini-batches a step in every arm (every update after the first off-policy), at 1 and 4
     epochs: the token, GSPO, exact cumulative ratio and PNPO's two readings (chosen on dev); the
     claims carry the far-prefix diagnostic."""
-    s, stress = experiments.pnpo(False).settings
+    s, stress, _ = experiments.pnpo(False).settings
     assert flag(list(s.flags), "--mini-batches") == "4"
     ratios = {flag(list(a.flags), "--ratio") for a in s.arms}
     assert ratios == {"token", "gspo", "pnpo", "pnpo-geo", "cumulative"}
@@ -71,21 +72,29 @@ def test_pnpo_holds_everything_but_the_ratio_clip_and_epochs():
     for a in s.arms:
         assert set(a.flags[::2]) <= {"--ratio", "--eps-low", "--eps-high", "--epochs"}
     assert s.readings == (("pnpo e1 x 4", "pnpo-geo e1 x 4"), ("pnpo e4 x 4", "pnpo-geo e4 x 4"))
-    on_gspo = {c.arm: c.direction for c in s.claims if c.against.startswith("gspo")}
-    assert on_gspo == {"pnpo e1 x 4": 0, "pnpo-geo e1 x 4": 0, "pnpo e4 x 4": 1,
-                       "pnpo-geo e4 x 4": 1}
-    assert all(c.acted == ("ratio/gspo_differs_frac", "mean > 0.01")
+    on_gspo = {(c.arm, c.metric): c.direction for c in s.claims if c.against.startswith("gspo")}
+    assert on_gspo == {("pnpo e1 x 4", "final"): 0, ("pnpo-geo e1 x 4", "final"): 0,
+                       ("pnpo e4 x 4", "final"): 1, ("pnpo-geo e4 x 4", "final"): 1,
+                       ("pnpo e4 x 4", "peak"): 1, ("pnpo-geo e4 x 4", "peak"): 1}
+    # the headline is the abstract's: the peak at 4 epochs against GSPO's
+    assert {(c.arm, c.against, c.metric) for c in s.claims if c.headline} == {
+        ("pnpo e4 x 4", "gspo e4 x 4", "peak"), ("pnpo-geo e4 x 4", "gspo e4 x 4", "peak")}
+    assert all(c.acted == ("ratio/far_prefix_frac", "mean > 0.01")
                for c in s.claims if c.direction is not None)
     assert [a.name for a in stress.arms] == [a.name for a in s.arms if a.name.endswith("e4 x 4")]
     assert stress.readings == (("pnpo e4 x 4", "pnpo-geo e4 x 4"),)
     assert stress.flags == s.flags and stress.sweep == s.sweep      # the dev sweep's runs
 
 
+PRE_REGISTERED = {"pnpo": ("steps-5e-5",), "headroom-drift": ("steps-gate",)}
+
+
 def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
     """Each claim's arm and reference are arms of its setting; a run evaluates at least every 5
     steps (the real model every 10: a 500-prompt evaluation there costs what 2 training steps do,
     and its verdict reads the evaluations at 30 and 40 either way); the replay comparison runs 10
-    paired seeds (on the real model 5), the stress settings 10, the rest REPORT_SEEDS."""
+    paired seeds (on the real model 5), the stress and pre-registered settings 10, the rest
+    REPORT_SEEDS."""
     for name, make in experiments.EXPERIMENTS.items():
         for s in make(False).settings:
             names = {a.name for a in s.arms}
@@ -95,7 +104,8 @@ def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
                 argv = [*s.flags, *a.flags]
                 most = 10 if s.label == "smollm2" else 5
                 assert int(flag(argv, "--eval-every")) <= most, (name, a.name)
-            ten = (name == "replay" and s.label != "smollm2") or s.label.endswith("-stress")
+            ten = ((name == "replay" and s.label != "smollm2") or s.label.endswith("-stress")
+                   or s.label in PRE_REGISTERED.get(name, ()))
             assert len(s.seeds) == (10 if ten else 5), (name, s.label)
             assert s.seeds[:5] == experiments.REPORT_SEEDS
 
@@ -412,21 +422,21 @@ def test_finished_runs_travel_in_the_results_archive(tmp_path, monkeypatch):
     assert experiments.unpack_runs(tmp_path / "none.tar.gz", fresh) == 0
 
 
-STRESS = {"mu-grpo": "steps", "pnpo": "steps", "headroom-drift": "steps"}
+STRESS = {"mu-grpo": "steps", "pnpo": "steps", "headroom-drift": "steps"}   # stress: dev setting
 
 
 def test_each_stress_setting_is_at_the_lr_the_rule_gives_on_the_committed_dev_sweep():
     """A stress setting (shared_lr) runs every arm at stress_lr of its dev-lr setting's baseline
     sweep (the committed summary.json's): the smallest lr above the chosen one where the baseline's
     mean final dev accuracy is STRESS_DROP below; its arms, flags and sweep are the dev setting's,
-    so the readings are chosen on the same sweep runs; 10 seeds; the gate reads the dev setting."""
+    so the readings are chosen on the same sweep runs; 10 seeds; the learning gate is its own."""
     assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.33], 3e-4: [0.1]}) == 3e-4
     assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.31]}) == 1e-4
     assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.35]}) is None
     for name, dev_label in STRESS.items():
         settings = {s.label: s for s in experiments.EXPERIMENTS[name](False).settings}
         stress, dev = settings["steps-stress"], settings[dev_label]
-        assert stress.sweep_of == stress.learns_in == dev_label
+        assert stress.sweep_of == dev_label
         assert stress.flags == dev.flags and stress.baseline == dev.baseline
         assert {a.name: a.flags for a in stress.arms}.items() <= \
             {a.name: a.flags for a in dev.arms}.items()
@@ -441,10 +451,10 @@ def test_each_stress_setting_is_at_the_lr_the_rule_gives_on_the_committed_dev_sw
 def test_r2pos_stress_setting_is_the_head_lr_that_moves_at_every_arms_dev_lr():
     """R²PO's stress is its head's lr, not the policy's: arith's arms at the policy lr every arm
     chose on arith's committed dev sweep, the head at R2PO_MOVES (whose head KL on that sweep left
-    the band, > 0.1), no band, no readings to sweep again, 10 seeds, the gate read on arith."""
+    the band, > 0.1), no band, no readings to sweep again, 10 seeds."""
     settings = {s.label: s for s in experiments.r2po_exp(False).settings}
     stress, arith = settings["arith-stress"], settings["arith"]
-    assert stress.sweep_of == stress.learns_in == "arith" and stress.band is None
+    assert stress.sweep_of == "arith" and stress.band is None
     assert stress.readings == () and stress.seeds == experiments.STRESS_SEEDS
     assert {a.name: a.flags for a in stress.arms}.items() <= \
         {a.name: a.flags for a in arith.arms}.items()
@@ -459,14 +469,17 @@ def test_r2pos_stress_setting_is_the_head_lr_that_moves_at_every_arms_dev_lr():
 
 def test_every_mechanism_diagnostic_is_one_predicate_form():
     """Every claim's diagnostic reads a metrics key's mean over every step of every reported seed
-    ("mean > X"); the stabilisers' shares (veto, PNPO's terms, Headroom-Drift's selection) and
-    R²PO's head KL at ACTED."""
-    shares = {"loss/veto_frac", "ratio/gspo_differs_frac", "replay/hd_changed_frac",
+    ("mean > X"); the stabilisers' shares (veto, PNPO's far prefixes, Headroom-Drift's selection)
+    and R²PO's head KL at ACTED; the replay priority's: the lift of |A| it draws over what is
+    stored (PRIORITIZED)."""
+    shares = {"loss/veto_frac", "ratio/far_prefix_frac", "replay/hd_changed_frac",
               "r2po/head_kl_current"}
     for name, make in experiments.EXPERIMENTS.items():
         for s in make(False).settings:
             for c in s.claims:
-                if c.acted:
+                if c.acted and c.acted[0] == "replay/abs_adv_sampled":     # the priority's lift
+                    assert c.acted == experiments.PRIORITIZED
+                elif c.acted:
                     agg, op, rhs = c.acted[1].split()
                     assert (agg, op) == ("mean", ">"), (name, c)
                     if c.acted[0] in shares:
@@ -523,8 +536,8 @@ def test_an_own_lr_arm_is_swept_beside_a_shared_lr(monkeypatch, tmp_path):
         lr = float(d.parent.name[3:])
         acc = dev[lr] if "sweep" in d.parts else 0.5
         return {"final": acc, "maxima": {}, "curve": [(0, 0, 0, 0.0, acc)]}
-    monkeypatch.setattr(experiments, "load", fake_load)
-    monkeypatch.setattr(experiments, "stream", lambda argv: None)
+    monkeypatch.setattr(protocol, "load", fake_load)
+    monkeypatch.setattr(protocol, "stream", lambda argv: None)
     for arm in arms:
         d = experiments.run_dir(tmp_path / "x", "report", arm.name, 2e-5, 100)
         d.mkdir(parents=True)

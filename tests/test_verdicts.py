@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import experiments  # noqa: E402
+import report  # noqa: E402  (where plots lives: patched there)
 import stats  # noqa: E402
 from experiments import Arm, Claim, Setting  # noqa: E402
 
@@ -371,39 +372,96 @@ def test_runs_without_the_diagnostics_key_are_not_logged_not_did_not_act():
     assert veto["holm"] == experiments.NOT_LOGGED
 
 
-def test_a_baseline_that_does_not_learn_makes_every_claim_not_testable():
-    """The same arms, the baseline's final equal to its start on every seed but one (gain CI
-    around 0): every claim with a direction says the baseline does not learn."""
+def course_runs(start, end, wobble=0.0):
+    """Five paired seeds going from `start` to `end` (+- wobble by seed)."""
+    return [run([start, (start + end) / 2, end + wobble * (-1) ** i, end + wobble * (-1) ** i],
+                seed=100 + i, stream=["4", str(100 + i)]) for i in range(5)]
+
+
+def courses_summary(base, **arms):
+    """verdict_setting's claims on hand-made courses: base and each named arm (start, end)."""
     summary = verdict_summary()
-    summary["runs"]["base"] = [run([0.2, 0.2, 0.2 + 0.001 * (i % 2)], seed=100 + i,
-                                   stream=["4", str(100 + i)]) for i in range(5)]
-    a = experiments.analyse(summary)
+    summary["runs"] = {"base": course_runs(*base)}
+    for name in ("better", "worse", "noisy", "par", "veto"):
+        summary["runs"][name] = course_runs(*arms.get(name, base))
+    return summary
+
+
+def test_each_arm_has_a_course_and_the_gate_reads_the_settings_own_baseline():
+    """An arm learns where its gain over step 0 (paired) has a CI above 0, degrades where below,
+    else is flat; the learning gate is this setting's baseline's gain, whatever its lr."""
+    a = experiments.analyse(courses_summary((0.3, 0.2), better=(0.3, 0.4)))
+    assert a["arms"]["base"]["course"] == experiments.DEGRADES
+    assert a["arms"]["better"]["course"] == experiments.LEARNS
+    assert a["gate"] == {"setting": "arith", "gain": a["baseline_gain"], "learned": False}
+    flat = experiments.analyse(courses_summary((0.3, 0.3, 0.01)))
+    assert flat["arms"]["base"]["course"] == experiments.FLAT
+    r = experiments.reading
+    L, F, D = experiments.LEARNS, experiments.FLAT, experiments.DEGRADES
+    assert [r(L, L), r(D, L), r(L, D), r(L, F)] == [experiments.ACCURACY, experiments.ACCURACY,
+                                                    experiments.ONLY_ARM, experiments.ONLY_ARM]
+    assert r(F, D) == r(D, D) == r(D, F) == experiments.DEGRADATION
+    assert r(F, F) == experiments.NOTHING
+
+
+def test_where_nothing_moves_every_claim_is_not_testable():
+    """Every arm flat (its final equal to its start up to noise): nothing to compare."""
+    a = experiments.analyse(courses_summary((0.3, 0.3, 0.001)))
     assert not a["gate"]["learned"]
     assert {c["verdict"] for c in a["comparisons"]} == {experiments.NOT_LEARNING}
 
 
-def test_a_stress_setting_reads_the_gate_of_its_dev_lr_setting(tmp_path, monkeypatch):
-    """learns_in: the gate is the other setting's baseline gain, read from its summary.json (so a
-    collapsing baseline at the stress lr does not silence the claims); missing: a clear error."""
-    monkeypatch.setattr(experiments, "plots", lambda summary, out: False)
-    summary = verdict_summary()
-    stress = dataclasses.replace(summary["setting"], label="stress", learns_in="arith",
-                                 shared_lr=1e-4)
-    summary["runs"]["base"] = [run([0.2, 0.1, 0.1], seed=100 + i, stream=["4", str(100 + i)])
-                               for i in range(5)]               # collapses at the stress lr
-    with pytest.raises(SystemExit, match="run --setting arith first"):
-        experiments.write_setting({**summary, "setting": stress}, tmp_path / "stress")
-    experiments.write_setting(verdict_summary(), tmp_path / "arith")   # it learned there
-    experiments.write_setting({**summary, "setting": stress}, tmp_path / "stress")
-    data = json.loads((tmp_path / "stress" / "summary.json").read_text())
-    assert data["gate"]["setting"] == "arith" and data["gate"]["learned"]
-    assert experiments.NOT_LEARNING not in {c["verdict"] for c in data["comparisons"]}
-    assert "A stress setting: every arm at one shared lr 0.0001" in (
-        tmp_path / "stress" / "results.md").read_text()
+def test_where_the_baseline_collapses_but_the_arm_learns_the_word_says_so():
+    """The baseline falls 30% → 20% on every seed, `better` climbs to 40%: reproduced, and the
+    word says only the arm learns (not the paper's accuracy claim against a learning GRPO)."""
+    a = experiments.analyse(courses_summary((0.3, 0.2), better=(0.3, 0.4)))
+    better = next(c for c in a["comparisons"] if (c["arm"], c["against"]) == ("better", "base"))
+    assert better["shows"] == experiments.ONLY_ARM
+    assert better["verdict"] == "reproduced (only the arm learns)"
+    assert better["holm"] == "reproduced (only the arm learns)"
+
+
+def test_where_no_arm_learns_better_is_judged_as_degrades_less():
+    """Every arm ends below its start: the baseline by 10 points, `better` by 5 (reproduced:
+    degrades less), `worse` by 15 (contradicted: degrades more), `noisy` by 10 +- 5
+    (inconclusive), `par` by 9.5 (on par: reproduced); the words never claim accuracy."""
+    a = experiments.analyse(courses_summary((0.3, 0.2), better=(0.3, 0.25), worse=(0.3, 0.15),
+                                            noisy=(0.3, 0.2, 0.05), par=(0.3, 0.205)))
+    words = {c["arm"]: c["verdict"] for c in a["comparisons"] if c["against"] == "base"}
+    assert words["better"] == "reproduced (degrades less; no arm learns)"
+    assert words["worse"] == "contradicted (degrades more; no arm learns)"
+    assert words["noisy"].startswith("inconclusive (95% CI [")
+    assert words["noisy"].endswith("; no arm learns)")
+    assert words["par"] == "reproduced (degrades less; no arm learns)"
+    holm = {c["arm"]: c["holm"] for c in a["comparisons"] if c["against"] == "base"}
+    assert holm["better"] == "reproduced (degrades less; no arm learns)"
+    assert holm["noisy"].startswith("inconclusive (Holm p = ")
+    assert holm["noisy"].endswith("; no arm learns)")
+    assert all(c["shows"] == experiments.DEGRADATION for c in a["comparisons"])
+
+
+def test_a_stress_setting_reads_its_own_gate_and_shows_every_arm_at_every_dev_lr(
+        tmp_path, monkeypatch):
+    """A stress setting (shared_lr) judges on its own arms: its collapsing baseline does not
+    learn (the gate can fail), and beside its rows each arm's mean final dev accuracy at every
+    lr of its sweep_of setting's dev sweep, the shared lr marked."""
+    monkeypatch.setattr(report, "plots", lambda summary, out: False)
+    summary = courses_summary((0.3, 0.2), better=(0.3, 0.25))
+    stress = dataclasses.replace(summary["setting"], label="stress", shared_lr=1e-4,
+                                 sweep_of="arith")
+    dev = {"base": {3e-5: [0.4, 0.42], 1e-4: [0.2, 0.22]}, "better": {3e-5: [0.3], 1e-4: [0.35]}}
+    experiments.write_setting({**summary, "setting": stress, "dev_lrs": dev}, tmp_path)
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["gate"]["setting"] == "stress" and not data["gate"]["learned"]
+    assert data["dev_lrs"]["base"] == {"3e-05": pytest.approx(0.41), "0.0001": pytest.approx(0.21)}
+    results = (tmp_path / "results.md").read_text()
+    assert "| base | **21.0** | 41.0 | 41.0 at 3e-05 |" in results
+    assert "| better | **35.0** | 30.0 | 35.0 at 0.0001 |" in results
+    assert "reproduced (degrades less; no arm learns)" in results
 
 
 def test_table_and_summary_json_carry_the_statistics(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(experiments, "plots", lambda summary, out: False)   # no matplotlib
+    monkeypatch.setattr(report, "plots", lambda summary, out: False)   # no matplotlib
     summary = verdict_summary()
     exp = experiments.Experiment("toy", "a toy paper", "it works", "everything",
                                  (summary["setting"],))

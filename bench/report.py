@@ -1,0 +1,508 @@
+"""The report: a setting's results.md (the arms' table, the verdicts, the sweep), sweep.md, the
+plots and summary.json (write_setting), and the README's headline table from every summary.json
+(headline_rows, headline_table). Numbers come from bench/verdicts.py's analyse; nothing here runs.
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from design import EXTEND, Experiment
+from papers import EXPERIMENTS
+from protocol import code_line
+from stats import mean_std
+from verdicts import BUDGETS, PAR_MARGIN, TARGET_FRAC, VERDICT_RULE, X_COL, analyse, pooled
+
+def fmt(x, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def points(c: dict | None) -> str:
+    """Δ [95% CI] of a comparison_json, in percentage points."""
+    if c is None or c["delta"] is None:
+        return "—"
+    lo, hi = c["ci"]
+    ci = "—" if lo is None else f"{100 * lo:+.1f}, {100 * hi:+.1f}"
+    return f"{100 * c['delta']:+.1f} [{ci}]"
+
+
+def pairing(c: dict | None) -> str:
+    """paired / unpaired (Welch); a pooled claim's: the pairs it holds, setting by setting."""
+    if c is None or c["paired"] is None:
+        return "—"
+    if c.get("settings"):
+        held = ", ".join(f"{n} in {label}" for label, n in c["settings"].items())
+        return f"paired over {sum(c['settings'].values())} pairs ({held})"
+    return "paired" if c["paired"] else "unpaired (Welch)"
+
+
+def claim_cell(c: dict) -> str:
+    """"arm vs reference (metric)", with what the row shows where it is not the paper's claim
+    (Claim.note) and the Δ of the arm beside it against the same reference (Claim.beside)."""
+    metric = "" if c["metric"] == "final" else f" ({c['metric']})"
+    text = f"{c['arm']} vs {c['against']}{metric}"
+    if c.get("note"):
+        text += f": {c['note']}"
+    if c.get("beside"):
+        text += f"; beside it {c['beside']['arm']} vs {c['against']} {points(c['beside'])}"
+    return text
+
+
+def claim_words(direction: int | None) -> str:
+    return {1: "better", -1: "worse", 0: f"on par (±{100 * PAR_MARGIN:g})", None: "no claim"}[
+        direction]
+
+
+def time_cell(t: dict | None, spec: str) -> str:
+    """x to target: the mean (≥ where seeds are censored: a lower bound) and reached k/n."""
+    if t is None:
+        return "—"
+    bound = "≥ " if t["lower_bound"] else ""
+    return f"{bound}{format(t['mean'], spec)} ({t['reached']}/{t['n']})"
+
+
+def ratio_cell(t: dict | None) -> str:
+    if t is None or t["ratio"] is None:
+        return "—"
+    return {"=": "", ">=": "≥ ", "<=": "≤ "}[t["bound"]] + f"{t['ratio']:.2f}"
+
+
+def table(summary: dict, analysis: dict | None = None) -> str:
+    """The tables of one setting's results.md: the arms, then every claim's verdict."""
+    s, runs, chosen = summary["setting"], summary["runs"], summary["chosen"]
+    a_ = analysis or analyse(summary)
+    start, target = a_["start"], a_["target"]
+    x_name = {"fresh": "fresh rollouts", "updates": "updates"}[s.x]
+    verdicts = {c["arm"]: c for c in reversed(a_["comparisons"]) if c["against"] == s.baseline}
+    head = (f"start (step 0, every run) {100 * start:.1f}%; target = start + {TARGET_FRAC:g} x "
+            f"({s.baseline}'s gain) = {fmt(target and 100 * target, '.1f')}%. Final test acc: "
+            "each run's mean of its last two evaluations, mean ± std over seeds. Δ: paired over "
+            "the seeds both arms ran where they share the prompt stream (SE = sd(d) / sqrt(n), "
+            "df = n - 1), else Welch's; 95% CI = Δ ± t(0.975, df) SE, in points. To target: per "
+            "seed, where its curve first reaches the target (interpolated between evaluations); "
+            "a seed that never does counts at its budget (censored), so the mean is a lower bound "
+            "(≥) and the ratio to the baseline a bound (≥ where only the arm's seeds are "
+            "censored, ≤ where only the baseline's, — where both). Accuracy at a budget: "
+            f"interpolated at {', '.join(f'{100 * q:g}%' for q in BUDGETS)} of the baseline's "
+            f"x-range ({a_['x_range']:,.0f} {x_name}), — past a run's end; Δ [95% CI] as above. "
+            "AES: O1-Pruner's accuracy-efficiency score (eval.aes; 0 for the baseline, above 0 "
+            "better) of the mean final accuracy and the mean response length of the last "
+            "training step (sampled rollouts).")
+    cols = ["arm", "lr", "seeds", "final test acc", f"Δ vs {s.baseline} [95% CI]", "SE", "df",
+            "pairing", f"{x_name} to target (reached)", "ratio", "wall s to target (reached)",
+            "ratio", *(f"acc {b['label']} ({b['x']:,.0f})" for b in a_["budgets"]), "verdict",
+            "gain over step 0 [95% CI] (course)", "length start → end",
+            f"AES vs {s.baseline}", "refreshes (= syncs)", "updates",
+            "generate / update s",
+            *(f"final {c}" for c, _ in s.finals), *(c for c, _ in s.diagnostics)]
+    out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for a in (a for a in s.arms if a.name in runs):         # a reading not chosen is not reported
+        rs, e = runs[a.name], a_["arms"][a.name]
+        d = e["delta"]
+        avg = lambda key: statistics.mean(r[key] for r in rs if r.get(key) is not None) \
+            if any(r.get(key) is not None for r in rs) else None                  # noqa: E731
+        diag = [fmt(statistics.mean(r["means"][k] for r in rs) if all(
+            r["means"].get(k) is not None for r in rs) else None, ".3g")
+            for _, k in s.diagnostics]
+        lasts = []
+        for _, k in s.finals:
+            vals = [r["last"][k] for r in rs if r["last"].get(k) is not None]
+            lasts.append(f"{100 * mean_std(vals)[0]:.1f} ± {100 * mean_std(vals)[1]:.1f}"
+                         if vals else "—")
+        at = []
+        for b in a_["budgets"]:
+            cell = e["at"][b["label"]]
+            held = f" [{cell['n']}/{len(rs)} seeds]" if cell["n"] < len(rs) else ""
+            at.append(fmt(cell["mean"] and 100 * cell["mean"], ".1f") + held + (
+                f" ({points(cell['delta'])})" if cell["delta"] else ""))
+        v = verdicts.get(a.name)
+        word = "—" if v is None else v["verdict"] + (
+            f" ({v['metric']})" if v["metric"] != "final" else "")
+        cells = [a.name, f"{chosen[a.name]:g}", str(len(rs)),
+                 f"{100 * e['final']['mean']:.1f} ± {100 * e['final']['std']:.1f}",
+                 points(d), fmt(d and d["se"] and 100 * d["se"], ".2f"),
+                 fmt(d and d["df"], ".3g"), pairing(d),
+                 time_cell(e["to_target"], ",.0f"), ratio_cell(e["to_target"]),
+                 time_cell(e["wall_to_target"], ".1f"), ratio_cell(e["wall_to_target"]), *at,
+                 word, f"{points(e.get('gain'))} ({e.get('course', '—')})",
+                 f"{fmt(avg('len_start'), '.1f')} → {fmt(avg('len_end'), '.1f')}",
+                 fmt(e["aes"], "+.3f"),
+                 fmt(avg("refreshes"), ".0f"), fmt(avg("updates"), ".0f"),
+                 f"{fmt(avg('gen'), '.1f')} / {fmt(avg('upd'), '.1f')}", *lasts, *diag]
+        out.append("| " + " | ".join(cells) + " |")
+    gate = a_.get("gate")
+    if gate:
+        out += ["", f"The learning gate: this setting's baseline {s.baseline} gained "
+                    f"{points(gate['gain'])} points over its step-0 accuracy (paired over its "
+                    f"seeds): {'it learns' if gate['learned'] else 'it does not learn'}. Each "
+                    "claim reads its own two arms' courses (the gain column: learns, flat, "
+                    "degrades): where its reference does not learn, its verdict says what it "
+                    "shows instead (VERDICT_RULE)."]
+    out += ["", cpu_line(runs)]
+    out += ["", "Verdicts:", "", "| claim | metric | the paper claims | Δ [95% CI] | SE | df | "
+            "pairing | mechanism acted | verdict | Holm (setting) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in a_["comparisons"]:
+        out.append(f"| {c['arm']} vs {c['against']} | {c['metric']} | "
+                   f"{claim_words(c['direction'])} | {points(c)} | "
+                   f"{fmt(c['se'] and 100 * c['se'], '.2f')} | {fmt(c['df'], '.3g')} | "
+                   f"{pairing(c)} | {acted_cell(c['diagnostic'])} | {c['verdict']} | "
+                   f"{c.get('holm', '—')} |")
+    return "\n".join(out) + "\n"
+
+
+def cpu_line(runs: dict) -> str:
+    """Which CPU kinds the reported runs ran on (cpu.txt, protocol.cpu_kind): wall times and
+    wall-to-target cells compare only within one kind."""
+    kinds = [r.get("cpu") for rs in runs.values() for r in rs]
+    known = sorted({k for k in kinds if k})
+    text = ("Wall times: every reported run on one CPU kind, " + known[0] + "." if len(known) == 1
+            else f"Wall times mix {len(known)} CPU kinds ({'; '.join(known)}): compare them "
+                 "within a kind only." if known else "Wall times:")
+    unknown = sum(k is None for k in kinds)
+    if unknown:
+        text += (f" {unknown} of {len(kinds)} runs were made before runs recorded their CPU "
+                 "kind (cpu.txt): their machine is not known here (docs/results.md names the "
+                 "machines per setting).")
+    return text
+
+
+def waiting_line(summary: dict) -> str:
+    """The arms whose runs are not in the archive yet (an analyse-only call), said above the
+    table: they are not in it, nor in any claim."""
+    if not summary.get("waiting"):
+        return ""
+    return (f"Runs in progress: {', '.join(summary['waiting'])} (not in the archive yet): not in "
+            "the tables or the verdicts below until they finish.\n\n")
+
+
+def write_pooled(p, summaries: dict[str, dict], out: Path, exp: Experiment | None = None) -> str:
+    """OUT/pooled-<settings>/: summary.json (verdicts.pooled's comparison, for the headline) and
+    results.md; returns the results.md text."""
+    c = pooled(p, summaries)
+    courses = ", ".join(f"{name} {kind}" for name, kind in c["courses"].items())
+    out.mkdir(parents=True, exist_ok=True)
+    text = (f"## {p.label}\n\n{c['arm']} against {c['against']}, final test accuracy, "
+            f"{pairing(c)}: the settings' own paired seeds pooled (one claim, declared in its "
+            f"experiment's Pooled). Δ {points(c)}, SE {fmt(c['se'] and 100 * c['se'], '.2f')}, "
+            f"df {fmt(c['df'], '.3g')}; courses {courses}; "
+            f"mechanism: {acted_cell(c['diagnostic'])}; verdict: **{c['verdict']}**.\n")
+    (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n")
+    data = {"experiment": exp and exp.name, "paper": exp and exp.paper, "setting": p.label,
+            "pooled": list(p.settings), "verdict_rule": VERDICT_RULE, "comparisons": [c]}
+    (out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
+    return text
+
+
+def dev_lr_means(summary: dict) -> dict:
+    """{arm: {lr: mean final dev accuracy}} of summary["dev_lrs"] (a shared-lr setting's arms on
+    its sweep_of setting's dev sweep; {} elsewhere), the lrs as strings (JSON's keys)."""
+    return {name: {f"{lr:g}": statistics.mean(accs) for lr, accs in sorted(per.items())}
+            for name, per in summary.get("dev_lrs", {}).items()}
+
+
+def dev_lr_table(summary: dict) -> str:
+    """A shared-lr setting's arms at every lr of its sweep_of setting's dev sweep (mean final dev
+    accuracy, %), the shared lr marked: what the lr chosen by the baseline's collapse alone
+    (stress_lr) costs each arm against its own best on dev. "" where there is none."""
+    s, means = summary["setting"], dev_lr_means(summary)
+    if not any(means.values()):
+        return ""
+    lrs = sorted({float(lr) for per in means.values() for lr in per}, reverse=True)
+    out = ["", f"Each arm's mean final dev accuracy (%) at every lr of {s.sweep_of}'s dev sweep "
+           f"(its seeds {', '.join(map(str, s.sweep_seeds))}); **the shared lr "
+           f"{s.shared_lr:g}**, chosen where {s.baseline} is unstable on dev (stress_lr), not by "
+           "any other arm; best: the arm's own best lr there.", "",
+           "| arm | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |",
+           "|---|" + "---|" * (len(lrs) + 1)]
+    for name, per in means.items():
+        cells = []
+        for lr in lrs:
+            v = per.get(f"{lr:g}")
+            cell = "—" if v is None else f"{100 * v:.1f}"
+            cells.append(f"**{cell}**" if lr == s.shared_lr else cell)
+        best = max(per.items(), key=lambda kv: kv[1]) if per else None
+        cells.append("—" if best is None else f"{100 * best[1]:.1f} at {best[0]}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def acted_cell(g: dict | None) -> str:
+    """A claim's diagnostic: the key, its value against the predicate, whether it held, and
+    whether it gates the claim (on par: reported, not a gate)."""
+    if not g:
+        return "—"
+    value = "not logged" if g.get("value") is None else f"{g['value']:.3g}"
+    gates = "" if g.get("gates", True) else " (reported, not a gate)"
+    return f"{g['key']} {g['predicate']}: {value}, {'yes' if g['acted'] else 'no'}{gates}"
+
+
+def swept(summary: dict) -> bool:
+    """Whether the setting has dev-sweep runs (not one whose lr was fixed elsewhere: smollm2's)."""
+    return any(summary["sweep"].get(a.name) for a in summary["setting"].arms)
+
+
+def sweep_table(summary: dict) -> str:
+    s = summary["setting"]
+    if not swept(summary):
+        return (f"No sweep runs here: every arm at the lr fixed before the test runs "
+                f"({', '.join(f'{n} {lr:g}' for n, lr in summary['chosen'].items())}; the "
+                f"setting's note above says where it was chosen).\n")
+    grid = sorted({lr for d in summary["sweep"].values() for lr in d}, reverse=True)
+    seeds = ", ".join(map(str, summary["sweep_seeds"]))
+    out = [f"final eval/dev_accuracy (%), seeds {seeds}: mean (per seed); **chosen**; an lr past "
+           f"the grid {', '.join(f'{x:g}' for x in summary['grid'])} was swept where the best was "
+           f"at its edge (at most {EXTEND}); a choice still at the edge of what was swept is "
+           f"marked (edge); — = not swept", "",
+           "| arm | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |",
+           "|---|" + "---|" * len(grid)]
+    for a in s.arms:
+        cells = []
+        mine = summary["sweep"][a.name]
+        for lr in grid:
+            if lr not in mine:
+                cells.append("—")
+                continue
+            accs = mine[lr]
+            cell = (f"{100 * statistics.mean(accs):.1f} ("
+                    f"{', '.join(f'{100 * x:.1f}' for x in accs)})")
+            if lr == summary["chosen"][a.name]:
+                edge = " (edge)" if lr in (min(mine), max(mine)) else ""
+                cell = f"**{cell}**{edge}"
+            cells.append(cell)
+        out.append(f"| {a.name} | " + " | ".join(cells) + " |")
+    for group, pick in summary.get("picked", {}).items():
+        rule = "the best mean final dev accuracy at its own chosen lr"
+        if s.band:
+            maxima = ", ".join(f"{n} {fmt(summary['band'][n], '.3g')}" for n in group)
+            rule += f", among those whose {s.band[0]} stayed <= {s.band[1]:g} ({maxima})"
+        out.append(f"\nReadings {'; '.join(group)}: **{pick}** reported ({rule}).")
+        if (best := summary.get("also", {}).get(group)) is not None:
+            out.append(f"The best on dev whatever {s.band[0]}: **{best}**, reported too (not "
+                       f"the headline).")
+    return "\n".join(out) + "\n"
+
+
+def plots(summary: dict, out: Path) -> bool:
+    """accuracy.png, sweep.png (where there are sweep runs) and seeds.png (where the setting
+    asks); False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    s, runs = summary["setting"], summary["runs"]
+    col = {"fresh": 1, "updates": 2}[s.x]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True)
+    colors = plt.get_cmap("tab10").colors
+    for i, a in enumerate(a for a in s.arms if a.name in runs):
+        rs = runs[a.name]
+        n = min(len(r["curve"]) for r in rs)
+        accs = [[100 * r["curve"][j][4] for r in rs] for j in range(n)]
+        mean = [statistics.mean(v) for v in accs]
+        for ax, xs in zip(axes, ([rs[0]["curve"][j][col] for j in range(n)],
+                                 [statistics.mean(r["curve"][j][3] for r in rs)
+                                  for j in range(n)])):
+            line, = ax.plot(xs, mean, marker="o", markersize=3, color=colors[i % 10],
+                            label=f"{a.name} (lr {summary['chosen'][a.name]:g}, {len(rs)} seeds)")
+            ax.fill_between(xs, [min(v) for v in accs], [max(v) for v in accs],
+                            color=line.get_color(), alpha=0.15)
+    axes[0].set(xlabel={"fresh": "fresh rollouts generated", "updates": "optimizer updates"}[s.x],
+                ylabel="test accuracy (%)")
+    axes[1].set(xlabel="training wall time (s, eval excluded)", ylabel="test accuracy (%)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3,
+               fontsize=8, frameon=False)
+    fig.suptitle(f"{s.label}: mean over seeds, band min..max", fontsize=10)
+    fig.savefig(out / "accuracy.png", dpi=90)
+    plt.close(fig)
+    if swept(summary):
+        sweep_plot(summary, out, plt)
+    if s.seed_curves:
+        seed_plot(summary, out, plt)
+    return True
+
+
+def sweep_plot(summary: dict, out: Path, plt) -> None:
+    """sweep.png: each arm's mean final dev accuracy against the lr."""
+    s = summary["setting"]
+    colors = plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for i, a in enumerate(s.arms):
+        grid = sorted(summary["sweep"][a.name])
+        ax.plot(grid, [100 * statistics.mean(summary["sweep"][a.name][lr]) for lr in grid],
+                marker="o", color=colors[i % 10], label=a.name)
+    ax.set(xscale="log", xlabel="learning rate", ylabel="final dev accuracy (%)",
+           title=f"{s.label}: the sweep (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(out / "sweep.png", dpi=90)
+    plt.close(fig)
+
+
+def seed_plot(summary: dict, out: Path, plt) -> None:
+    """seeds.png: every reported run's test accuracy against the x-axis, a panel per arm, a line
+    per seed (the same colour for a seed in every panel: paired seeds side by side)."""
+    s, runs = summary["setting"], summary["runs"]
+    col = X_COL[s.x]
+    names = [a.name for a in s.arms if a.name in runs]
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4.5), sharey=True,
+                             constrained_layout=True, squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    seeds = sorted({r["seed"] for name in names for r in runs[name]})
+    for ax, name in zip(axes[0], names):
+        for r in runs[name]:
+            ax.plot([p[col] for p in r["curve"]], [100 * p[4] for p in r["curve"]], marker="o",
+                    markersize=3, color=colors[seeds.index(r["seed"]) % 10],
+                    label=f"seed {r['seed']}")
+        ax.set(title=f"{name} (lr {summary['chosen'][name]:g})",
+               xlabel={"fresh": "fresh rollouts generated", "updates": "optimizer updates"}[s.x])
+        ax.grid(alpha=0.3)
+    axes[0][0].set(ylabel="test accuracy (%)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{s.label}: each seed", fontsize=10)
+    fig.savefig(out / "seeds.png", dpi=90)
+    plt.close(fig)
+
+
+def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> str:
+    """OUT/<setting>/: results.md (the flags, the tables, VERDICT_RULE, the sweep), sweep.md,
+    summary.json (the runs and analyse()'s every number, with the experiment's name and paper)
+    and the plots; returns the text for the experiment's README (results.md less the rule)."""
+    out.mkdir(parents=True, exist_ok=True)
+    s = summary["setting"]
+    analysis = analyse(summary)
+    where = f", in {s.sweep_of} (the same runs)" if s.sweep_of else ""
+    stress = ("" if s.shared_lr is None else f"{s.lr_note}\n\n" if s.lr_note else
+              f"A stress setting: every arm at one shared lr {s.shared_lr:g} (stress_lr: where "
+              f"{s.baseline} is unstable on {s.sweep_of or 'its'}'s dev sweep); only the "
+              f"readings are swept, at that lr{where}.\n\n")
+    text = (f"## {s.label}\n\n{stress}Common flags: `{' '.join(s.flags)}`"
+            + (f"; sweep runs add `{' '.join(s.sweep)}`" if s.sweep and swept(summary) else "")
+            + "\n\n"
+            + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
+            + code_line(summary.get("codes")) + waiting_line(summary)
+            + table(summary, analysis) + dev_lr_table(summary))
+    sweep = "\nThe sweep:\n\n" + sweep_table(summary)
+    (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n" + sweep)
+    (out / "sweep.md").write_text(sweep_table(summary))
+    data = {"experiment": exp and exp.name, "paper": exp and exp.paper, "setting": s.label,
+            "baseline": s.baseline, "verdict_rule": VERDICT_RULE, "par_margin": PAR_MARGIN,
+            **analysis,
+            "chosen": summary["chosen"], "picked": {" | ".join(g): p for g, p in
+                                                    summary["picked"].items()},
+            "also": {" | ".join(g): p for g, p in summary.get("also", {}).items()},
+            "band": summary["band"], "codes": summary.get("codes"),
+            "shared_lr": s.shared_lr, "dev_lrs": dev_lr_means(summary),
+            "waiting": summary.get("waiting", []),
+            "sweep": {n: {str(k): v for k, v in d.items()}
+                                                   for n, d in summary["sweep"].items()},
+            "runs": summary["runs"]}
+    (out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
+    if not plots(summary, out):
+        print(f"no accuracy.png or sweep.png in {out}: matplotlib is not installed "
+              "(pip install -r requirements-bench.txt, then rerun: finished runs are reused)",
+              file=sys.stderr)
+    return text + sweep
+
+
+
+# ---- the README's headline table --------------------------------------------------------------
+
+def headline_rows(results_dir: Path, every: bool = False) -> tuple[list[list[str]], list[Path]]:
+    """(rows, skipped): a row [paper, setting, arm vs reference, the paper's claim, Δ [95% CI],
+    pairing, verdict, Holm verdict] per headline claim (Claim.headline; a setting without one: its
+    first claim with a direction), or with `every` per claim with a direction, of every
+    RESULTS_DIR/*/**/summary.json (the experiments in EXPERIMENTS' order, then by path); skipped:
+    the summary.json files without comparisons (written before verdicts were)."""
+    rows, skipped = [], []
+    for path, data in summaries(results_dir):
+        if "comparisons" not in data:
+            skipped.append(path)
+            continue
+        directed = [c for c in data["comparisons"] if c["direction"] is not None]
+        if not every:
+            directed = [c for c in directed if c.get("headline")] or directed[:1]
+        for c in directed:
+            rows.append([data.get("paper") or path.parent.parent.name, data["setting"],
+                         claim_cell(c), claim_words(c["direction"]),
+                         points(c), pairing(c), c["verdict"], c.get("holm", "—")])
+    return rows, skipped
+
+
+def summaries(results_dir: Path) -> list[tuple[Path, dict]]:
+    """Every RESULTS_DIR/*/**/summary.json, the experiments in EXPERIMENTS' order, then by path."""
+    order = {name: i for i, name in enumerate(EXPERIMENTS)}
+    paths = sorted(Path(results_dir).glob("*/**/summary.json"),
+                   key=lambda p: (order.get(p.relative_to(results_dir).parts[0], len(order)), p))
+    return [(path, json.loads(path.read_text())) for path in paths]
+
+
+def lr_text(lr: float | str) -> str:
+    """An lr as the docs write it: 1e-4, 3e-5, 2e-5."""
+    mantissa, exponent = f"{float(lr):.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def stress_lr_rows(results_dir: Path) -> list[list[str]]:
+    """A row [experiment, setting, arm, its mean final dev accuracy at every lr of the dev sweep
+    (the shared lr in bold), its best there, the shared lr's cost against that best] per arm of
+    every shared-lr setting whose summary.json has dev_lrs: the shared lr was chosen by the
+    baseline's collapse alone (stress_lr), and this is what it costs each arm."""
+    rows = []
+    for path, data in summaries(results_dir):
+        shared = data.get("shared_lr")
+        for arm, per in (data.get("dev_lrs") or {}).items():
+            if not per:
+                continue
+            cells = [f"**{lr_text(k)}: {100 * v:.1f}**" if float(k) == shared
+                     else f"{lr_text(k)}: {100 * v:.1f}"
+                     for k, v in sorted(per.items(), key=lambda kv: float(kv[0]))]
+            best_lr, best = max(per.items(), key=lambda kv: kv[1])
+            best_lr = lr_text(best_lr)
+            at = per.get(f"{shared:g}")
+            cost = "—" if at is None else f"{100 * (at - best):+.1f}"
+            rows.append([data.get("experiment") or path.parent.parent.name,
+                         f"{data['setting']} (shared lr {lr_text(shared)})", arm,
+                         ", ".join(cells), f"{100 * best:.1f} at {best_lr}", cost])
+    return rows
+
+
+def headline_table(results_dir: Path, every: bool = False) -> str:
+    """The README's headline table (markdown) from the experiments' summary.json files: paper,
+    setting, arm vs baseline, what the paper claims, Δ [95% CI] in points (final test accuracy
+    unless the claim names another metric), paired or unpaired (Welch), the verdict; a row per
+    headline claim, or with `every` per claim (docs/results.md's); then, beside the stress rows,
+    every arm of each shared-lr setting at every lr of its dev sweep (stress_lr_rows)."""
+    text = headline_markdown(headline_rows(results_dir, every)[0])
+    stress = stress_lr_rows(results_dir)
+    if not stress:
+        return text
+    intro = ("\nThe stress rows' shared lr, each arm on its setting's dev sweep: mean final dev "
+             "accuracy (%) at the shared lr against its own best lr there. The shared lr was "
+             "chosen by the baseline alone: where it is unstable on dev (stress_lr; R²PO's "
+             "arith-stress: the lr every arm chose, its stress the head's lr), by no other "
+             "arm.\n\n")
+    if not every:                      # the README's: a row per setting, its intro there
+        by_setting = {}
+        for row in stress:
+            at = row[3].split("**")[1].split(": ")[1] if "**" in row[3] else "—"
+            by_setting.setdefault((row[0], row[1]), []).append(f"{row[2]} {at} (best {row[4]})")
+        text += "\n| experiment | setting | each arm at the shared lr (its best on dev) |\n"
+        text += "|---|---|---|\n"
+        return text + "".join(f"| {e} | {s} | {'; '.join(cells)} |\n"
+                              for (e, s), cells in by_setting.items())
+    text += intro
+    text += ("| experiment | setting | arm | dev accuracy by lr (the shared lr in bold) | its best "
+             "| shared lr's cost (points) |\n|---|---|---|---|---|---|\n")
+    return text + "".join("| " + " | ".join(row) + " |\n" for row in stress)
+
+
+def headline_markdown(rows: list[list[str]]) -> str:
+    out = ["| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | paired? | "
+           "verdict | Holm (setting) |", "|---|---|---|---|---|---|---|---|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
