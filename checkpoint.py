@@ -10,14 +10,14 @@ One checkpoint, `out_dir/checkpoints/step_000040/`:
     config.json, generation_config.json, model.safetensors, tokenizer files
                                   the policy, full (unsharded) weights, gathered to rank 0: loads
                                   with AutoModelForCausalLM.from_pretrained
-    r2po_head.safetensors         R²PO only: the residual rollout head (r2po.HEAD_FILE, written by
-                                  r2po.R2PO.save); transformers ignores it, resume reads it
+    r2po_head.safetensors         a method's own files (R²PO's head: methods/r2po.py, its
+                                  save); transformers ignores them, resume reads them
     args.json                     the run's Args
     trainer/state.json            step, skipped-step counters, world size (the same on every rank)
     trainer/optimizer/            AdamW state through torch.distributed.checkpoint: each rank
                                   writes its own shard
     trainer/rank_00000.pt, ...    per rank: its data position, its replay buffer (contents, RNG,
-                                  last stats), R²PO's head optimizer and the python / torch RNGs
+                                  last stats), a method's own state and the python / torch RNGs
     COMPLETE                      the marker, written last
 
 Atomic: everything is written into `checkpoints/.tmp-step_000040`, every file is fsynced, the marker
@@ -122,7 +122,7 @@ def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, rep
          rank: int, world: int, extra=None) -> str:
     """Write checkpoint `step` under `root` atomically (what `restore` reads back); every rank calls
     it (the gathers are collective). `flags`: the run's flags as a dict (dataclasses.asdict of
-    train.py's Args), written as args.json. `extra` (R²PO's r2po.R2PO, or None) writes its own files
+    train.py's Args), written as args.json. `extra` (a method's phase slot, or None) writes its own files
     into the directory on rank 0 (`extra.save(dir)`) and its per-rank state into the rank files
     (`extra.state_dict()`). Returns the checkpoint's directory."""
     trainer_state = {"step": step, "skipped": guard.skipped, "in_row": guard.in_row}
@@ -205,7 +205,7 @@ def resolve(resume: str, out_dir: str, world: int = 1, needs: tuple = ()) -> str
     """`--resume`: '' -> None (fresh start); 'auto' -> latest() in out_dir/checkpoints (None when
     there is none, so the same command starts and restarts a job); a path -> itself, if it is a
     complete checkpoint. ValueError for an incomplete one, one written by another number of ranks,
-    or one without a file in `needs` (R²PO's head file: a run with a head resumes only from a run
+    or one without a file in `needs` (a method's file: a run with a head resumes only from a run
     that had one)."""
     if not resume:
         return None
@@ -292,7 +292,7 @@ def point_final(out_dir: str, ckpt: str) -> str:
 
 def restore(resume: str | None, model, opt, *, replay, guard, rank: int, flags: dict,
             extra=None) -> tuple[int, int]:
-    """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and `extra` (R²PO:
+    """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and `extra` (a method's phase slot:
     its head and the head's optimizer, `extra.restore(dir, state)`; its phase is a function of the
     step); returns (step, prompt position), (0, 0) when `resume` is None. `flags` (the run's, as a
     dict) are compared with the checkpoint's args.json: a changed one is a warning."""

@@ -4,16 +4,16 @@ the groups of --help. Used by train.py (flags.Args) and eval.py (eval.Args). Imp
 so `--help` answers at once.
 
 A program whose flags have several owners composes them: `compose("Args", (RunFlags,
-objective.Flags, ...))` is one flat dataclass with every owner's fields in that order (one `--flag`
-each, the owners' help texts and groups), and `part(args, objective.Flags)` is the owner's own
+LossFlags, ...))` is one flat dataclass with every owner's fields in that order (one `--flag`
+each, the owners' help texts and groups), and `part(args, LossFlags)` is the owner's own
 frozen dataclass with the values of `args`: what the owner's code is built from.
 
     @dataclass
     class Args:
         # ---- objective
-        ratio: Literal["token", "gspo"] = "token"
+        ratio: Literal["token", "sequence"] = "token"
         \"\"\"importance weight\"\"\"
-    # --ratio {token,gspo}, its help from the string under it, in the group "objective"
+    # --ratio {token,sequence}, its help from the string under it, in the group "objective"
     args = cli.parse(Args, sys.argv[1:], description=__doc__)
 """
 import argparse

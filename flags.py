@@ -344,7 +344,7 @@ class Memory(NamedTuple):
     """What a run holds at its peak on one rank, in bytes (update_memory): the parts of the
     message when it does not fit."""
     training: int         # the policy's weights, gradients and AdamW's two moments
-    copies: int           # the engine's copy of the weights, the frozen reference / R²PO anchor
+    copies: int           # the engine's copy of the weights, the frozen reference / a method's
     micro_batch: int      # one micro-batch's activations and logits (token_bytes)
     runtime: int          # the interpreter, torch and transformers themselves
 
@@ -365,7 +365,7 @@ def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_co
                   bytes_per_value: int = 4, budget: int = AUTO_ACTIVATIONS) -> Memory:
     """The run's peak memory on one rank, roughly (Memory): 16 bytes a parameter for the
     weights, gradients and AdamW's two moments in fp32 (sharded over `world` ranks by FSDP2), 4 for
-    each full copy (TorchEngine's; the frozen reference of --kl-coef or R²PO's anchor), one
+    each full copy (TorchEngine's; the frozen reference of --kl-coef or a method's anchor), one
     micro-batch's tokens (the fewer of --micro-batch-tokens and --micro-batch-size rows of the
     longest prompt + --max-new-tokens) at token_bytes each, and the runtime."""
     c = model.config

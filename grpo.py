@@ -149,7 +149,7 @@ def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 def policy_loss(log_ratio: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float, eps_high: float,
                 dual_clip: float | None = None, agg: str = "token-mean", normaliser: float,
                 token_weight: Tensor | None = None) -> tuple[Tensor, dict]:
-    """Clipped surrogate (PPO; GRPO eq. 3; DAPO clip-higher; dual-clip arXiv 1912.09729),
+    """Clipped surrogate (PPO; GRPO eq. 3; clip-higher; dual-clip arXiv 1912.09729),
     to minimise:
 
         l_t  = max(-A w_t, -A clip(w_t, 1 - eps_low, 1 + eps_high))        w_t = exp(log_ratio_t)

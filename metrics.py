@@ -7,8 +7,8 @@
 
 Each component reports its own metrics, with the weight or kind that says how they combine, and
 its own fields of the step's log line (`LOG` format strings over its keys, or a function where the
-keys vary): the objective (objective.py: grpo.policy_loss's token means), the replay buffers
-(buffer.py), VIGOR's allocation (vigor.py), R²PO (r2po.py), the evaluation (eval.py), the
+keys vary): the loss (train.py: grpo.policy_loss's token means), the replay buffer
+(buffer.py), the method files (methods/), the evaluation (eval.py), the
 verifier's error counts (verify.py), the rollouts of the step (`rollout_metrics` and `LOG`, here).
 Nothing here knows another module's key names: `log_line` fills in the fields it is handed.
 docs/metrics.md lists every key.
@@ -219,7 +219,7 @@ def write_logs(files, row: dict, line: str, rollouts: list = (), tokenizer=None,
                updates: list = ()) -> None:
     """Print the step's `line` and write its metrics `row` to metrics.jsonl, with a few
     decoded rollouts to samples.jsonl and each optimizer step's reduced metrics to updates.jsonl
-    ({"step", "update": 1.., loss/clip_frac, loss/veto_frac, ...}: in a mu-GRPO stage they change
+    ({"step", "update": 1.., loss/clip_frac, ratio/max, ...}: over many updates of one batch they change
     across its updates), and with --tensorboard every numeric key of the row as a scalar at x =
     row["step"]."""
     metrics_f, samples_f, updates_f, tb = files

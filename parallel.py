@@ -34,7 +34,7 @@ def all_reduce(values: list[float], world: int, op=dist.ReduceOp.SUM) -> list[fl
 
 def all_gather_cat(t: torch.Tensor, world: int) -> torch.Tensor:
     """Every rank's 1-D tensor (lengths may differ), concatenated in rank order, on the CPU of
-    every rank (M2PO's threshold needs the step's values themselves, not their sum)."""
+    every rank (a threshold over the step's values needs the values themselves, not their sum)."""
     if world == 1:
         return t.cpu()
     parts = [None] * world
@@ -60,7 +60,7 @@ def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool
 
 
 def forward_passes(micro_batches: list, model, pad_id: int, world: int):
-    """`lockstep` for passes without a backward through `model` (no-grad scoring, or R²PO's head on
+    """`lockstep` for passes without a backward through `model` (no-grad scoring, or a head trained on
     a frozen base), then `reshard`: without a backward FSDP2's root keeps its gathered parameters.
     Iterate it to the end."""
     yield from lockstep(micro_batches, model, pad_id, world, backward=False)
@@ -95,7 +95,7 @@ def clip_gradients(model, max_norm: float) -> float:
 
 
 def sum_gradients(module, world: int) -> None:
-    """Sum a replicated (not sharded) module's gradients over ranks, in place (R²PO's head: its loss
+    """Sum a replicated (not sharded) module's gradients over ranks, in place (a method's head: its loss
     is already divided by the global normaliser, so the sum is the step's gradient)."""
     if world > 1:
         for p in module.parameters():

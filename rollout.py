@@ -1,7 +1,7 @@
 """Rollouts: the record that flows through the trainer, its batching into tensors, the trainer's
 forward over them, the pure-PyTorch engine that samples them, and the canary that checks the
 engine. (The vLLM engine, same interface: vllm_engine.py; how many completions each prompt gets,
-and how they are graded: allocation.py and vigor.py.)
+and how they are graded and scored: train.py.)
 
     python rollout.py                      # samples a few completions from the built-in tiny model
 
@@ -14,7 +14,7 @@ and how they are graded: allocation.py and vigor.py.)
   functions (`prefill`, `decode_one_token`, `sample_token`; gpt-fast style). It records the
   behaviour log-prob of every sampled token, the denominator of every importance ratio in grpo.py.
   `load_weights(named_tensors)` refreshes the copy once per loop step, after the update; its
-  `logits_head` hook adds a module's output to the logits it samples from (R²PO's head, r2po.py).
+  `logits_head` hook adds a module's output to the logits it samples from (a method's head).
 - The canary: `logprob_diff` and `check_canary`: does the engine sample from the trainer's weights?
 
 Log-prob convention (the trainer must use the same, or ratios are biased): log softmax(logits /
@@ -43,7 +43,7 @@ class Rollout:
     prompt_id: int
     prompt_ids: list[int]
     completion_ids: list[int]
-    logprobs: list[float]          # behaviour log-prob of each completion token (R²PO: the base's)
+    logprobs: list[float]          # behaviour log-prob of each completion token (of the base head)
     text: str = ""                 # decoded completion
     answer: str = ""               # gold answer
     correct: float = 0.0           # the verifier's verdict (1.0 = right), set once, by grading
@@ -52,7 +52,7 @@ class Rollout:
     advantage: float = 0.0         # set once from its own fresh group; replay never recomputes it
     version: int = 0               # loop step whose weights generated it; age = step - version
     truncated: bool = False        # hit the max-new-tokens limit before EOS
-    head_logprobs: list[float] | None = None   # R²PO: under the head that sampled it
+    head_logprobs: list[float] | None = None   # under the logits head that sampled it, if any
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 16
     seed: int = 0
-    use_head: bool = False         # sample through the engine's logits_head (R²PO); eval never does
+    use_head: bool = False         # sample through the engine's logits_head; eval never does
 
 
 # ---- batching: rollouts -> tensors ---------------------------------------------------------------
@@ -77,10 +77,10 @@ def collate(rollouts: list[Rollout], pad_id: int,
     `completion_mask[b, t]` is 1 where input_ids[b, s + t + 1] is a completion token,
     `behaviour_logprobs[b, t]` its behaviour log-prob (the engine's, at generation). `old_logprobs`
     (the ratio's denominator) is the same tensor unless other per-rollout log-probs are given
-    (train.py's --tis-cap: recomputed by the trainer; R²PO's head step: the head's at generation).
+    (train.py's --tis-cap: recomputed by the trainer; a logits head's step: the head's).
     EOS, when generated, is a completion token and is in the mask (the policy chose to stop).
     `truncated` [B] says which rollouts hit the length limit (DAPO's overlong filter masks them:
-    objective.py).
+    a method's loss).
     """
     B = len(rollouts)
     L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
@@ -278,8 +278,8 @@ class TorchEngine:
     """Pure-PyTorch rollout engine: a private copy of the policy, batched KV-cache sampling,
     behaviour log-probs.
 
-    `logits_head`: an optional module h -> residual logits (R²PO's rollout head, the trainer's own
-    module, read here without gradient). A `Sampling(use_head=True)` call samples from lm_head(h) +
+    `logits_head`: an optional module h -> residual logits (a method's rollout head, the trainer's
+    own module, read here without gradient). A `Sampling(use_head=True)` call samples from lm_head(h) +
     logits_head(h) and keeps each token's log-prob under both: `head_logprobs` (the distribution
     sampled from) and `logprobs` (the base)."""
 

@@ -208,7 +208,7 @@ class Run:
 
 def load_inputs(run: flags.RunFlags, data_dir: str, *, needs: tuple, world: int, device: str):
     """What a run trains from: (resume checkpoint or None, model, tokenizer, training prompts).
-    `needs`: files a checkpoint to resume must hold (R²PO's head). ValueError / OSError for bad
+    `needs`: files a checkpoint to resume must hold (a method's). ValueError / OSError for bad
     input."""
     resume = checkpoint.resolve(run.resume, run.out_dir, world, needs)
     model, tok = checkpoint.load_model(resume or run.model, device)   # resuming: its weights

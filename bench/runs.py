@@ -37,11 +37,11 @@ def base_model_hash(argv: list[str]) -> str:
 @functools.cache
 def code_hash() -> str:
     """The sha256 of the trainer's code: every module at the repository's top level (train.py and
-    all it imports; bench/ and tests/ are not in it), each parsed and written back without its
-    docstrings or comments (ast.unparse), so that a change to what a run computes makes new runs
-    and a change to its prose does not."""
+    all it imports) and every method file (methods/; bench/ and tests/ are not in it), each parsed
+    and written back without its docstrings or comments (ast.unparse), so that a change to what a
+    run computes makes new runs and a change to its prose does not."""
     h = hashlib.sha256()
-    for path in sorted(ROOT.glob("*.py")):
+    for path in sorted(ROOT.glob("*.py")) + sorted(ROOT.glob("methods/*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
@@ -49,7 +49,7 @@ def code_hash() -> str:
                     and isinstance(body[0].value, ast.Constant)
                     and isinstance(body[0].value.value, str)):
                 node.body = body[1:] or [ast.Pass()]
-        h.update(f"{path.name}\n{ast.unparse(tree)}\n".encode())
+        h.update(f"{path.relative_to(ROOT)}\n{ast.unparse(tree)}\n".encode())
     return h.hexdigest()
 
 

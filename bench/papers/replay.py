@@ -44,7 +44,10 @@ def replay(quick: bool) -> Experiment:
                                 "grpo (replay recipe)", "fresh", diagnostics=diag,
                                 claims=claims, seeds=seeds, eval_size=STEPS_EVAL,
                                 finals=(("length", "response/len_mean"),)))
-        settings.append(smollm2_setting(arms, diag, claims))
+        # on the real model naive replay is an arm too: reuse alone against GRPO beside the
+        # paper's two claims (the priority's gate on both replay arms' diagnostics)
+        reuse = Claim("naive-replay", 1, acted=("replay/sampled", "mean > 0"))
+        settings.append(smollm2_setting(arms, diag, claims[:-1] + (reuse,)))
     return Experiment(
         "replay", "rollout-level advantage-prioritized replay (arXiv 2606.04560)",
         "replaying single rollouts drawn by |advantage| (evicted after tau_max steps) reaches "
