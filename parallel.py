@@ -60,8 +60,8 @@ def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool
 
 
 def forward_passes(micro_batches: list, model, pad_id: int, world: int):
-    """`lockstep` for passes without a backward through `model` (no-grad scoring, or a head trained on
-    a frozen base), then `reshard`: without a backward FSDP2's root keeps its gathered parameters.
+    """`lockstep` for passes without a backward through `model` (no-grad scoring, or a head trained
+    on a frozen base), then `reshard`: without a backward FSDP2's root keeps its gathered parameters.
     Iterate it to the end."""
     yield from lockstep(micro_batches, model, pad_id, world, backward=False)
     reshard(model)
@@ -95,8 +95,8 @@ def clip_gradients(model, max_norm: float) -> float:
 
 
 def sum_gradients(module, world: int) -> None:
-    """Sum a replicated (not sharded) module's gradients over ranks, in place (a method's head: its loss
-    is already divided by the global normaliser, so the sum is the step's gradient)."""
+    """Sum a replicated (not sharded) module's gradients over ranks, in place (a method's head: its
+    loss is already divided by the global normaliser, so the sum is the step's gradient)."""
     if world > 1:
         for p in module.parameters():
             # this rank had no rollout in the step: it still joins every all-reduce

@@ -279,9 +279,9 @@ class TorchEngine:
     behaviour log-probs.
 
     `logits_head`: an optional module h -> residual logits (a method's rollout head, the trainer's
-    own module, read here without gradient). A `Sampling(use_head=True)` call samples from lm_head(h) +
-    logits_head(h) and keeps each token's log-prob under both: `head_logprobs` (the distribution
-    sampled from) and `logprobs` (the base)."""
+    own module, read here without gradient). A `Sampling(use_head=True)` call samples from
+    lm_head(h) + logits_head(h) and keeps each token's log-prob under both: `head_logprobs` (the
+    distribution sampled from) and `logprobs` (the base)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 512):
         self.model = copy.deepcopy(model).eval()
