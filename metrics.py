@@ -220,8 +220,8 @@ def write_logs(files, row: dict, line: str, rollouts: list = (), tokenizer=None,
     """Print the step's `line` and write its metrics `row` to metrics.jsonl, with a few
     decoded rollouts to samples.jsonl and each optimizer step's reduced metrics to updates.jsonl
     ({"step", "update": 1.., loss/clip_frac, ratio/max, ...}: over many updates of one batch they
-    change across its updates), and with --tensorboard every numeric key of the row as a scalar at x =
-    row["step"]."""
+    change across its updates), and with --tensorboard every numeric key of the row as a scalar
+    at x = row["step"]."""
     metrics_f, samples_f, updates_f, tb = files
     if metrics_f is None:                              # not rank 0 (open_logs)
         return

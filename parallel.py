@@ -61,8 +61,8 @@ def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool
 
 def forward_passes(micro_batches: list, model, pad_id: int, world: int):
     """`lockstep` for passes without a backward through `model` (no-grad scoring, or a head trained
-    on a frozen base), then `reshard`: without a backward FSDP2's root keeps its gathered parameters.
-    Iterate it to the end."""
+    on a frozen base), then `reshard`: without a backward FSDP2's root keeps its gathered
+    parameters. Iterate it to the end."""
     yield from lockstep(micro_batches, model, pad_id, world, backward=False)
     reshard(model)
 
