@@ -313,17 +313,17 @@ def test_make_replay_kinds_and_argument_errors():
 
 # ---- the trainer's interface: sample(step, n_fresh), buffer.report ------------------------------
 def test_sample_draws_round_ratio_times_n_fresh():
-    """sample(step, n_fresh) is draw(round(ratio * n_fresh), step): the same rollouts, in the same
-    order."""
+    """sample(step, n_fresh) draws k = round(ratio * n_fresh): the same rollouts, in the same
+    order, as a ratio-1 buffer asked for k."""
     for n_fresh in (0, 1, 3, 7, 8, 16, 40):
         a = RolloutReplay(tau_max=4, alpha=1.0, seed=9, ratio=0.5)
-        b = RolloutReplay(tau_max=4, alpha=1.0, seed=9, ratio=0.5)
+        b = RolloutReplay(tau_max=4, alpha=1.0, seed=9, ratio=1.0)
         stored = [mk(float(j % 5 + 1), 0, pid=j) for j in range(30)]
         a.add(stored, step=0)
         b.add(stored, step=0)
         got = a.sample(1, n_fresh)
         assert len(got) == round(0.5 * n_fresh), n_fresh
-        assert [id(r) for r in got] == [id(r) for r in b.draw(round(0.5 * n_fresh), 1)]
+        assert [id(r) for r in got] == [id(r) for r in b.sample(1, round(0.5 * n_fresh))]
     short = RolloutReplay(tau_max=4, alpha=1.0, ratio=2.0)
     short.add([mk(1.0, 0, pid=j) for j in range(5)], step=0)
     assert len(short.sample(1, 8)) == 5             # fewer eligible than round(2 x 8): all of them

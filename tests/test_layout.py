@@ -219,3 +219,9 @@ def test_the_paper_check_sees_a_paper():
             | {n.arg for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg}
             | {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)})
     assert used & words == {"vigor_top", "m2po_tau", "gspo"}
+
+
+def test_train_py_s_docstring_is_a_short_contract_that_starts_with_grpo_and_replay():
+    doc = ast.get_docstring(ast.parse(source("train.py")), clean=False)
+    assert len(doc.splitlines()) <= 25
+    assert doc.startswith("GRPO with rollout-level, advantage-prioritized experience replay")

@@ -160,11 +160,11 @@ def test_unreadable_data_file(tmp_path):
 # ---- the flags, grouped by owner; a method's own flags carry its prefix --------------------------
 
 # each owner's groups (flags.OWNERS), in their order
-GROUPS = ("run", "optimisation", "reward", "allocation", "objective", "replay", "VIGOR", "R²PO",
-          "engine", "eval and logs")
+GROUPS = ("run", "optimisation", "reward", "objective", "replay", "Dr. GRPO", "PNPO", "mu-GRPO",
+          "M2PO", "DAPO", "Headroom-Drift", "VIGOR", "R²PO", "engine", "eval and logs")
 # a method's flags: the prefix of their names, their group, the first word of their help
 METHODS = {"vigor_": ("VIGOR", "VIGOR:"), "r2po_": ("R²PO", "R²PO:"),
-           "hd_": ("replay", "Headroom-Drift:")}
+           "hd_": ("Headroom-Drift", "Headroom-Drift:")}
 
 
 def test_every_flag_is_in_one_group_and_help_shows_the_groups():
@@ -185,8 +185,9 @@ def test_every_flag_is_in_one_group_and_help_shows_the_groups():
 
 
 def test_a_methods_own_flags_carry_its_prefix():
-    """Every field named vigor_* / r2po_* / hd_* is in the VIGOR / R²PO / replay group, and every
-    flag whose help says it is VIGOR's, R²PO's or Headroom-Drift's is named with that prefix."""
+    """Every field named vigor_* / r2po_* / hd_* is in the VIGOR / R²PO / Headroom-Drift group, and
+    every flag whose help says it is VIGOR's, R²PO's or Headroom-Drift's is named with that prefix;
+    each method file's flags are in one group of their own."""
     groups, docs = cli.field_groups(flags.Args), cli.field_docs(flags.Args)
     for prefix, (group, word) in METHODS.items():
         named = {n for n in groups if n.startswith(prefix)}
@@ -197,3 +198,6 @@ def test_a_methods_own_flags_carry_its_prefix():
     old = {"n_init", "n_step", "rollout_budget", "rollout_head", "rollout_head_rank", "headroom",
            "replay_groups", "drift_candidates", "drift_max"}
     assert not old & set(groups)                                  # the names before the prefixes
+    import methods
+    for owner in methods.owners():
+        assert len({groups[f.name] for f in dataclasses.fields(owner)}) == 1, owner

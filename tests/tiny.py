@@ -117,12 +117,14 @@ def update(model, ref_model, opt, fresh, replayed, args, *, step: int, pad_id: i
            world: int = 1, guard=None, per_update=None):
     """train.update of `model` with `opt` (and `ref_model`, the KL reference) under the flags of
     `args` (flags.Args), on a run train.setup binds (run_of) with an engine that never generates
-    (it takes a head: R²PO's make hands it one); `guard` a fresh parallel.StepGuard by default."""
+    (it takes a head: R²PO's make hands it one; its sleep does nothing); `guard` a fresh
+    parallel.StepGuard by default."""
     import types
     import parallel
     import train
     run = run_of(args, model, opt=opt, ref_model=ref_model,
-                 engine=types.SimpleNamespace(logits_head=None), world=world)
+                 engine=types.SimpleNamespace(logits_head=None, sleep=lambda: None),
+                 world=world)
     if pad_id != run.tok.pad_token_id:           # another tokenizer than args.model's: its pad
         run.tok = types.SimpleNamespace(pad_token_id=pad_id)
     return train.update(run, fresh, replayed, step=step,
