@@ -56,6 +56,9 @@ class Flags:
     overlong_buffer: int = 0
     """DAPO soft overlong penalty: the last L_cache tokens before max_new_tokens are penalised (0 =
     off)"""
+    reward_fn: str = ""
+    """a reward of your own, path/to/file.py:name: fn(completion, gold_answer) -> float replaces
+    the verdict's term (reward_fn.py has the contract; the accuracy stays the grader's)"""
     adv: Literal[tuple(grpo.ADVANTAGES)] = "grpo"
     """advantage: grpo ((r - mean) / (std + 1e-6)) | drgrpo (r - mean)"""
     # ---- allocation ------------------------------------------------------------------------------
@@ -102,7 +105,7 @@ def credit(rollouts, flags: Flags) -> torch.Tensor:
     return c
 
 
-def shaped_reward(rollouts, flags: Flags, max_len: int) -> torch.Tensor:
+def shaped_reward(rollouts, flags: Flags, max_len: int, reward_fn=None) -> torch.Tensor:
     """r_i, the reward the advantage is computed from [B]:
 
         r = wrong + (right - wrong) c,   c = credit(rollouts, flags): v, or (v + share) / 2
@@ -114,9 +117,13 @@ def shaped_reward(rollouts, flags: Flags, max_len: int) -> torch.Tensor:
     format term, four outcome classes). --reward partial's credit (`credit`) replaces the
     verdict's term only: r.correct stays the grader's 1 / 0 (dynamic sampling and the samples'
     log read it; VIGOR ranks on c). The long task's VIGOR, Headroom-Drift and R²PO experiments
-    (bench/results/) ran with --reward partial."""
+    (bench/results/) ran with --reward partial. `reward_fn` (--reward-fn, reward_fn.make: rollouts
+    -> [float]) replaces the verdict's term, wrong + (right - wrong) c, by its values."""
     f = flags
-    rewards = credit(rollouts, f) * (f.reward_right - f.reward_wrong) + f.reward_wrong
+    if reward_fn is not None:
+        rewards = torch.tensor(reward_fn(rollouts), dtype=torch.float32)             # [B]
+    else:
+        rewards = credit(rollouts, f) * (f.reward_right - f.reward_wrong) + f.reward_wrong
     if f.reward.endswith("+format"):
         formatted = torch.tensor([r.formatted for r in rollouts])                    # [B]
         rewards = rewards + torch.where(formatted, f.format_ok, f.format_bad)
@@ -126,11 +133,11 @@ def shaped_reward(rollouts, flags: Flags, max_len: int) -> torch.Tensor:
     return rewards
 
 
-def score(rollouts, flags: Flags, *, max_len: int, vigor=None) -> torch.Tensor:
-    """2. The shaped reward r.reward (shaped_reward), then r.advantage within each group (VIGOR's
-    --vigor-weight prompt: weighed by `vigor.weigh`). Returns the verdicts [B]: DAPO's dynamic
-    sampling filters on them, not on the shaped reward."""
-    rewards = shaped_reward(rollouts, flags, max_len)
+def score(rollouts, flags: Flags, *, max_len: int, vigor=None, reward_fn=None) -> torch.Tensor:
+    """2. The shaped reward r.reward (shaped_reward; with `reward_fn`, --reward-fn's), then
+    r.advantage within each group (VIGOR's --vigor-weight prompt: weighed by `vigor.weigh`).
+    Returns the verdicts [B]: DAPO's dynamic sampling filters on them, not on the shaped reward."""
+    rewards = shaped_reward(rollouts, flags, max_len, reward_fn)
     adv = grpo.ADVANTAGES[flags.adv](rewards, grpo.group_ids(rollouts))             # [B]
     if vigor is not None:
         adv = vigor.weigh(adv, rollouts)
@@ -143,10 +150,11 @@ def score(rollouts, flags: Flags, *, max_len: int, vigor=None) -> torch.Tensor:
 class Allocation:
     """Steps 1 and 2 of one run on one rank. `per_rank`: the prompts this rank generates groups
     for each step; `sampling`: the engine's settings (its seed is set per round from `seed_of(step,
-    round_)`); `vigor`: a vigor.Vigor, or None for fixed groups."""
+    round_)`); `vigor`: a vigor.Vigor, or None for fixed groups; `reward_fn`: --reward-fn's
+    rewards (reward_fn.make), or None."""
 
     def __init__(self, flags: Flags, *, engine, group_size: int, per_rank: int,
-                 sampling: Sampling, seed_of, grader, form, vigor=None):
+                 sampling: Sampling, seed_of, grader, form, vigor=None, reward_fn=None):
         self.f = flags
         self.engine = engine
         self.group_size = group_size
@@ -155,6 +163,7 @@ class Allocation:
         self.seed_of = seed_of
         self.grader, self.form = grader, form
         self.vigor = vigor
+        self.reward_fn = reward_fn
 
     def grade(self, rollouts) -> None:
         grade(rollouts, self.grader, self.form)
@@ -188,7 +197,8 @@ class Allocation:
             batch_prompts = [prompts[mine[(pos + i) % len(mine)]] for i in range(need)]
             pos += need
             new = self.generate(batch_prompts, step=step, round_=round_, metrics=metrics)
-            correct = score(new, self.f, max_len=self.sampling.max_new_tokens, vigor=self.vigor)
+            correct = score(new, self.f, max_len=self.sampling.max_new_tokens, vigor=self.vigor,
+                            reward_fn=self.reward_fn)
             generated += new
             if self.f.dynamic_sampling:
                 # DAPO: drop all-correct and all-wrong groups, by the verdicts (not the rewards)

@@ -105,7 +105,13 @@ class RunFlags:
     train_data: str = "builtin"
     """prompt set: 'builtin' (synthetic arithmetic, 2-3 operands), builtin_steps (5-6 operands,
     worked step by step), builtin_mixed (2-6 operands), a benchmark name (gsm8k_train, ...) or a
-    JSONL path"""
+    .jsonl / .json / .parquet file"""
+    question_key: str = ""
+    """the question field of a --train-data (and --eval-benchmarks) file, dotted for nested ('' =
+    the first of question, problem, prompt)"""
+    answer_key: str = ""
+    """the gold answer field of such a file, dotted for nested ('' = the first of answer,
+    final_answer, ground_truth)"""
     prompt_template: Literal["auto", *data.TEMPLATES] = "auto"
     """plain | chat | builtin | instruct (data.apply_template); auto = for the built-in tasks
     instruct when the tokenizer has a chat template, else builtin; plain for any other set"""
@@ -214,6 +220,8 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
     """(is it broken, the sentence that says so) for each rule between the run's flags and across
     owners."""
     vigor_on = args.allocation == "vigor"
+    named = [args.train_data, *filter(None, map(str.strip, args.eval_benchmarks.split(",")))]
+    files = [name for name in named if name not in data.BENCHMARK_NAMES]
     budget = cli.part(args, vigor.Flags).budget(args.prompts_per_step, args.group_size)
     return [
         (args.prompts_per_step % world,
@@ -242,6 +250,11 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.tensorboard and importlib.util.find_spec("tensorboard") is None,
          "--tensorboard needs the tensorboard package: pip install -r requirements-bench.txt"),
         (not os.path.isdir(args.model), f"--model: no such directory: {args.model}"),
+        (args.reward_fn and args.reward.startswith("partial"),
+         "--reward-fn replaces the verdict's term, --reward partial another: choose one"),
+        ((args.question_key or args.answer_key) and not files,
+         "--question-key / --answer-key name the fields of a data file, but --train-data and "
+         "--eval-benchmarks name no file"),
     ]
 
 

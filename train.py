@@ -71,6 +71,7 @@ import metrics as metrics_lib
 import objective as objective_lib
 import parallel
 import r2po as r2po_lib
+import reward_fn
 import rollout
 import verify
 import vigor
@@ -216,7 +217,8 @@ def load_inputs(run: flags.RunFlags, data_dir: str, *, needs: tuple, world: int,
     resume = checkpoint.resolve(run.resume, run.out_dir, world, needs)
     model, tok = checkpoint.load_model(resume or run.model, device)   # resuming: its weights
     name = data.train_split(run.train_data)  # the built-in tasks: their train splits
-    prompts = data.make_prompts(data.load_benchmark(name, data_dir), train_template(run, tok), tok)
+    examples = data.load_benchmark(name, data_dir, run.question_key or None, run.answer_key or None)
+    prompts = data.make_prompts(examples, train_template(run, tok), tok)
     return resume, model, tok, prompts
 
 
@@ -231,7 +233,8 @@ def load_evals(run: flags.RunFlags, evals: eval_lib.TrainFlags, tok, prompts: li
     --max-new-tokens)."""
     eval_sets = eval_lib.train_eval_sets(evals.eval_size, evals.eval_benchmarks, evals.eval_k,
                                          evals.eval_temperature, run.prompt_template,
-                                         evals.data_dir, run.train_data, evals.dev_size, tok)
+                                         evals.data_dir, run.train_data, evals.dev_size, tok,
+                                         keys=(run.question_key, run.answer_key))
     eval_prompts = [q for examples, template, *_ in eval_sets.values()
                     for q in data.make_prompts(examples, template, tok)]
     max_len = run.max_new_tokens + max(len(p.ids) for p in prompts + eval_prompts)
@@ -288,6 +291,7 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
     same on every rank) and handed to the engine."""
     run, optim, obj = parts[flags.RunFlags], parts[flags.OptimFlags], parts[objective_lib.Flags]
     engine_flags, r2po_flags = parts[vllm_engine.Flags], parts[r2po_lib.Flags]
+    rewards = reward_fn.make(parts[allocation_lib.Flags].reward_fn, tok)  # checked before all else
     initial = None                        # the model as loaded: the KL reference, R²PO's anchor
     if obj.kl_coef > 0 or r2po_flags.needs_initial:
         initial = checkpoint.load_model(run.model, device)[0].eval().requires_grad_(False)
@@ -334,8 +338,8 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
         sampling=Sampling(run.temperature, run.top_p, run.max_new_tokens,
                           use_head=r2po is not None),
         seed_of=lambda step, round_: sampling_seed(run.seed, rank, step, round_),
-        grader=verify.grader(run.train_data, template), form=verify.format_rule(run.train_data,
-                                                                                template))
+        grader=verify.grader(run.train_data, template),
+        form=verify.format_rule(run.train_data, template), reward_fn=rewards)
     return engine, model, opt, alloc, objective, replay, r2po
 
 
@@ -522,6 +526,9 @@ def main(argv=None) -> int:
         except (parallel.NonFiniteError, rollout.EngineMismatchError) as e:
             parallel.print0(f"error: {e}", file=sys.stderr)
             return 1
+        except reward_fn.RewardFnError as e:         # bad input found mid-run, on this rank
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     finally:
         if dist.is_initialized():

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # objective, the allocation and VIGOR, R²PO) and the eval; flags.py, which composes every owner's
 # flags (so the eval's, too, sit below it); train.py.
 FLOORS = [
-    ("mathparse", "cli", "data", "grpo"),
+    ("mathparse", "cli", "data", "grpo", "reward_fn"),
     ("mathcheck", "parallel"),
     ("verify", "checkpoint"),
     ("metrics",),
