@@ -136,6 +136,9 @@ class RunFlags:
     resume: str = ""
     """a checkpoint directory to continue from, or 'auto' = the newest complete one in
     out_dir/checkpoints"""
+    overwrite: bool = False
+    """start over in an --out-dir that holds a run: delete its logs, checkpoints/ and final (a
+    fresh run there is refused without this or --resume)"""
     threads: int = 0
     """torch CPU threads (0 = torch's default)"""
 
@@ -250,6 +253,8 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.tensorboard and importlib.util.find_spec("tensorboard") is None,
          "--tensorboard needs the tensorboard package: pip install -r requirements-bench.txt"),
         (not os.path.isdir(args.model), f"--model: no such directory: {args.model}"),
+        (args.overwrite and args.resume,
+         "--overwrite starts over, --resume continues: choose one"),
         (args.reward_fn and args.reward.startswith("partial"),
          "--reward-fn replaces the verdict's term, --reward partial another: choose one"),
         ((args.question_key or args.answer_key) and not files,

@@ -503,6 +503,12 @@ def train(run: Run) -> dict:
 
 def main(argv=None) -> int:
     args = flags.parse(argv, __doc__)
+    try:     # before the process group: every rank reads out_dir before any rank can write to it
+        checkpoint.claim_out_dir(args.out_dir, resume=args.resume, overwrite=args.overwrite)
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         rank, world, device = setup_distributed()
     except ValueError as e:
@@ -512,6 +518,8 @@ def main(argv=None) -> int:
         # bad input ends in one line and exit status 2; a bug past this point shows its traceback
         try:
             run = setup(args, rank=rank, world=world, device=device)
+            if args.overwrite:                         # the inputs are good: only now delete
+                checkpoint.start_over(args.out_dir, rank)
         except (ValueError, OSError) as e:
             parallel.print0(f"error: {e}", file=sys.stderr)
             return 2

@@ -211,7 +211,8 @@ def test_numeric_flag_bad_values_are_one_error_line(name, monkeypatch, tmp_path)
     flag = "--" + name.replace("_", "-")
     is_int = type(getattr(flags.Args(), name)) is int
     for value in ("nan", "-1", "1000000000000" if is_int else "1e300"):
-        rc, err = run_main([flag, value], monkeypatch, tmp_path)
+        # each value its own out dir: a started run's step 0 is a run a second one must not join
+        rc, err = run_main([flag, value], monkeypatch, tmp_path / value)
         assert rc in (2, "started"), (flag, value, rc, err)
         if rc == 2:
             lines = [ln for ln in err.splitlines() if "error:" in ln]
