@@ -12,6 +12,7 @@ machinery is cli.py's.
 """
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -187,9 +188,13 @@ OWNERS = (RunFlags, OptimFlags, allocation.Flags, objective.Flags, buffer.Flags,
 Args = cli.compose("Args", OWNERS, __name__)
 
 
+# --help's first line: argparse's own would list all ~100 flags before the groups that explain them
+USAGE = "%(prog)s [--preset NAME] [--model DIR] [--FLAG VALUE ...]   (every flag: below)"
+
+
 def parse(argv=None, description: str = "") -> Args:
     """train.py's command line: its flags, the chosen preset's values as the defaults."""
-    return cli.parse(Args, argv, description, presets=PRESETS)
+    return cli.parse(Args, argv, description, presets=PRESETS, usage=USAGE)
 
 
 # ---- the bounds ----------------------------------------------------------------------------------
@@ -278,13 +283,24 @@ class Sizes(NamedTuple):
     vigor_budget: int        # VIGOR: completions this rank generates each step (0: fixed groups)
     micro_batch_tokens: int  # --micro-batch-tokens, 0 (auto) resolved
 
-    def line(self) -> str:
+    def fields(self) -> list[str]:
+        """The first screen's fields of the sizes (train.setup prints them, metrics.wrap)."""
         if self.vigor_budget:
             per_step = f"{self.prompts} prompts, {self.vigor_budget} completions (VIGOR's budget)"
         else:
             per_step = f"{self.prompts} prompts x {self.group_size} completions"
-        return (f"world size {self.world} | {per_step} per rank per step | micro-batches of at "
-                f"most {self.micro_batch_tokens} padded tokens")
+        return [f"world size {self.world}", f"{per_step} per rank per step",
+                f"micro-batches of at most {self.micro_batch_tokens} padded tokens"]
+
+
+def shown(changed: dict) -> list[str]:
+    """The first screen's flags (`changed`), as the JSON object they are, one item a part
+    (metrics.wrap breaks the line between items); ["the defaults"] when none changed."""
+    if not changed:
+        return ["the defaults"]
+    items = [f"{json.dumps(name)}: {json.dumps(value)}," for name, value in changed.items()]
+    items[0], items[-1] = "{" + items[0], items[-1][:-1] + "}"
+    return items
 
 
 def sizes(args, model, world: int, bytes_per_value: int = 4,

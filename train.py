@@ -50,7 +50,6 @@ log-probs: the stale policy, which is what makes replay off-policy and what clip
 policy) and each token weighted by min(pi_old / pi_behaviour, C).
 """
 import dataclasses
-import json
 import os
 import random
 import sys
@@ -265,10 +264,11 @@ def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
     if warning:
         parallel.print0(f"warning: {warning}")
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
-    shown = json.dumps(changed) if changed else "the defaults"
-    parallel.print0(f"flags: {shown} (every flag: args.json in each checkpoint)\n"
-                    f"{sizes.line()} | device {device} | {forward} | memory about "
-                    f"{need.total / flags.GiB:.1f} GiB a rank")
+    parallel.print0(metrics_lib.wrap(["flags:", *flags.shown(changed),
+                                      "(every flag: args.json in each checkpoint)"],
+                                     sep=" ", go_on=" " * len("flags: ")))
+    parallel.print0(metrics_lib.wrap([*sizes.fields(), f"device {device}", forward,
+                                      f"memory about {need.total / flags.GiB:.1f} GiB a rank"]))
     torch.manual_seed(torch_seed(args.seed))
     order = list(range(len(prompts)))
     random.Random(order_seed(args.seed)).shuffle(order)
@@ -496,13 +496,15 @@ def train(run: Run) -> dict:
             parallel.print0(f"saved {ckpt}", flush=True)
     run.engine.close()                                 # vLLM: after the trainer's last collective
     final = ckpt and rank == 0 and checkpoint.point_final(s.run.out_dir, ckpt)
-    last = final and " | ".join([f"final -> {final}", *eval_lib.log_fields(row)])
+    last = final and metrics_lib.wrap([f"final -> {final}", *eval_lib.log_fields(row)], go_on="  ")
     metrics_lib.close_logs(logs, last)
     return row
 
 
 def main(argv=None) -> int:
     args = flags.parse(argv, __doc__)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()        # no bars for loading and saving weights in a run's log
     try:     # before the process group: every rank reads out_dir before any rank can write to it
         checkpoint.claim_out_dir(args.out_dir, resume=args.resume, overwrite=args.overwrite)
     except ValueError as e:

@@ -299,8 +299,9 @@ def test_verifier_errors_are_logged_and_warned(tmp_path, monkeypatch):
     # 8 x 4 rollouts scored, 8 eval prompts
     assert m["verify/error"] == m["verify/graded"] == 32 + 8
     assert m["verify/timeout"] == 0 and m["verify/worker_restarts"] == 0
-    line = next(ln for ln in stdout.splitlines() if ln.startswith("step    1"))
-    assert "WARNING verifier: 40 internal errors" in line
+    # step 1's line and its continuation (metrics.log_line wraps at 100 characters)
+    step = stdout.split("step    1 |", 1)[1].split("\nstep", 1)[0]
+    assert "WARNING verifier: 40 internal errors" in step
     assert m["reward/mean"] == 0.0                            # what the warning is there to explain
 
 
