@@ -64,7 +64,8 @@ PRESETS = {
              dict(replay="none", ratio="pnpo", agg="seq-mean-token-mean", eps_low=3e-4,
                   eps_high=4e-4, mini_batches=4, epochs=4, lr=3e-5)),
     "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults "
-                       "but lr 1e-4",
+                       "at the lr its experiment chose on dev, 1e-4 (the default 3e-4 is the "
+                       "100-step demo's large step on the tiny model, not chosen on dev)",
                        dict(replay="prioritized", priority_alpha=1.0, tau_max=4, replay_ratio=0.5,
                             lr=1e-4)),
     "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560; lr 1e-4",
@@ -151,7 +152,9 @@ class RunFlags:
 class OptimFlags:
     # ---- optimisation ----------------------------------------------------------------------------
     lr: float = 3e-4
-    """AdamW learning rate"""
+    """AdamW learning rate; 3e-4 is `python train.py`'s 100-step demo's large step on the tiny
+    model, not chosen on dev: each --preset carries the lr its experiment chose on dev (1e-4 for
+    the default's own method, --preset rollout-replay)"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
