@@ -26,7 +26,8 @@ FLOORS = [
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 ALGORITHM = ("train.py", "grpo.py", "buffer.py", "rollout.py", "r2po.py", "metrics.py",
-             "parallel.py", "flags.py", "vigor.py", "cli.py", "objective.py", "allocation.py")
+             "parallel.py", "flags.py", "vigor.py", "cli.py", "objective.py", "allocation.py",
+             "reward_fn.py")
 # Where train.py's flags may be taken whole: the door (train.setup, train.main; flags.py's bounds,
 # sizes and memory check; cli.part, which cuts an owner's flags out of them) and
 # the checkpoint's (de)serialiser, which writes them as args.json (it takes them as a dict).
