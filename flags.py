@@ -302,7 +302,8 @@ def shown(changed: dict) -> list[str]:
     if not changed:
         return ["the defaults"]
     items = [f"{json.dumps(name)}: {json.dumps(value)}," for name, value in changed.items()]
-    items[0], items[-1] = "{" + items[0], items[-1][:-1] + "}"
+    items[-1] = items[-1].removesuffix(",") + "}"
+    items[0] = "{" + items[0]                      # the last item may be the first
     return items
 
 

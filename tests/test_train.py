@@ -176,6 +176,13 @@ def test_no_line_of_a_run_is_over_100_characters_and_no_progress_bar(tmp_path):
     assert "Loading weights" not in proc.stderr and "Writing model shards" not in proc.stderr
 
 
+def test_the_flags_shown_are_their_json_object():
+    for changed in ({}, {"threads": 1}, {"seed": 3, "out_dir": "runs/x", "lr": 1e-4}):
+        shown = flags.shown(changed)
+        assert (shown == ["the defaults"] if not changed
+                else json.loads(" ".join(shown)) == changed)
+
+
 def test_help_shows_the_first_group_in_its_first_screen():
     env = {**os.environ, "COLUMNS": "100", "OMP_NUM_THREADS": "1"}
     p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--help"], cwd=ROOT,
