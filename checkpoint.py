@@ -280,7 +280,8 @@ def start_over(out_dir: str, rank: int) -> None:
             else:
                 os.remove(path)
         if found:
-            print0(f"--overwrite: deleted {', '.join(found)} in {out_dir}")
+            shown = ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
+            print0(f"--overwrite: deleted the earlier run in {out_dir} ({shown})")
     _barrier()
 
 

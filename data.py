@@ -423,8 +423,8 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(f"reading {path} needs pyarrow, which is not installed: "
+        except ImportError:         # bad input here, not a bug: train.py's one-line ValueError
+            raise ValueError(f"reading {path} needs pyarrow, which is not installed: "
                               "pip install pyarrow") from None
         try:
             return list(enumerate(pq.read_table(path).to_pylist(), start=1))
@@ -525,7 +525,8 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
                    question_key: str | None = None,
                    answer_key: str | None = None) -> list[Example]:
     """Examples of a named benchmark (BENCHMARK_NAMES) or of a file. FileNotFoundError / ValueError
-    / ImportError with a message that names the file (and line) on bad input."""
+    with a message that names the file (and line) on bad input (a .parquet file without pyarrow:
+    ValueError)."""
     if name_or_path == BUILTIN:
         return arithmetic_examples("test", BUILTIN_TEST_SIZE, seed=0)
     if name_or_path == "builtin_dev":

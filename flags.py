@@ -64,8 +64,8 @@ PRESETS = {
              dict(replay="none", ratio="pnpo", agg="seq-mean-token-mean", eps_low=3e-4,
                   eps_high=4e-4, mini_batches=4, epochs=4, lr=3e-5)),
     "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults "
-                       "at the lr its experiment chose on dev, 1e-4 (the default 3e-4 is the "
-                       "100-step demo's large step on the tiny model, not chosen on dev)",
+                       "at their experiment's dev-chosen lr 1e-4 (the default 3e-4 is the 100-step "
+                       "demo's large step on the tiny model, not chosen on dev)",
                        dict(replay="prioritized", priority_alpha=1.0, tau_max=4, replay_ratio=0.5,
                             lr=1e-4)),
     "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560; lr 1e-4",

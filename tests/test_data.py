@@ -215,7 +215,7 @@ def test_parquet(tmp_path):
         import pyarrow.parquet as pq
     except ImportError:  # the clear message is the behaviour to check without pyarrow
         f.write_bytes(b"PAR1")
-        with pytest.raises(ImportError, match="needs pyarrow.*pip install pyarrow"):
+        with pytest.raises(ValueError, match="needs pyarrow.*pip install pyarrow"):
             data.load_benchmark(str(f))
         return
     pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": 7.0}]), f)

@@ -67,7 +67,7 @@ def test_a_data_file_with_its_own_field_names_trains_and_evaluates(tmp_path):
 
 
 @pytest.mark.parametrize("content, argv, message", [
-    ("", [], "empty.jsonl: the file is empty (no rows)"),
+    ("", [], "mine.jsonl: the file is empty (no rows)"),
     ('{"expr": "2+3", "value": "5"}\n', ["--question-key", "q", "--answer-key", "value"],
      "missing field 'q' (fields: expr, value); name the question field with --question-key"),
     ('{"expr": "2+3", "value": "5"}\n', ["--question-key", "expr"],
@@ -77,7 +77,7 @@ def test_a_data_file_with_its_own_field_names_trains_and_evaluates(tmp_path):
 ])
 def test_a_data_file_that_is_empty_lacks_the_field_or_is_unreadable(tmp_path, content, argv,
                                                                    message):
-    path = tmp_path / "empty.jsonl"
+    path = tmp_path / "mine.jsonl"
     path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
     rc, err = main_error(["--train-data", str(path), *argv], tmp_path)
     assert rc == 2 and message in one_error_line(err)
