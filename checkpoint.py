@@ -36,7 +36,9 @@ rank's replay buffer belongs to that rank's share of the prompts.
 Around them: `load_model` reads any Hugging Face directory (a checkpoint or a base model); `resolve`
 reads `--resume DIR|auto`; `open_log` continues metrics.jsonl / samples.jsonl on resume (appending
 after the resumed step, dropping lines of steps that are being redone); `point_final` keeps
-`out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed.
+`out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed;
+`claim_out_dir` refuses to start a fresh run over an earlier one (`--resume auto` continues it,
+`--overwrite` deletes it: `start_over`).
 """
 import json
 import os
@@ -226,8 +228,61 @@ def resolve(resume: str, out_dir: str, world: int = 1, needs: tuple = ()) -> str
 
 
 # flags a resumed run may change without changing what its steps compute
-FREE_ON_RESUME = ("resume", "out_dir", "steps", "save_every", "eval_every", "log_samples",
-                  "threads")
+FREE_ON_RESUME = ("resume", "overwrite", "out_dir", "steps", "save_every", "eval_every",
+                  "log_samples", "threads")
+
+
+# ---- the out dir: one run's, never silently another's --------------------------------------------
+
+# What a run of train.py leaves in its --out-dir: the logs (metrics.LOG_FILES), --tensorboard's
+# folder, the checkpoints and the final link. Other files there (a bench script's run.log and
+# argv.json, written before it starts train.py) are not a run's: they neither count nor go.
+RUN_OUTPUTS = ("metrics.jsonl", "checkpoints", "final", "samples.jsonl", "updates.jsonl",
+               "tensorboard")
+
+
+def previous_run(out_dir: str) -> list[str]:
+    """What an earlier run left in out_dir, of RUN_OUTPUTS (a folder named with a trailing "/",
+    and counted only when it holds something); [] when nothing."""
+    found = []
+    for name in RUN_OUTPUTS:
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            if os.listdir(path):
+                found.append(name + "/")
+        elif os.path.lexists(path):
+            found.append(name)
+    return found
+
+
+def claim_out_dir(out_dir: str, *, resume: str, overwrite: bool) -> None:
+    """A fresh run (no --resume, no --overwrite) does not start over an earlier run's files in
+    out_dir: ValueError (one line) naming what is there and both ways on. Reads only, so train.main
+    calls it on every rank before the process group exists (no rank can have written yet), and
+    every rank decides alike."""
+    found = [] if resume or overwrite else previous_run(out_dir)
+    if found:
+        shown = ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
+        raise ValueError(f"{out_dir} already holds a run ({shown}): continue it with --resume "
+                         f"auto, or start over with --overwrite (deletes it)")
+
+
+def start_over(out_dir: str, rank: int) -> None:
+    """--overwrite: rank 0 deletes what an earlier run left in out_dir (previous_run) and says so;
+    every rank waits for it. train.main calls it once the run's inputs are checked, so a typo in
+    another flag loses nothing."""
+    if rank == 0:
+        found = previous_run(out_dir)
+        for name in found:
+            path = os.path.join(out_dir, name.rstrip("/"))
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        if found:
+            shown = ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
+            print0(f"--overwrite: deleted the earlier run in {out_dir} ({shown})")
+    _barrier()
 
 
 def changed_args(path: str, now: dict, free=FREE_ON_RESUME) -> list[str]:

@@ -21,9 +21,11 @@ import ast
 import dataclasses
 import inspect
 import re
+import textwrap
 import typing
 
 GROUP_HEADER = re.compile(r"^\s*# -+ (.+?) -*$")
+LONG_CHOICES = 60        # a longer list of a flag's values is shown in its help, not beside it
 FIELD = re.compile(r"^\s*(\w+)\s*:")
 
 
@@ -106,13 +108,17 @@ def choices(cls, name: str) -> tuple | None:
 
 
 def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHelpFormatter,
-                 presets: dict | None = None) -> argparse.ArgumentParser:
-    """The parser of `parse`: one argument per field, in argparse groups by the class's headers."""
+                 presets: dict | None = None, usage: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `parse`: one argument per field, in argparse groups by the class's headers;
+    `usage` (None: argparse's own, every flag) the first line of --help; the presets' lines
+    wrapped at 100 characters."""
     epilog = None
     if presets:
-        lines = [f"  {name:15s} {text}" for name, (text, _) in presets.items()]
+        lines = [textwrap.fill(text, 100, initial_indent=f"  {name:15s} ",
+                               subsequent_indent=" " * 18) for name, (text, _) in presets.items()]
         epilog = "presets (--preset NAME):\n" + "\n".join(lines)
-    ap = argparse.ArgumentParser(description=description, formatter_class=formatter, epilog=epilog)
+    ap = argparse.ArgumentParser(description=description, formatter_class=formatter, epilog=epilog,
+                                 usage=usage)
     docs, groups, sections = field_docs(cls), field_groups(cls), {}
     for f in dataclasses.fields(cls):
         title = groups.get(f.name, "")
@@ -121,6 +127,9 @@ def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHe
         # argparse %-formats help strings: a literal % must be doubled
         help_text = f"{docs[f.name]} (default: {f.default!r})".replace("%", "%%")
         kw = dict(default=f.default, help=help_text, choices=choices(cls, f.name))
+        if kw["choices"] and len(",".join(map(str, kw["choices"]))) > LONG_CHOICES:
+            kw["metavar"] = "NAME"                  # the list goes into the help, wrapped
+            kw["help"] += f"; one of {', '.join(map(str, kw['choices']))}"
         if isinstance(f.default, bool):
             kw["action"] = argparse.BooleanOptionalAction
         else:
@@ -130,13 +139,13 @@ def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHe
 
 
 def parse(cls, argv=None, description: str = "", formatter=argparse.RawDescriptionHelpFormatter,
-          presets: dict | None = None):
+          presets: dict | None = None, usage: str | None = None):
     """An instance of the flags dataclass `cls` from the command line; bools are --flag / --no-flag.
     A bad value (unknown choice, not a number) ends in argparse's one `error:` line and exit status
     2. With `presets` ({name: (description, {field: value})}, `cls` has a `preset` field): the
     command line is parsed twice, the second time with the chosen preset's values as the defaults,
     so a flag given explicitly wins over its preset."""
-    ap = build_parser(cls, description, formatter, presets)
+    ap = build_parser(cls, description, formatter, presets, usage)
     ns = ap.parse_args(argv)
     if presets and ns.preset in presets:
         ap.set_defaults(**presets[ns.preset][1])

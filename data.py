@@ -417,16 +417,25 @@ BENCHMARK_NAMES = (*BUILTIN_NAMES, *BENCHMARKS)
 
 def read_records(path: Path) -> list[tuple[int, dict]]:
     """(line number, row) pairs of a .jsonl / .json / .parquet file. A malformed line raises naming
-    file and line."""
+    file and line; a file that cannot be read (no permission, not UTF-8 text, not Parquet) raises
+    OSError / ValueError naming the file."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(f"reading {path} needs pyarrow, which is not installed: "
+        except ImportError:         # bad input here, not a bug: train.py's one-line ValueError
+            raise ValueError(f"reading {path} needs pyarrow, which is not installed: "
                               "pip install pyarrow") from None
-        return list(enumerate(pq.read_table(path).to_pylist(), start=1))
-    text = path.read_text(encoding="utf-8")
+        try:
+            return list(enumerate(pq.read_table(path).to_pylist(), start=1))
+        except (OSError, ValueError) as e:        # pyarrow's ArrowIOError, ArrowInvalid
+            raise ValueError(f"{path}: cannot read it as Parquet ({e})") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise OSError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}): not a JSON file") from None
     if suffix == ".json":
         try:
             rows = json.loads(text)
@@ -474,21 +483,33 @@ def _guess_key(row: dict, candidates: tuple[str, ...], what: str, path: Path) ->
                      f"(fields: {', '.join(row)}); name it with --{what}-key")
 
 
-def _examples(path: Path, rows, question_of, answer_of) -> list[Example]:
+def _examples(path: Path, rows, question_of, answer_of, keyed: bool = False) -> list[Example]:
+    """The examples of `rows` (read_records), each row's question and gold answer read by
+    `question_of` / `answer_of`. A row without a field names the fields it has, and with `keyed`
+    (a file of the user's: the fields are named by flags) the flag that names the field."""
+    if not rows:
+        raise ValueError(f"{path}: the file is empty (no rows)")
     out = []
     for lineno, row in rows:
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-        try:
-            q, a = question_of(row), answer_of(row)
-        except KeyError as e:
-            raise ValueError(f"{path}:{lineno}: missing field {e.args[0]!r}") from None
+        q = _field(question_of, row, "question", keyed, f"{path}:{lineno}")
+        a = _field(answer_of, row, "answer", keyed, f"{path}:{lineno}")
         if not q or not a:
             raise ValueError(f"{path}:{lineno}: empty {'question' if not q else 'gold answer'}")
         out.append(Example(question=q, answer=a))
-    if not out:
-        raise ValueError(f"{path}: no examples")
     return out
+
+
+def _field(read, row: dict, what: str, keyed: bool, where: str) -> str:
+    """read(row), the row's question or answer (`what`); a missing field is a ValueError that
+    names the fields the row has (and with `keyed` the flag --question-key / --answer-key)."""
+    try:
+        return read(row)
+    except KeyError as e:
+        hint = f"; name the {what} field with --{what}-key" if keyed else ""
+        raise ValueError(f"{where}: missing field {e.args[0]!r} (fields: "
+                         f"{', '.join(map(str, row)) or 'none'}){hint}") from None
 
 
 def resolve_data_dir(data_dir: str) -> Path:
@@ -504,7 +525,8 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
                    question_key: str | None = None,
                    answer_key: str | None = None) -> list[Example]:
     """Examples of a named benchmark (BENCHMARK_NAMES) or of a file. FileNotFoundError / ValueError
-    / ImportError with a message that names the file (and line) on bad input."""
+    with a message that names the file (and line) on bad input (a .parquet file without pyarrow:
+    ValueError)."""
     if name_or_path == BUILTIN:
         return arithmetic_examples("test", BUILTIN_TEST_SIZE, seed=0)
     if name_or_path == "builtin_dev":
@@ -535,12 +557,14 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     rows = read_records(path)
+    if not rows:
+        raise ValueError(f"{path}: the file is empty (no rows)")
     first = next((r for _, r in rows if isinstance(r, dict)), {})
     qkey = question_key or _guess_key(first, ("question", "problem", "prompt"), "question", path)
     akey = answer_key or _guess_key(first, ("answer", "final_answer", "ground_truth"),
                                     "answer", path)
     return _examples(path, rows, lambda r: _question_text(_get(r, qkey)),
-                     lambda r: answer_text(_get(r, akey)))
+                     lambda r: answer_text(_get(r, akey)), keyed=True)
 
 
 if __name__ == "__main__":

@@ -188,13 +188,14 @@ def log_fields(row: dict) -> list[str]:
 
 def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float, template: str,
                     data_dir: str, train_data: str = data.BUILTIN, dev_size: int = 0,
-                    tokenizer=None) -> dict:
+                    tokenizer=None, keys: tuple[str, str] = ("", "")) -> dict:
     """train.py's periodic eval: {key: (examples, template, k, temperature, grader)} for the first
     eval_size prompts of the built-in task's test split ("accuracy", greedy; data.builtin_test;
     none when 0), the first dev_size of its dev split ("dev_accuracy", greedy; data.builtin_dev;
     none when 0), both in the template the run trains with, and each comma-separated benchmark
     ("<bench>/mean@k"); templates from `template` (--prompt-template; auto: data.template_for with
-    `tokenizer`), each set graded by its rule under its template (verify.grader)."""
+    `tokenizer`), each set graded by its rule under its template (verify.grader); a benchmark
+    given as a file is read with `keys` (--question-key, --answer-key; '' = data.py's guess)."""
     import verify
     sets = {}
     own = data.template_for(data.train_split(train_data), template, tokenizer)
@@ -206,7 +207,8 @@ def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float,
     for name in filter(None, (n.strip() for n in benchmarks.split(","))):
         bench_template = data.template_for(name, template, tokenizer)
         sets[f"{data.bench_label(name)}/mean@{k}"] = (
-            data.load_benchmark(name, data_dir), bench_template, k, temperature,
+            data.load_benchmark(name, data_dir, keys[0] or None, keys[1] or None),
+            bench_template, k, temperature,
             verify.grader(name, bench_template))
     return sets
 

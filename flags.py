@@ -11,6 +11,7 @@ computed once. The dataclass -> argparse machinery is cli.py's.
 """
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -31,15 +32,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # ---- the presets: GRPO and the seed paper's two replays; each method file adds its own ----------
 # A preset's lr is the one its experiment chose on the built-in task's dev split
 # (bench/experiments.py: the best mean final dev accuracy over lrs 3e-4, 1e-4, 3e-5, ...;
-# bench/results/NAME/sweep.md). The default run's lr, 3e-4, is tuned for its 100 steps on the
-# built-in task; the replay experiment's longer runs chose 1e-4.
+# bench/results/NAME/sweep.md). The default run's lr, 3e-4, is the 100-step demo's large step on
+# the tiny model, not chosen on dev; the replay experiment's longer runs chose 1e-4.
 SPINE_PRESETS = {
     "grpo": ("original GRPO (DeepSeekMath, arXiv 2402.03300): no replay, symmetric clip 0.2, "
              "per-sequence token mean; lr 1e-4",
              dict(replay="none", ratio="token", agg="seq-mean-token-mean", eps_low=0.2,
                   eps_high=0.2, lr=1e-4)),
     "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults "
-                       "but lr 1e-4",
+                       "at their experiment's dev-chosen lr 1e-4 (the default 3e-4 is the 100-step "
+                       "demo's large step on the tiny model, not chosen on dev)",
                        dict(replay="prioritized", priority_alpha=1.0, tau_max=4, replay_ratio=0.5,
                             lr=1e-4)),
     "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560; lr 1e-4",
@@ -60,7 +62,13 @@ class RunFlags:
     train_data: str = "builtin"
     """prompt set: 'builtin' (synthetic arithmetic, 2-3 operands), builtin_steps (5-6 operands,
     worked step by step), builtin_mixed (2-6 operands), a benchmark name (gsm8k_train, ...) or a
-    JSONL path"""
+    .jsonl / .json / .parquet file"""
+    question_key: str = ""
+    """the question field of a --train-data (and --eval-benchmarks) file, dotted for nested ('' =
+    the first of question, problem, prompt)"""
+    answer_key: str = ""
+    """the gold answer field of such a file, dotted for nested ('' = the first of answer,
+    final_answer, ground_truth)"""
     prompt_template: Literal["auto", *data.TEMPLATES] = "auto"
     """plain | chat | builtin | instruct (data.apply_template); auto = for the built-in tasks
     instruct when the tokenizer has a chat template, else builtin; plain for any other set"""
@@ -85,6 +93,9 @@ class RunFlags:
     resume: str = ""
     """a checkpoint directory to continue from, or 'auto' = the newest complete one in
     out_dir/checkpoints"""
+    overwrite: bool = False
+    """start over in an --out-dir that holds a run: delete its logs, checkpoints/ and final (a
+    fresh run there is refused without this or --resume)"""
     threads: int = 0
     """torch CPU threads (0 = torch's default)"""
 
@@ -96,7 +107,9 @@ class RunFlags:
 class OptimFlags:
     # ---- optimisation ----------------------------------------------------------------------------
     lr: float = 3e-4
-    """AdamW learning rate"""
+    """AdamW learning rate; 3e-4 is `python train.py`'s 100-step demo's large step on the tiny
+    model, not chosen on dev: each --preset carries the lr its experiment chose on dev (1e-4 for
+    the default's own method, --preset rollout-replay)"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
@@ -149,6 +162,9 @@ class RewardFlags:
     plain integer after the last '='; benchmarks: a \\boxed{})"""
     format_bad: float = -1.0
     """--reward correct+format: added otherwise"""
+    reward_fn: str = ""
+    """a reward of your own, path/to/file.py:name: fn(completion, gold_answer) -> float replaces
+    the verdict's term (reward_fn.py has the contract; the accuracy stays the grader's)"""
 
 
 @dataclass(frozen=True)
@@ -194,9 +210,13 @@ Args = cli.compose("Args", OWNERS, __name__, more_choices={
     "ratio": methods.choices("ratio"), "replay": methods.choices("replay")})
 
 
+# --help's first line: argparse's own would list all ~100 flags before the groups that explain them
+USAGE = "%(prog)s [--preset NAME] [--model DIR] [--FLAG VALUE ...]   (every flag: below)"
+
+
 def parse(argv=None, description: str = "") -> Args:
     """train.py's command line: its flags, the chosen preset's values as the defaults."""
-    return cli.parse(Args, argv, description, presets=PRESETS)
+    return cli.parse(Args, argv, description, presets=PRESETS, usage=USAGE)
 
 
 # ---- the bounds ----------------------------------------------------------------------------------
@@ -229,6 +249,8 @@ def check_args(args, world: int = 1) -> None:
 def _rules(args, world: int) -> list[tuple[bool, str]]:
     """(is it broken, the sentence that says so) for each rule between the run's flags and across
     owners."""
+    named = [args.train_data, *filter(None, map(str.strip, args.eval_benchmarks.split(",")))]
+    files = [name for name in named if name not in data.BENCHMARK_NAMES]
     return [
         (args.prompts_per_step % world,
          f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world size "
@@ -247,6 +269,13 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.tensorboard and importlib.util.find_spec("tensorboard") is None,
          "--tensorboard needs the tensorboard package: pip install -r requirements-bench.txt"),
         (not os.path.isdir(args.model), f"--model: no such directory: {args.model}"),
+        (args.overwrite and args.resume,
+         "--overwrite starts over, --resume continues: choose one"),
+        (args.reward_fn and args.reward.startswith("partial"),
+         "--reward-fn replaces the verdict's term, --reward partial another: choose one"),
+        ((args.question_key or args.answer_key) and not files,
+         "--question-key / --answer-key name the fields of a data file, but --train-data and "
+         "--eval-benchmarks name no file"),
     ]
 
 
@@ -265,13 +294,25 @@ class Sizes(NamedTuple):
     completions: int         # completions this rank generates each step (0: fixed groups)
     micro_batch_tokens: int  # --micro-batch-tokens, 0 (auto) resolved
 
-    def line(self) -> str:
+    def fields(self) -> list[str]:
+        """The first screen's fields of the sizes (train.setup prints them, metrics.wrap)."""
         if self.completions:
             per_step = f"{self.prompts} prompts, {self.completions} completions (a budget)"
         else:
             per_step = f"{self.prompts} prompts x {self.group_size} completions"
-        return (f"world size {self.world} | {per_step} per rank per step | micro-batches of at "
-                f"most {self.micro_batch_tokens} padded tokens")
+        return [f"world size {self.world}", f"{per_step} per rank per step",
+                f"micro-batches of at most {self.micro_batch_tokens} padded tokens"]
+
+
+def shown(changed: dict) -> list[str]:
+    """The first screen's flags (`changed`), as the JSON object they are, one item a part
+    (metrics.wrap breaks the line between items); ["the defaults"] when none changed."""
+    if not changed:
+        return ["the defaults"]
+    items = [f"{json.dumps(name)}: {json.dumps(value)}," for name, value in changed.items()]
+    items[-1] = items[-1].removesuffix(",") + "}"
+    items[0] = "{" + items[0]                      # the last item may be the first
+    return items
 
 
 def sizes(args, model, world: int, bytes_per_value: int = 4,

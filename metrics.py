@@ -188,9 +188,26 @@ def fields(row: dict, parts) -> list[str]:
     return out
 
 
+WIDTH = 100      # the longest line of a run's own output (a single longer field aside)
+
+
+def wrap(parts: list[str], sep: str = " | ", go_on: str = "") -> str:
+    """`parts` joined by `sep`, going on in a new line that starts with `go_on` wherever the next
+    part would take a line past WIDTH characters; a part is never split."""
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + len(sep) + len(part) > WIDTH:
+            lines.append(go_on + part)
+        else:
+            lines[-1] += sep + part
+    return "\n".join(lines)
+
+
 def log_line(row: dict, parts=()) -> str:
-    """The step's line on stdout: "step N", then the fields of `parts` (`fields`), in order."""
-    return " | ".join([f"step {row['step']:4d}", *fields(row, parts)])
+    """The step's line on stdout: "step N", then the fields of `parts` (`fields`), in order; past
+    WIDTH characters it goes on in a second line, under the first " | "."""
+    head = f"step {row['step']:4d}"
+    return wrap([head, *fields(row, parts)], go_on=" " * len(head) + " | ")
 
 
 # updates: one line per optimizer step

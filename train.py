@@ -25,7 +25,6 @@ every world-th prompt and keeps its own buffer; the normaliser is summed over ra
 loss multiplied by the world size, so a step equals the 1-rank step over the same global batch.
 """
 import dataclasses
-import json
 import os
 import random
 import sys
@@ -46,6 +45,7 @@ import grpo
 import methods
 import metrics as metrics_lib
 import parallel
+import reward_fn
 import rollout
 import verify
 import vllm_engine
@@ -196,6 +196,7 @@ class Run:
     micro_batch: tuple[int, int]          # (rows, padded tokens) per forward at most
     grader: object                        # verify.grader of the training set: (text, gold) -> bool
     form: object                          # verify.format_rule: (text) -> in the answer form?
+    own_reward: object | None             # --reward-fn's (reward_fn.make): rollouts -> [float]
     eval_sets: dict                       # eval.train_eval_sets
     resume: str | None                    # the checkpoint to continue from
     flags: dict                           # every flag, as args.json has them
@@ -213,7 +214,8 @@ def load_inputs(run: flags.RunFlags, data_dir: str, *, needs: tuple, world: int,
     resume = checkpoint.resolve(run.resume, run.out_dir, world, needs)
     model, tok = checkpoint.load_model(resume or run.model, device)   # resuming: its weights
     name = data.train_split(run.train_data)  # the built-in tasks: their train splits
-    prompts = data.make_prompts(data.load_benchmark(name, data_dir), train_template(run, tok), tok)
+    examples = data.load_benchmark(name, data_dir, run.question_key or None, run.answer_key or None)
+    prompts = data.make_prompts(examples, train_template(run, tok), tok)
     return resume, model, tok, prompts
 
 
@@ -228,7 +230,8 @@ def load_evals(run: flags.RunFlags, evals: eval_lib.TrainFlags, tok, prompts: li
     --max-new-tokens)."""
     eval_sets = eval_lib.train_eval_sets(evals.eval_size, evals.eval_benchmarks, evals.eval_k,
                                          evals.eval_temperature, run.prompt_template,
-                                         evals.data_dir, run.train_data, evals.dev_size, tok)
+                                         evals.data_dir, run.train_data, evals.dev_size, tok,
+                                         keys=(run.question_key, run.answer_key))
     eval_prompts = [q for examples, template, *_ in eval_sets.values()
                     for q in data.make_prompts(examples, template, tok)]
     max_len = run.max_new_tokens + max(len(p.ids) for p in prompts + eval_prompts)
@@ -260,10 +263,11 @@ def setup(args: Args, *, rank: int, world: int, device: str) -> Run:
     if warning:
         parallel.print0(f"warning: {warning}")
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
-    shown = json.dumps(changed) if changed else "the defaults"
-    parallel.print0(f"flags: {shown} (every flag: args.json in each checkpoint)\n"
-                    f"{sizes.line()} | device {device} | {forward} | memory about "
-                    f"{need.total / flags.GiB:.1f} GiB a rank")
+    parallel.print0(metrics_lib.wrap(["flags:", *flags.shown(changed),
+                                      "(every flag: args.json in each checkpoint)"],
+                                     sep=" ", go_on=" " * len("flags: ")))
+    parallel.print0(metrics_lib.wrap([*sizes.fields(), f"device {device}", forward,
+                                      f"memory about {need.total / flags.GiB:.1f} GiB a rank"]))
     torch.manual_seed(torch_seed(args.seed))
     order = list(range(len(prompts)))
     random.Random(order_seed(args.seed)).shuffle(order)
@@ -288,6 +292,7 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
     s = Settings(*(parts[o] for o in (flags.RunFlags, flags.OptimFlags, flags.RewardFlags,
                                       flags.LossFlags, vllm_engine.Flags, eval_lib.TrainFlags,
                                       metrics_lib.LogFlags)))
+    own_reward = reward_fn.make(s.reward.reward_fn, tok)  # --reward-fn, checked before all else
     frozen = None                         # the model as loaded: the KL reference, a method's
     if s.loss.kl_coef > 0 or initial:
         frozen = checkpoint.load_model(s.run.model, device)[0].eval().requires_grad_(False)
@@ -310,7 +315,8 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
               ref_model=frozen if s.loss.kl_coef > 0 else None, precision=forward, tok=tok,
               per_rank=sizes.prompts, micro_batch=(s.optim.micro_batch_size,
                                                    sizes.micro_batch_tokens),
-              flags=given.pop("all_flags"), rank=rank, world=world, device=device, **given)
+              own_reward=own_reward, flags=given.pop("all_flags"), rank=rank, world=world,
+              device=device, **given)
     run.slots = methods.build(parts, context(run, frozen, sizes.completions, parts[buffer.Flags]))
     run.replay = run.slots.get("replay", run.replay)
     run.hooks = loss_hooks(run.slots["loss"])
@@ -402,13 +408,17 @@ def score(run: Run, rollouts: list) -> torch.Tensor:
     """2. The reward r.reward and the advantage r.advantage of each rollout, set once:
 
         r = wrong + (right - wrong) c       c = credit(...): v, or (v + share) / 2
+            (--reward-fn: its value in place of this term)
             + (format_ok if formatted else format_bad)      with --reward ...+format
             + a method's terms (the reward slot)
         A = (r - mean_g) / (std_g + 1e-6)   in its own group (grpo.grpo_advantages; or the
                                             advantage slot's)
     Returns the verdicts [B] (not the shaped reward)."""
     f = run.settings.reward
-    rewards = credit(rollouts, f) * (f.reward_right - f.reward_wrong) + f.reward_wrong
+    if run.own_reward is not None:                 # --reward-fn: its values for the verdict's term
+        rewards = torch.tensor(run.own_reward(rollouts), dtype=torch.float32)         # [B]
+    else:
+        rewards = credit(rollouts, f) * (f.reward_right - f.reward_wrong) + f.reward_wrong
     if f.reward.endswith("+format"):
         formatted = torch.tensor([r.formatted for r in rollouts])                    # [B]
         rewards = rewards + torch.where(formatted, f.format_ok, f.format_bad)
@@ -626,13 +636,21 @@ def train(run: Run) -> dict:
             parallel.print0(f"saved {ckpt}", flush=True)
     run.engine.close()                                 # vLLM: after the trainer's last collective
     final = ckpt and rank == 0 and checkpoint.point_final(s.run.out_dir, ckpt)
-    last = final and " | ".join([f"final -> {final}", *eval_lib.log_fields(row)])
+    last = final and metrics_lib.wrap([f"final -> {final}", *eval_lib.log_fields(row)], go_on="  ")
     metrics_lib.close_logs(logs, last)
     return row
 
 
 def main(argv=None) -> int:
     args = flags.parse(argv, __doc__)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()        # no bars for loading and saving weights in a run's log
+    try:     # before the process group: every rank reads out_dir before any rank can write to it
+        checkpoint.claim_out_dir(args.out_dir, resume=args.resume, overwrite=args.overwrite)
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         rank, world, device = setup_distributed()
     except ValueError as e:
@@ -642,6 +660,8 @@ def main(argv=None) -> int:
         # bad input ends in one line and exit status 2; a bug past this point shows its traceback
         try:
             run = setup(args, rank=rank, world=world, device=device)
+            if args.overwrite:                         # the inputs are good: only now delete
+                checkpoint.start_over(args.out_dir, rank)
         except (ValueError, OSError) as e:
             parallel.print0(f"error: {e}", file=sys.stderr)
             return 2
@@ -656,6 +676,9 @@ def main(argv=None) -> int:
         except (parallel.NonFiniteError, rollout.EngineMismatchError) as e:
             parallel.print0(f"error: {e}", file=sys.stderr)
             return 1
+        except reward_fn.RewardFnError as e:         # bad input found mid-run, on this rank
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     finally:
         if dist.is_initialized():

@@ -82,7 +82,8 @@ def run_one(method: str, seed: int, out: Path, extra: list[str], threads: int, r
         return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(ROOT / "train.py"), *method_flags(method), "--seed", str(seed),
-           "--out-dir", str(run_dir), "--threads", str(threads), "--save-every", "0", *extra]
+           "--out-dir", str(run_dir), "--threads", str(threads), "--save-every", "0",
+           "--overwrite", *extra]          # a rerun, or a run cut off before its done file
     t0 = time.perf_counter()
     with open(run_dir / "run.log", "w") as log:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

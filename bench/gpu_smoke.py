@@ -63,8 +63,9 @@ SELF = str(Path(__file__).resolve())
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1")
 CANARY_MAX = 0.1                     # train.py's default --max-logprob-diff
 RESULT = "gpu_smoke result: "        # how a --job result's line starts
-# train.py's flags as JSON, then its world line (train.train)
-WORLD = re.compile(r'"out_dir": "([^"]*)".*\nworld size (\d+) \|.*\| device (\S+) \| (\S+)')
+# train.py's flags as JSON, then its sizes, each wrapped at 100 characters (train.setup)
+WORLD = re.compile(r'"out_dir": "([^"]*)"(?:.*\n)*?world size (\d+) \|(?:.*\n)*?.*?\bdevice (\S+) '
+                   r'\| (\S+)')
 # every run: TorchEngine (no vLLM), the canary every step, built-in data only (nothing of
 # ../shared); --max-logprob-diff 10 lets a run go on past a high canary (the checks hold it to 0.1)
 COMMON = ("--engine", "torch", "--check-every", "1", "--max-logprob-diff", "10",

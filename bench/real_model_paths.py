@@ -40,8 +40,11 @@ def cpu_env() -> dict:
 
 
 def train_cmd(model: str, out: Path, threads: int, *extra: str) -> list[str]:
+    """train.py into `out`: a fresh run over what an earlier call left there (--overwrite), or
+    with --resume in `extra` its continuation."""
+    fresh = [] if "--resume" in extra else ["--overwrite"]
     return [sys.executable, str(ROOT / "train.py"), "--model", model, "--out-dir", str(out),
-            "--steps", str(STEPS), "--threads", str(threads), *RUN, *extra]
+            "--steps", str(STEPS), "--threads", str(threads), *RUN, *fresh, *extra]
 
 
 def metrics(out: Path) -> list[dict]:

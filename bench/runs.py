@@ -127,7 +127,8 @@ def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool,
     (run_dir / "code.sha256").write_text(code_hash() + "\n")
     (run_dir / "cpu.txt").write_text(cpu_kind() + "\n")
     t0 = time.perf_counter()
-    argv = [*argv, "--out-dir", str(run_dir), "--save-every", "0"]
+    # --overwrite: a run cut off before its done file left logs that this run replaces
+    argv = [*argv, "--out-dir", str(run_dir), "--save-every", "0", "--overwrite"]
     peak = ""
     with open(run_dir / "run.log", "w") as log:
         if in_process:

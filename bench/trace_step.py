@@ -53,7 +53,7 @@ def trace(depth: int, out_dir: str) -> list[tuple[str, str]]:
     sys.setprofile(profile)
     try:
         train.main(["--steps", "3", "--threads", "1", "--eval-every", "0", "--eval-size", "8",
-                    "--save-every", "0", "--out-dir", out_dir])
+                    "--save-every", "0", "--out-dir", out_dir, "--overwrite"])
     finally:
         sys.setprofile(None)
     return order

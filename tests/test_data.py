@@ -145,6 +145,38 @@ def test_missing_field_or_gold_names_line(tmp_path):
         data.load_benchmark(str(f), question_key="q", answer_key="a")
 
 
+def test_a_file_without_the_field_empty_or_unreadable_says_so(tmp_path, monkeypatch):
+    """A user's file: a row without the named field lists the fields it has and the flag; an empty
+    file says it is empty; a file that cannot be read (no permission, not text) says so, naming
+    it."""
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"expr": "2+3", "value": "5"}\n')
+    with pytest.raises(ValueError, match=r"mine.jsonl:1: missing field 'q' \(fields: expr, value\); "
+                                         r"name the question field with --question-key"):
+        data.load_benchmark(str(f), question_key="q", answer_key="value")
+    with pytest.raises(ValueError, match=r"missing field 'gold.x' \(fields: expr, value\); "
+                                         r"name the answer field with --answer-key"):
+        data.load_benchmark(str(f), question_key="expr", answer_key="gold.x")
+    assert data.load_benchmark(str(f), question_key="expr", answer_key="value") == [
+        data.Example("2+3", "5")]
+    for empty, text in (("empty.jsonl", ""), ("blank.jsonl", "\n\n"), ("empty.json", "[]")):
+        (tmp_path / empty).write_text(text)
+        with pytest.raises(ValueError, match=rf"{empty}: the file is empty"):
+            data.load_benchmark(str(tmp_path / empty), question_key="expr")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\x89PNG\r\n")
+    with pytest.raises(ValueError, match="binary.jsonl: not UTF-8 text"):
+        data.load_benchmark(str(binary))
+    locked = tmp_path / "locked.jsonl"
+    locked.write_text('{"question": "1+1", "answer": "2"}\n')
+
+    def denied(self, *args, **kw):          # chmod 0 would not stop root, who runs CI here
+        raise PermissionError(13, "Permission denied", str(self))
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(OSError, match="locked.jsonl: cannot read it \\(Permission denied\\)"):
+        data.load_benchmark(str(locked))
+
+
 def test_missing_and_unknown():
     with pytest.raises(FileNotFoundError, match="not found"):
         data.load_benchmark("math500", data_dir="/nonexistent/dir")
@@ -183,7 +215,7 @@ def test_parquet(tmp_path):
         import pyarrow.parquet as pq
     except ImportError:  # the clear message is the behaviour to check without pyarrow
         f.write_bytes(b"PAR1")
-        with pytest.raises(ImportError, match="needs pyarrow.*pip install pyarrow"):
+        with pytest.raises(ValueError, match="needs pyarrow.*pip install pyarrow"):
             data.load_benchmark(str(f))
         return
     pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": 7.0}]), f)

@@ -214,7 +214,7 @@ def test_memory_estimate_of_a_05b_model_is_in_range():
 
 # ---- start-up and the vLLM engine's memory -------------------------------------------------------
 
-def test_local_rank_past_the_gpus_is_one_error_line(monkeypatch):
+def test_local_rank_past_the_gpus_is_one_error_line(monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -224,7 +224,7 @@ def test_local_rank_past_the_gpus_is_one_error_line(monkeypatch):
         train.setup_distributed()
     err = io.StringIO()
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
-        assert train.main(["--steps", "1"]) == 2
+        assert train.main(["--steps", "1", "--out-dir", str(tmp_path / "run")]) == 2
     assert err.getvalue().startswith("error: LOCAL_RANK 1") and "Traceback" not in err.getvalue()
 
 

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (rollout.py); the replay, the vLLM engine and the eval; the method files (methods/, each a wing
 # over the spine, and their registry); flags.py, which composes every owner's flags; train.py.
 FLOORS = [
-    ("mathparse", "cli", "data", "grpo"),
+    ("mathparse", "cli", "data", "grpo", "reward_fn"),
     ("mathcheck", "parallel"),
     ("verify", "checkpoint"),
     ("metrics",),
@@ -34,7 +34,12 @@ WINGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "methods"))
 SPINE = ("train.py", "rollout.py", "grpo.py", "buffer.py")      # the algorithm's four files
 SPINE_LINES = 1900
 ALGORITHM = ("train.py", "grpo.py", "buffer.py", "rollout.py", "metrics.py", "parallel.py",
-             "flags.py", "cli.py", *(f"methods/{w}.py" for w in WINGS), "methods/__init__.py")
+             "flags.py", "cli.py", "reward_fn.py", *(f"methods/{w}.py" for w in WINGS),
+             "methods/__init__.py")
+# Where train.py's flags may be taken whole: the door (train.setup, train.main; flags.py's bounds,
+# sizes and memory check; cli.part, which cuts an owner's flags out of them) and
+# the checkpoint's (de)serialiser, which writes them as args.json (it takes them as a dict).
+# eval.py's own CLI has its own Args.
 TAKE_ARGS = {("train", "setup"), ("train", "main"), ("cli", "part"), ("flags", "check_args"),
              ("flags", "fits_machine"), ("flags", "method_parts"), ("flags", "needs_initial"),
              ("flags", "_rules"), ("flags", "sizes"), ("flags", "changed"),

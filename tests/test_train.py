@@ -157,6 +157,43 @@ def test_unreadable_data_file(tmp_path):
     assert "bad.jsonl" in proc.stderr and "2" in proc.stderr     # names the file and the line
 
 
+# ---- the first screen: 100 characters wide, no progress bars, --help's groups at once -------------
+
+def test_no_line_of_a_run_is_over_100_characters_and_no_progress_bar(tmp_path):
+    """Many flags changed (the flags line wraps), an eval step with a benchmark (the step line
+    wraps under its first " | "), a checkpoint saved: every line of stdout fits 100 characters, and
+    transformers' bars for loading and writing weights are off."""
+    proc, out = run_train(["--steps", "2", "--prompts-per-step", "4", "--group-size", "2",
+                           "--max-new-tokens", "4", "--eval-size", "8", "--eval-every", "2",
+                           "--eval-benchmarks", "builtin", "--threads", "1", "--seed", "3",
+                           "--temperature", "0.9", "--lr", "1e-4"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, proc.stdout
+    assert any(line.startswith("world size 1 | 4 prompts x 2 completions") for line in lines)
+    assert any(line.startswith("step    2 | reward") for line in lines)
+    assert any(line.startswith("          | replay") for line in lines)         # its second line
+    assert "Loading weights" not in proc.stderr and "Writing model shards" not in proc.stderr
+
+
+def test_the_flags_shown_are_their_json_object():
+    for changed in ({}, {"threads": 1}, {"seed": 3, "out_dir": "runs/x", "lr": 1e-4}):
+        shown = flags.shown(changed)
+        assert (shown == ["the defaults"] if not changed
+                else json.loads(" ".join(shown)) == changed)
+
+
+def test_help_shows_the_first_group_in_its_first_screen():
+    env = {**os.environ, "COLUMNS": "100", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--help"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and lines[0].startswith("usage: train.py [--preset NAME]")
+    assert "run:" in lines[:60]                                    # `--help | head -60`
+    presets = lines[lines.index("presets (--preset NAME):"):]
+    assert len(presets) > len(flags.PRESETS) and max(map(len, presets)) <= 100
+
+
 # ---- the flags, grouped by owner; a method's own flags carry its prefix --------------------------
 
 # each owner's groups (flags.OWNERS), in their order

@@ -211,7 +211,8 @@ def test_numeric_flag_bad_values_are_one_error_line(name, monkeypatch, tmp_path)
     flag = "--" + name.replace("_", "-")
     is_int = type(getattr(flags.Args(), name)) is int
     for value in ("nan", "-1", "1000000000000" if is_int else "1e300"):
-        rc, err = run_main([flag, value], monkeypatch, tmp_path)
+        # each value its own out dir: a started run's step 0 is a run a second one must not join
+        rc, err = run_main([flag, value], monkeypatch, tmp_path / value)
         assert rc in (2, "started"), (flag, value, rc, err)
         if rc == 2:
             lines = [ln for ln in err.splitlines() if "error:" in ln]
@@ -298,8 +299,9 @@ def test_verifier_errors_are_logged_and_warned(tmp_path, monkeypatch):
     # 8 x 4 rollouts scored, 8 eval prompts
     assert m["verify/error"] == m["verify/graded"] == 32 + 8
     assert m["verify/timeout"] == 0 and m["verify/worker_restarts"] == 0
-    line = next(ln for ln in stdout.splitlines() if ln.startswith("step    1"))
-    assert "WARNING verifier: 40 internal errors" in line
+    # step 1's line and its continuation (metrics.log_line wraps at 100 characters)
+    step = stdout.split("step    1 |", 1)[1].split("\nstep", 1)[0]
+    assert "WARNING verifier: 40 internal errors" in step
     assert m["reward/mean"] == 0.0                            # what the warning is there to explain
 
 
