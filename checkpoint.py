@@ -124,9 +124,9 @@ def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, rep
          rank: int, world: int, extra=None) -> str:
     """Write checkpoint `step` under `root` atomically (what `restore` reads back); every rank calls
     it (the gathers are collective). `flags`: the run's flags as a dict (dataclasses.asdict of
-    train.py's Args), written as args.json. `extra` (a method's phase slot, or None) writes its own files
-    into the directory on rank 0 (`extra.save(dir)`) and its per-rank state into the rank files
-    (`extra.state_dict()`). Returns the checkpoint's directory."""
+    train.py's Args), written as args.json. `extra` (a method's phase slot, or None) writes its own
+    files into the directory on rank 0 (`extra.save(dir)`) and its per-rank state into the rank
+    files (`extra.state_dict()`). Returns the checkpoint's directory."""
     trainer_state = {"step": step, "skipped": guard.skipped, "in_row": guard.in_row}
     rank_state = {"pos": pos, "replay": replay.state_dict() if replay is not None else None,
                   "rng": rng_state()}
@@ -255,6 +255,11 @@ def previous_run(out_dir: str) -> list[str]:
     return found
 
 
+def _few(found: list[str]) -> str:
+    """The first two of previous_run's names, then "..." when there are more."""
+    return ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
+
+
 def claim_out_dir(out_dir: str, *, resume: str, overwrite: bool) -> None:
     """A fresh run (no --resume, no --overwrite) does not start over an earlier run's files in
     out_dir: ValueError (one line) naming what is there and both ways on. Reads only, so train.main
@@ -262,9 +267,8 @@ def claim_out_dir(out_dir: str, *, resume: str, overwrite: bool) -> None:
     every rank decides alike."""
     found = [] if resume or overwrite else previous_run(out_dir)
     if found:
-        shown = ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
-        raise ValueError(f"{out_dir} already holds a run ({shown}): continue it with --resume "
-                         f"auto, or start over with --overwrite (deletes it)")
+        raise ValueError(f"{out_dir} already holds a run ({_few(found)}): continue it with "
+                         f"--resume auto, or start over with --overwrite (deletes it)")
 
 
 def start_over(out_dir: str, rank: int) -> None:
@@ -280,8 +284,7 @@ def start_over(out_dir: str, rank: int) -> None:
             else:
                 os.remove(path)
         if found:
-            shown = ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
-            print0(f"--overwrite: deleted the earlier run in {out_dir} ({shown})")
+            print0(f"--overwrite: deleted the earlier run in {out_dir} ({_few(found)})")
     _barrier()
 
 
@@ -347,10 +350,11 @@ def point_final(out_dir: str, ckpt: str) -> str:
 
 def restore(resume: str | None, model, opt, *, replay, guard, rank: int, flags: dict,
             extra=None) -> tuple[int, int]:
-    """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and `extra` (a method's phase slot:
-    its head and the head's optimizer, `extra.restore(dir, state)`; its phase is a function of the
-    step); returns (step, prompt position), (0, 0) when `resume` is None. `flags` (the run's, as a
-    dict) are compared with the checkpoint's args.json: a changed one is a warning."""
+    """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and `extra` (a
+    method's phase slot: its head and the head's optimizer, `extra.restore(dir, state)`; its phase
+    is a function of the step); returns (step, prompt position), (0, 0) when `resume` is None.
+    `flags` (the run's, as a dict) are compared with the checkpoint's args.json: a changed one is a
+    warning."""
     if resume is None:
         return 0, 0
     state, mine = load(resume, model, opt, rank)

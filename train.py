@@ -333,13 +333,12 @@ def context(run: Run, initial, completions: int, replay: buffer.Flags) -> method
                                          run.micro_batch[1])
 
     return methods.Context(
-        model=run.model, tok=run.tok, engine=run.engine, device=run.device, rank=run.rank,
-        world=run.world, initial=initial, eps=(s.loss.eps_low, s.loss.eps_high), agg=s.loss.agg,
+        model=run.model, tok=run.tok, engine=run.engine, device=run.device, world=run.world,
+        initial=initial, eps=(s.loss.eps_low, s.loss.eps_high), agg=s.loss.agg,
         dual_clip=s.loss.dual_clip, tis_cap=s.loss.tis_cap, ratio=s.loss.ratio,
         replay=replay.replay, tau_max=replay.tau_max, temperature=s.run.temperature,
         max_len=s.run.max_new_tokens, group_size=s.run.group_size, per_rank=run.per_rank,
-        completions=completions, micro_batch=run.micro_batch,
-        max_grad_norm=s.optim.max_grad_norm, seed=replay_seed(s.run.seed, run.rank),
+        completions=completions, micro_batch=run.micro_batch, max_grad_norm=s.optim.max_grad_norm,
         logprobs=logprobs, sampling=lambda step, round_: sampling(run, step, round_),
         grade=lambda rollouts: grade(run, rollouts),
         generate=lambda prompts, n, step, round_: generate(run, prompts, n, step, round_),

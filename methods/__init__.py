@@ -78,7 +78,6 @@ class Context(NamedTuple):
     tok: object
     engine: object
     device: str
-    rank: int
     world: int
     initial: object | None          # the frozen model as loaded, when a wing's flags need it
     eps: tuple[float, float]        # the clip range (eps_low, eps_high)
@@ -95,7 +94,6 @@ class Context(NamedTuple):
     completions: int                # the step's completions per rank (0: fixed groups)
     micro_batch: tuple[int, int]    # (rows, padded tokens) per micro-batch at most
     max_grad_norm: float
-    seed: int                       # the replay seed of this rank
     logprobs: Callable              # logprobs(rollouts) -> per-token log-probs, no grad, lockstep
     sampling: Callable              # sampling(step, round_) -> the training rollouts' Sampling
     grade: Callable                 # grade(rollouts): r.correct and r.formatted, set once

@@ -151,8 +151,9 @@ def test_a_file_without_the_field_empty_or_unreadable_says_so(tmp_path, monkeypa
     it."""
     f = tmp_path / "mine.jsonl"
     f.write_text('{"expr": "2+3", "value": "5"}\n')
-    with pytest.raises(ValueError, match=r"mine.jsonl:1: missing field 'q' \(fields: expr, value\); "
-                                         r"name the question field with --question-key"):
+    missing = (r"mine.jsonl:1: missing field 'q' \(fields: expr, value\); "
+               r"name the question field with --question-key")
+    with pytest.raises(ValueError, match=missing):
         data.load_benchmark(str(f), question_key="q", answer_key="value")
     with pytest.raises(ValueError, match=r"missing field 'gold.x' \(fields: expr, value\); "
                                          r"name the answer field with --answer-key"):

@@ -160,7 +160,7 @@ def test_the_args_check_catches_a_function_that_takes_them():
             and _takes_args(n)} == {"f", "__init__"}
 
 
-# ---- the spine names no other paper ---------------------------------------------------------------
+# ---- the spine names no other paper -------------------------------------------------------------
 
 PAPERS = ("r2po", "r²po", "vigor", "dapo", "gspo", "pnpo", "m2po", "headroom", "drift",
           "mu-grpo", "mu_grpo", "drgrpo", "dr. grpo", "veto", "overlong", "dynamic_sampling",
@@ -174,7 +174,8 @@ def code_without_prose(path: str) -> str:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
     return ast.unparse(tree)
 

@@ -1,7 +1,7 @@
 """mu-GRPO's stage (arXiv 2605.17570): one loop step of many optimizer steps, each on the stored
 advantages and behaviour log-probs, with the engine held at the stage-start weights and synced only
-after the stage. Its veto is methods.mu_grpo.veto_mask (tests/test_grpo.py) and its preset runs with the others
-(tests/test_presets.py).
+after the stage. Its veto is methods.mu_grpo.veto_mask (tests/test_grpo.py) and its preset runs with
+the others (tests/test_presets.py).
 
     python -m pytest -q tests/test_mu_grpo.py
 """

@@ -157,7 +157,7 @@ def test_unreadable_data_file(tmp_path):
     assert "bad.jsonl" in proc.stderr and "2" in proc.stderr     # names the file and the line
 
 
-# ---- the first screen: 100 characters wide, no progress bars, --help's groups at once -------------
+# ---- the first screen: 100 characters wide, no progress bars, --help's groups at once -----------
 
 def test_no_line_of_a_run_is_over_100_characters_and_no_progress_bar(tmp_path):
     """Many flags changed (the flags line wraps), an eval step with a benchmark (the step line

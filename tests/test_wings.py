@@ -88,4 +88,5 @@ def test_the_default_fills_no_slot(tmp_path, cpu_only):
     import train
     run = train.setup(flags.parse([*TINY, "--out-dir", str(tmp_path)]), rank=0, world=1,
                       device="cpu")
-    assert run.slots == {"reward": [], "loss": []} and run.hooks == train.LossHooks([], [], [], [], None, [])
+    assert run.slots == {"reward": [], "loss": []}
+    assert run.hooks == train.LossHooks([], [], [], [], None, [])
