@@ -156,15 +156,17 @@ def cpu_line(runs: dict) -> str:
     wall-to-target cells compare only within one kind."""
     kinds = [r.get("cpu") for rs in runs.values() for r in rs]
     known = sorted({k for k in kinds if k})
-    text = ("Wall times: every reported run on one CPU kind, " + known[0] + "." if len(known) == 1
-            else f"Wall times mix {len(known)} CPU kinds ({'; '.join(known)}): compare them "
-                 "within a kind only." if known else "Wall times:")
     unknown = sum(k is None for k in kinds)
-    if unknown:
-        text += (f" {unknown} of {len(kinds)} runs were made before runs recorded their CPU "
-                 "kind (cpu.txt): their machine is not known here (docs/results.md names the "
-                 "machines per setting).")
-    return text
+    if unknown:          # "one kind" would be a claim about runs whose machine is not recorded
+        return (f"Wall times: {len(kinds) - unknown} of {len(kinds)} runs recorded their CPU kind"
+                + (f" ({'; '.join(known)})" if known else "") + f"; the other {unknown} were "
+                "made before runs recorded it (cpu.txt): their machine is not known here "
+                "(docs/results.md names the machines per setting), so their wall times compare "
+                "only as far as the setting's note says.")
+    if len(known) == 1:
+        return "Wall times: every reported run on one CPU kind, " + known[0] + "."
+    return (f"Wall times mix {len(known)} CPU kinds ({'; '.join(known)}): compare them within a "
+            "kind only." if known else "Wall times:")
 
 
 def waiting_line(summary: dict) -> str:

@@ -259,8 +259,14 @@ def test_a_run_records_its_cpu_kind():
     assert "cpu.txt" in experiments.KEPT
     made = {"a": [{"cpu": "X, AVX-512"}, {"cpu": "Y, no AVX-512"}], "b": [{"cpu": None}]}
     line = experiments.cpu_line(made)
-    assert "mix 2 CPU kinds" in line and "1 of 3 runs were made before" in line
+    assert "2 of 3 runs recorded their CPU kind (X, AVX-512; Y, no AVX-512)" in line
+    assert "the other 1 were made before" in line
+    # one recorded kind beside runs of no recorded kind is not "every run on one kind"
+    one = experiments.cpu_line({"a": [{"cpu": "X, AVX-512"}], "b": [{"cpu": None}]})
+    assert "one CPU kind" not in one and "1 of 2 runs recorded" in one
     assert "one CPU kind, X, AVX-512." in experiments.cpu_line({"a": [{"cpu": "X, AVX-512"}]})
+    two = experiments.cpu_line({"a": [{"cpu": "X, AVX-512"}, {"cpu": "Y, no AVX-512"}]})
+    assert "mix 2 CPU kinds" in two
 
 
 def test_an_analyse_only_call_trains_and_removes_nothing(tmp_path, monkeypatch):

@@ -78,8 +78,11 @@ SMOLLM2_NOTE = ("Every arm at lr 2e-5, each arm's own choice (choose) on a dev s
                 "after those arms' test runs, runs at its own choice on its archived dev sweep "
                 "(the sweep below), made before any of its test runs. The first ten test runs did "
                 "not record their machine: GRPO 100, GRPO 101 and replay 100 ran on an AVX2-only "
-                "AMD EPYC (Zen 3), the other seven on an AVX-512 one (Zen 4) (docs/smollm2.md), "
-                "so the wall times and wall-to-target cells below mix two CPU kinds.")
+                "AMD EPYC (Zen 3), the other seven on an AVX-512 one (Zen 4) (docs/smollm2.md); "
+                "naive replay's sweep and five test runs on 2 cores of an Intel Xeon "
+                "(AVX-512, AMX). The wall times and wall-to-target cells below mix three "
+                "CPU kinds: a wall ratio between the arms compares the machines as much "
+                "as the methods.")
 
 
 def smollm2_setting(arms: tuple[Arm, ...], diag: tuple, claims: tuple) -> Setting:
