@@ -24,10 +24,13 @@ def vigor_setting(label: str, task: tuple[str, ...], size: tuple[str, ...], prom
     diag = (("prompts with signal/step", "rollout/prompts_with_signal"),
             ("zero-var rollouts/step", "rollout/zero_var_rollouts"),
             ("largest group", "vigor/group_size_max"), *DIAG)
-    # reallocated: on average over the steps the largest group is above the even share of 8
-    acted = ("vigor/group_size_max", "mean > 8")
-    claims = (Claim("vigor (first reading)", 1, acted=acted),
-              *(Claim(n, 1, acted=acted, headline=True) for n in readings))
+    # reallocated: on average over the steps the largest group is above the arm's even share,
+    # budget / prompts: 8, and 4 where twice the prompts share the budget (the gate read 8 for that
+    # reading too until the long task's rerun of 2026-12-04 showed it could not pass there)
+    def acted(name):
+        return ("vigor/group_size_max", f"mean > {4 if name == readings[3] else 8}")
+    claims = (Claim("vigor (first reading)", 1, acted=acted("vigor (first reading)")),
+              *(Claim(n, 1, acted=acted(n), headline=True) for n in readings))
     return Setting(label, common, arms, "fixed G=8", "fresh", diagnostics=diag,
                    readings=(readings,), claims=claims, **kw)
 
