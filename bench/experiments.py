@@ -83,7 +83,8 @@ from report import *      # noqa: E402,F401,F403  tables, plots, summary.json, t
 from verdicts import *    # noqa: E402,F401,F403  the verdict rule and its numbers
 from design import QUICK_GRID, LR_GRID, EXTEND  # noqa: E402
 from protocol import REUSE_STALE, Plan, Stopped, run_setting  # noqa: E402
-from runs import MAKE_MODEL, missing_model, pack_runs, slow_bf16, unpack_runs  # noqa: E402
+from runs import (MAKE_MODEL, missing_model, pack_runs, recorded_models,  # noqa: E402
+                  slow_bf16, unpack_runs)
 from report import headline_rows, headline_table, write_pooled, write_setting  # noqa: E402
 from verdicts import VERDICT_RULE  # noqa: E402
 
@@ -110,10 +111,16 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
     parts, kept = [], []
     for s in exp.settings:
         missing = missing_model(s)
+        models = recorded_models(runs / s.label) if missing and not train else set()
+        if len(models) == 1:        # analyse only: the archive's runs, all of one base model
+            print(f"setting {s.label}: {missing} is not here; its archived runs all record one "
+                  f"base model (sha256 {next(iter(models))[:12]}) and are read as recorded",
+                  file=sys.stderr)
+            missing = ""
         if missing and s.label == only:
             raise SystemExit(f"setting {s.label} trains {missing}, which is not here: "
                              f"{MAKE_MODEL.get(missing, 'make it first')}")
-        slow = "" if missing or (only and s.label != only) else slow_bf16(s)
+        slow = "" if missing or not train or (only and s.label != only) else slow_bf16(s)
         if slow and s.label == only:
             raise SystemExit(slow)
         stopped = ""
@@ -162,10 +169,11 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
             f"{f' --reuse-stale {reuse_stale}' if reuse_stale != 'none' else ''}"
             f"{'' if train else ' --analyse-only'} --jobs {jobs}`"
             f": {len(set(plan.ran))} runs, "
-            f"{took:.0f} s of runs ("
-            + ("in-process, one at a time" if quick
-               else f"{jobs} at a time, {threads} thread(s) each")
-            + "), "
+            f"{took:.0f} s of runs"
+            + (" (in-process, one at a time)" if quick
+               else "" if not train            # analyse only: this call's threads ran nothing
+               else f" ({jobs} at a time, {threads} thread(s) each)")
+            + ", "
             f"{time.perf_counter() - t0:.0f} s this call.\n\n")
     text = head + "\n".join(parts)
     (out / "README.md").write_text(text)

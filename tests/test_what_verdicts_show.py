@@ -284,3 +284,26 @@ def test_an_analyse_only_call_trains_and_removes_nothing(tmp_path, monkeypatch):
     plan = experiments.Plan(tmp_path, 1, 1, True, train=False)
     plan.run_all([([], absent), ([], stale)])
     assert plan.missing == {absent, stale} and not absent.exists() and plan.ran == []
+
+
+def test_an_analyse_only_call_reads_runs_whose_base_model_is_not_here(tmp_path, monkeypatch):
+    """train False and the run's --model not on this machine: the run is read as its
+    model.sha256 records (a fresh clone checks the archive's verdicts without making the model);
+    a training call does not reuse it. recorded_models is what run_experiment checks first: the
+    setting's runs must record one base model."""
+    import train
+    monkeypatch.setattr(train, "main", lambda argv: pytest.fail("trained"))
+    argv = ["--model", "assets/no-such-model", "--steps", "1"]
+    made = tmp_path / "setting" / "report" / "arm" / "seed-100"
+    made.mkdir(parents=True)
+    (made / "done").write_text("1.0 s\n")
+    (made / "argv.json").write_text(json.dumps(argv))
+    (made / "model.sha256").write_text("aaaa\n")
+    (made / "code.sha256").write_text(runs.code_hash() + "\n")
+    assert experiments.run_train(argv, made, threads=1, in_process=True, train=False) == made
+    assert experiments.recorded_models(tmp_path / "setting") == {"aaaa"}
+    other = tmp_path / "setting" / "report" / "arm" / "seed-101"
+    other.mkdir(parents=True)
+    (other / "done").write_text("1.0 s\n")
+    (other / "model.sha256").write_text("bbbb\n")
+    assert experiments.recorded_models(tmp_path / "setting") == {"aaaa", "bbbb"}
