@@ -8,10 +8,13 @@ says so here."""
 import ast
 import dataclasses
 import os
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import runs  # noqa: E402  (code_hash's reading of a module: code_without_prose)
 
 # Bottom to top (../shared/DESIGN.md): plain machinery that imports no method (the math, the data,
 # the verifier, collectives, checkpoints, metrics); the record, its batching and the engine
@@ -169,15 +172,8 @@ PAPERS = ("r2po", "r²po", "vigor", "dapo", "gspo", "pnpo", "m2po", "headroom", 
 
 def code_without_prose(path: str) -> str:
     """The module's code as ast.unparse writes it, with every docstring left out (and so every
-    comment, which ast drops)."""
-    tree = ast.parse(source(path))
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree)
+    comment, which ast drops): the reading code_hash takes (bench/runs.py)."""
+    return runs.code_without_prose(source(path))
 
 
 # a method's flag that is an ordinary word the spine uses for its own (a local `adv`): the

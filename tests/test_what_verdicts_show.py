@@ -288,9 +288,9 @@ def test_an_analyse_only_call_trains_and_removes_nothing(tmp_path, monkeypatch):
 
 def test_an_analyse_only_call_reads_runs_whose_base_model_is_not_here(tmp_path, monkeypatch):
     """train False and the run's --model not on this machine: the run is read as its
-    model.sha256 records (a fresh clone checks the archive's verdicts without making the model);
-    a training call does not reuse it. recorded_models is what run_experiment checks first: the
-    setting's runs must record one base model."""
+    model.sha256 records (a fresh clone checks the archive's verdicts without making the model).
+    recorded_models is what run_experiment checks first: the setting's runs must record one base
+    model."""
     import train
     monkeypatch.setattr(train, "main", lambda argv: pytest.fail("trained"))
     argv = ["--model", "assets/no-such-model", "--steps", "1"]
