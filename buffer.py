@@ -22,7 +22,9 @@ Implements the replay buffer of "Rollout-Level Advantage-Prioritized Experience 
       P(j) = |A_j|^alpha / sum_k |A_k|^alpha        (k over the eligible rollouts)
 
   alpha = 0 is uniform replay (the naive-replay baseline); with alpha > 0 a rollout with A_j = 0 has
-  P(j) = 0 and is never drawn.
+  P(j) = 0 and is never drawn. A third draw, `nonzero`, is the prioritized draw's support without
+  its weighting: uniform among the eligible rollouts with A_j != 0 (not the paper's; the control
+  that separates "drop the rollouts that carry no gradient" from "weight by |A|").
 - **Fresh-anchored composition.** `sample(step, n_fresh)` returns only replayed rollouts, k =
   round(ratio * n_fresh) of them; the trainer's batch at `step` is every fresh rollout of `step`
   followed by these. Eligible rollouts have version < step: rollouts of the current step are
@@ -57,14 +59,15 @@ import numpy as np
 
 from rollout import Rollout
 
-KINDS = ("none", "uniform", "prioritized")      # a method file may add its own (methods/)
+KINDS = ("none", "uniform", "prioritized", "nonzero")   # a method file may add its own (methods/)
 
 
 @dataclass(frozen=True)
 class Flags:
     # ---- replay ----------------------------------------------------------------------------------
     replay: Literal[KINDS] = "prioritized"
-    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha) | a method's"""
+    """replay buffer: none | uniform (naive replay) | prioritized (P ∝ |A|^alpha) | nonzero
+    (uniform among rollouts with A != 0) | a method's"""
     tau_max: int = 4
     """evict rollouts older than this many loop steps (age = step - version; one loop step holds
     epochs x mini_batches optimizer steps)"""
@@ -81,14 +84,16 @@ class Flags:
 class RolloutReplay:
     """Rollout-level replay with age eviction (tau_max) and priority |A|^alpha; see the module
     docstring. `ratio`: replayed rollouts per fresh one (k = round(ratio * n_fresh) in `sample`).
-    MEAN_WEIGHTS and MAXIMA say how its stats reduce over ranks (`report`)."""
+    `nonzero`: draw only rollouts with A != 0 (with alpha = 0: uniform among them; alpha > 0 draws
+    only those anyway). MEAN_WEIGHTS and MAXIMA say how its stats reduce over ranks (`report`)."""
     # a mean's weight is the count of what it averages; every other key is a total, but MAXIMA
     MEAN_WEIGHTS = {"replay/age_mean": "replay/sampled", "replay/abs_adv_sampled": "replay/sampled",
-                    "replay/abs_adv_stored": "replay/size"}
+                    "replay/abs_adv_stored": "replay/size",
+                    "replay/abs_adv_stored_nonzero": "replay/stored_nonzero"}
     MAXIMA = ("replay/age_max",)
 
     def __init__(self, tau_max: int, alpha: float = 1.0, capacity: int | None = None, seed: int = 0,
-                 ratio: float = 1.0):
+                 ratio: float = 1.0, nonzero: bool = False):
         check_args(tau_max, alpha, capacity)
         if not np.isfinite(ratio) or ratio < 0:
             raise ValueError(f"replay: ratio must be a finite number >= 0, got {ratio!r}")
@@ -97,6 +102,7 @@ class RolloutReplay:
         self.capacity = capacity
         self.seed = int(seed)
         self.ratio = float(ratio)
+        self.nonzero = bool(nonzero)
         self._rng = np.random.default_rng(seed)
         self._clear()
 
@@ -172,7 +178,7 @@ class RolloutReplay:
         # Fresh-anchored: the current step's rollouts are the batch's fresh part, never its replayed
         # part.
         eligible = self._version < step                 # [N]
-        if self.alpha > 0:
+        if self.alpha > 0 or self.nonzero:
             eligible &= self._abs_adv > 0  # w_j = 0 for A_j = 0 (also avoids log 0 below)
         cand = np.flatnonzero(eligible)                 # [M] indices of candidates
         picked = cand[self._draw_without_replacement(self._abs_adv[cand], k)]  # [min(k, M)]
@@ -205,29 +211,36 @@ class RolloutReplay:
             self._last.update({"replay/sampled": int(len(picked)),
                                "replay/age_mean": float(age.mean()),
                                "replay/age_max": int(age.max()),
-                               "replay/abs_adv_sampled": float(self._abs_adv[picked].mean())})
+                               "replay/abs_adv_sampled": float(self._abs_adv[picked].mean()),
+                               "replay/sampled_nonzero": int((self._abs_adv[picked] > 0).sum())})
 
     # ---- metrics and checkpointing ---------------------------------------------------------------
     def stats(self) -> dict:
         """Flat namespaced metrics. replay/size and replay/abs_adv_stored (mean |A| over every
-        stored rollout, eligible for the next draw or not) describe the buffer now; replay/evicted
-        the last evict (age); replay/capacity_dropped the last add; the rest the last sample (0 when
-        it drew nothing, so the JSON stays finite)."""
-        stored = float(self._abs_adv.mean()) if len(self) else 0.0
-        return {"replay/size": len(self), **self._last, "replay/abs_adv_stored": stored}
+        stored rollout, eligible for the next draw or not), replay/stored_nonzero (how many of them
+        have A != 0) and replay/abs_adv_stored_nonzero (their mean |A|) describe the buffer now;
+        replay/evicted the last evict (age); replay/capacity_dropped the last add; the rest the
+        last sample (replay/sampled_nonzero: the drawn with A != 0; 0 when it drew nothing, so the
+        JSON stays finite)."""
+        nonzero = self._abs_adv[self._abs_adv > 0]                  # [N'] stored with A != 0
+        return {"replay/size": len(self), **self._last,
+                "replay/abs_adv_stored": float(self._abs_adv.mean()) if len(self) else 0.0,
+                "replay/stored_nonzero": len(nonzero),
+                "replay/abs_adv_stored_nonzero": float(nonzero.mean()) if len(nonzero) else 0.0}
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly, as plain Python data (dicts, lists, ints, floats,
         str), so that pickle and torch.save / torch.load(weights_only=True) both round-trip it."""
         return {"tau_max": self.tau_max, "alpha": self.alpha, "capacity": self.capacity,
-                "seed": self.seed, "rollouts": [asdict(r) for r in self._records],
+                "nonzero": self.nonzero, "seed": self.seed,
+                "rollouts": [asdict(r) for r in self._records],
                 "rng": self._rng.bit_generator.state, "last": dict(self._last)}
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore contents, RNG and last stats. The hyperparameters must match this buffer's: a
-        resumed run with a different tau_max, alpha or capacity could not replay the same data, so
-        that is an error."""
-        check_same(sd, self, ("tau_max", "alpha", "capacity"))
+        resumed run with a different tau_max, alpha, capacity or draw could not replay the same
+        data, so that is an error (a checkpoint from before the nonzero draw has nonzero False)."""
+        check_same({"nonzero": False, **sd}, self, ("tau_max", "alpha", "capacity", "nonzero"))
         self.seed = sd["seed"]
         self._clear()
         rollouts = [Rollout(**d) for d in sd["rollouts"]]
@@ -239,7 +252,7 @@ class RolloutReplay:
 
 def empty_sample_stats() -> dict:
     return {"replay/sampled": 0, "replay/age_mean": 0.0, "replay/age_max": 0,
-            "replay/abs_adv_sampled": 0.0}
+            "replay/abs_adv_sampled": 0.0, "replay/sampled_nonzero": 0}
 
 
 def check_args(tau_max, alpha, capacity) -> None:
@@ -286,17 +299,17 @@ LOG = ("replay {replay/sampled:3d}/{replay/size:<5d} age {replay/age_mean:.2f}",
 
 
 def make(flags: Flags, *, seed: int) -> RolloutReplay | None:
-    """The buffer behind `--replay`: RolloutReplay with alpha = 0 (uniform: naive replay) or with
-    --priority-alpha (prioritized); None for none, and for a kind a method file makes (its replay
-    slot). Arguments are validated whatever the kind, so a bad flag is an error even when replay is
-    off."""
+    """The buffer behind `--replay`: RolloutReplay with alpha = 0 (uniform: naive replay), alpha =
+    0 among the rollouts with A != 0 (nonzero) or with --priority-alpha (prioritized); None for
+    none, and for a kind a method file makes (its replay slot). Arguments are validated whatever
+    the kind, so a bad flag is an error even when replay is off."""
     f = flags
     check_args(f.tau_max, f.priority_alpha, f.replay_capacity or None)
-    if f.replay not in ("uniform", "prioritized"):
+    if f.replay not in ("uniform", "prioritized", "nonzero"):
         return None
-    alpha = 0.0 if f.replay == "uniform" else f.priority_alpha
+    alpha = f.priority_alpha if f.replay == "prioritized" else 0.0
     return RolloutReplay(f.tau_max, alpha=alpha, capacity=f.replay_capacity or None, seed=seed,
-                         ratio=f.replay_ratio)
+                         ratio=f.replay_ratio, nonzero=f.replay == "nonzero")
 
 
 if __name__ == "__main__":

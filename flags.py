@@ -46,6 +46,10 @@ SPINE_PRESETS = {
                             lr=1e-4)),
     "naive-replay": ("naive uniform rollout replay, the baseline of arXiv 2606.04560; lr 1e-4",
                      dict(replay="uniform", tau_max=4, replay_ratio=0.5, lr=1e-4)),
+    "nonzero-replay": ("uniform rollout replay among rollouts with A != 0: the prioritized draw's "
+                       "support without its |A| weighting (a control, not a paper's); lr 1e-4 "
+                       "as naive replay's",
+                       dict(replay="nonzero", tau_max=4, replay_ratio=0.5, lr=1e-4)),
 }
 PRESETS = {**SPINE_PRESETS, **methods.presets()}
 

@@ -82,6 +82,9 @@ class Setting:
     seed_curves: bool = False                  # also seeds.png: every seed's curve (seed_plot)
     dev_gate: str = ""                         # under shared_lr: this arm is swept there too and
                                                # the report runs only if it does not fall on dev
+    looks: tuple[int, ...] = ()                # group-sequential: complete seeds at each look
+                                               # (bench/sequential.py; claims[0] is the primary)
+    one_machine: bool = False                  # every arm of a seed on one CPU kind (cpu.txt)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ that trained (Plan). The rules are bench/experiments.py's docstring.
 """
 import json
 import math
+import shutil
 import statistics
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from design import EXTEND, QUICK_EVAL, QUICK_GRID, STRESS_DROP, Setting
-from runs import code_hash, load, pack_runs, recorded_code, run_train, same_code
-from verdicts import predicate_keys, stream
+import sequential
+from stats import p_value
+from runs import cpu_kind, code_hash, load, pack_runs, recorded_code, run_train, same_code
+from verdicts import compare_runs, mechanism_acted, predicate_keys, stream
 
 
 
@@ -139,6 +142,42 @@ class Plan:
         return [d for d in dict.fromkeys(self.ran) if any(b in d.parents for b in bases)]
 
 
+def remake_elsewhere(dirs: list, seed_dirs: list, here: str) -> list:
+    """Setting.one_machine: of one block's report runs, the finished ones to make again here
+    because a run of the same seed is not finished or was made on another CPU kind than `here`
+    (cpu.txt): a seed whose every arm is done on one kind is kept; any other seed keeps only its
+    runs made here, the rest removed so that run_all makes them here. Returns the removed."""
+    removed = []
+    by_seed: dict[str, list] = {}
+    for d in seed_dirs:
+        by_seed.setdefault(d.name, []).append(d)
+    for seed, ds in by_seed.items():
+        kinds = {(d / "cpu.txt").read_text().strip() if (d / "cpu.txt").exists() else "unknown"
+                 for d in ds if (d / "done").exists()}
+        if all((d / "done").exists() for d in ds) and len(kinds) == 1:
+            continue
+        for d in ds:
+            kind = (d / "cpu.txt").read_text().strip() if (d / "cpu.txt").exists() else ""
+            if (d / "done").exists() and kind != here:
+                shutil.rmtree(d)
+                removed.append(d)
+    return removed
+
+
+def primary_crosses(s: Setting, dirs: dict[str, list], look: int, keys: tuple) -> bool:
+    """A group-sequential setting's stopping rule at look index `look` (bench/sequential.py): the
+    primary claim (s.claims[0]) paired over the complete seeds, its mechanism acted, and its
+    two-sided p below that look's O'Brien-Fleming nominal p."""
+    c = s.claims[0]
+    runs = {name: [{**load(d, "eval/accuracy", keys, s.final_at, s.x), "seed": int(d.name[5:]),
+                    "stream": stream(json.loads((d / "argv.json").read_text()))} for d in ds]
+            for name, ds in dirs.items()}
+    acted = c.acted is None or mechanism_acted(runs[c.arm], *c.acted)
+    comparison = compare_runs(s, runs, c.arm, c.against or s.baseline, c.metric)
+    p = p_value(comparison) if comparison is not None and acted else None
+    return sequential.crosses(p, look, s.looks)
+
+
 class Stopped(Exception):
     """A setting that stops before its report: its message says why (runs not in the archive in
     an analyse-only call; a pre-registered dev gate that did not hold, Setting.dev_gate)."""
@@ -229,9 +268,33 @@ def run_setting(s: Setting, plan: Plan) -> dict:
     def report_dir(arm, seed):
         return run_dir(base, "report", arm.name, chosen[arm.name], seed)
 
-    # seed by seed, every arm of a seed before the next seed: a stopped call leaves pairs
-    plan.run_all([(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
-                  for sd in report_seeds for a in arms], "report")
+    # seed by seed, every arm of a seed before the next seed: a stopped call leaves pairs; a
+    # group-sequential setting look by look, stopping at the look where its primary crosses
+    looks = [n for n in s.looks if n <= len(report_seeds)] if s.looks else []
+    blocks = [report_seeds[a:b] for a, b in zip([0, *looks], [*looks, len(report_seeds)]) if b > a]
+    done: tuple[int, ...] = ()
+    for i, block in enumerate(blocks):
+        jobs = [(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
+                for sd in block for a in arms]
+        if s.one_machine and plan.train:
+            remake_elsewhere([d for _, d in jobs], [report_dir(a, sd) for sd in block
+                                                    for a in arms], cpu_kind())
+        plan.run_all(jobs, "report")
+        if any(d in plan.missing for _, d in jobs):     # analyse only: read the last full look
+            break
+        done += block
+        if i == len(blocks) - 1:
+            break
+        if s.looks and primary_crosses(s, {a.name: [report_dir(a, sd) for sd in done]
+                                           for a in arms}, i, keys):
+            break
+    if s.looks:                  # what the rule reads: every seed of the last complete look
+        if not done:
+            have = sum(all((report_dir(a, sd) / "done").exists() for a in arms)
+                       for sd in report_seeds)
+            raise Stopped(f"setting {s.label}: {have} of {looks[0]} seeds complete before its "
+                          "first look; nothing is read before it (group-sequential)")
+        report_seeds = done
     waiting |= {a.name for a in arms for sd in report_seeds if report_dir(a, sd) in plan.missing}
     if s.baseline in waiting:
         raise Stopped(f"setting {s.label}: report runs of {s.baseline} are not in the archive "

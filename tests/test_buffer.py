@@ -75,6 +75,43 @@ def test_fresh_anchored_excludes_current_step_whatever_the_order():
         assert (len(got_a) == 3) == (step > 0)      # step 0 has nothing older to replay
 
 
+# ---- the nonzero draw: uniform among the rollouts with A != 0 ------------------------------------
+def test_nonzero_draw_never_returns_a_zero_advantage_and_is_uniform_over_the_rest():
+    """--replay nonzero: P(j) = 1 / |{k: A_k != 0}| for A_j != 0, else 0, whatever |A_j| is
+    (a priority draw would favour the 3.0); the bound has power against the |A| weighting."""
+    abs_adv = np.array([0.0, 0.25, 0.0, 1.0, 3.0, 0.0, 0.5])
+    signs = np.array([1, -1, 1, 1, -1, -1, 1])
+    replay = RolloutReplay(tau_max=10, alpha=0.0, seed=4, nonzero=True)
+    replay.add([mk(float(s * a), 0, pid=j) for j, (s, a) in enumerate(zip(signs, abs_adv))],
+               step=0)
+    n = 8000
+    counts = single_draw_counts(replay, n, step=1)
+    assert counts[abs_adv == 0].sum() == 0
+    probs = (abs_adv > 0) / (abs_adv > 0).sum()
+    assert within_binomial_bound(counts, probs, n)
+    weighted = abs_adv / abs_adv.sum()
+    assert not within_binomial_bound(counts, weighted, n)
+    # many draws at once: never a zero, and all four nonzero ones when asked for more
+    assert sorted(r.prompt_id for r in replay.sample(1, 10)) == [1, 3, 4, 6]
+    assert replay.stats()["replay/sampled_nonzero"] == 4
+
+
+def test_nonzero_draw_through_make_and_its_checkpoint():
+    """buffer.make's nonzero kind is alpha 0 with the filter; a checkpoint records the draw, and
+    one made before it existed (no key) reads as not nonzero."""
+    nz = make_replay("nonzero", tau_max=2, alpha=0.7)
+    assert (nz.alpha, nz.nonzero) == (0.0, True)
+    assert make_replay("uniform", tau_max=2).nonzero is False
+    sd = nz.state_dict()
+    with pytest.raises(ValueError, match="nonzero"):
+        RolloutReplay(tau_max=2, alpha=0.0).load_state_dict(sd)
+    old = {k: v for k, v in RolloutReplay(tau_max=2, alpha=0.0).state_dict().items()
+           if k != "nonzero"}
+    RolloutReplay(tau_max=2, alpha=0.0).load_state_dict(old)
+    with pytest.raises(ValueError, match="nonzero"):
+        RolloutReplay(tau_max=2, alpha=0.0, nonzero=True).load_state_dict(old)
+
+
 # ---- priority P(j) = |A_j|^alpha / sum_k |A_k|^alpha ---------------------------------------------
 @pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0])
 def test_single_draw_frequencies_match_priority(alpha):
@@ -250,6 +287,9 @@ def test_stats_on_a_hand_built_case():
         "replay/age_max": 2,
         "replay/abs_adv_sampled": pytest.approx((2 + 0.5 + 4) / 3),
         "replay/abs_adv_stored": pytest.approx((2 + 0.5 + 4 + 0 + 1) / 5),
+        "replay/sampled_nonzero": 3,                 # a prioritized draw: every one has A != 0
+        "replay/stored_nonzero": 4,                  # the stored 0.0 of step 3 is the one left
+        "replay/abs_adv_stored_nonzero": pytest.approx((2 + 0.5 + 4 + 1) / 4),
     }
     assert replay.sample(20, 3) == [] and replay.stats()["replay/sampled"] == 0
     assert replay.stats()["replay/age_mean"] == 0.0 and replay.stats()["replay/size"] == 0

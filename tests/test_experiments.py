@@ -94,7 +94,7 @@ def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
     steps (the real model every 10: a 500-prompt evaluation there costs what 2 training steps do,
     and its verdict reads the evaluations at 30 and 40 either way); the replay comparison runs 10
     paired seeds (on the real model 5), the stress and pre-registered settings 10, the rest
-    REPORT_SEEDS."""
+    REPORT_SEEDS; the real model's draws (group-sequential) its 20 fresh seeds 105-124."""
     for name, make in experiments.EXPERIMENTS.items():
         for s in make(False).settings:
             names = {a.name for a in s.arms}
@@ -102,8 +102,11 @@ def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
                 assert c.arm in names and (c.against or s.baseline) in names, (name, c)
             for a in s.arms:
                 argv = [*s.flags, *a.flags]
-                most = 10 if s.label == "smollm2" else 5
+                most = 10 if s.label.startswith("smollm2") else 5
                 assert int(flag(argv, "--eval-every")) <= most, (name, a.name)
+            if s.label == "smollm2-draws":
+                assert s.seeds == tuple(range(105, 125)) and s.looks == (10, 20)
+                continue
             ten = ((name == "replay" and s.label != "smollm2") or s.label.endswith("-stress")
                    or s.label in PRE_REGISTERED.get(name, ()))
             assert len(s.seeds) == (10 if ten else 5), (name, s.label)
@@ -471,13 +474,16 @@ def test_every_mechanism_diagnostic_is_one_predicate_form():
     """Every claim's diagnostic reads a metrics key's mean over every step of every reported seed
     ("mean > X"); the stabilisers' shares (veto, PNPO's far prefixes, Headroom-Drift's selection)
     and R²PO's head KL at ACTED; the replay priority's: the lift of |A| it draws over what is
-    stored (PRIORITIZED)."""
+    stored (PRIORITIZED), or, on the real model's draws, over the stored A != 0 ones (WEIGHTED),
+    and the filter's: a share of A = 0 among the stored (FILTERED)."""
     shares = {"loss/veto_frac", "ratio/far_prefix_frac", "replay/hd_changed_frac",
               "r2po/head_kl_current"}
     for name, make in experiments.EXPERIMENTS.items():
         for s in make(False).settings:
             for c in s.claims:
-                if c.acted and c.acted[0] == "replay/abs_adv_sampled":     # the priority's lift
+                if c.acted in (experiments.WEIGHTED, experiments.FILTERED):
+                    assert s.label == "smollm2-draws"
+                elif c.acted and c.acted[0] == "replay/abs_adv_sampled":     # the priority's lift
                     assert c.acted == experiments.PRIORITIZED
                 elif c.acted:
                     agg, op, rhs = c.acted[1].split()

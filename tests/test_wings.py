@@ -41,7 +41,8 @@ def test_every_wing_is_registered_and_has_a_preset():
     assert sorted(WINGS) == sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "methods"))
                                    if f.endswith(".py") and f != "__init__.py")
     import flags
-    assert set(PRESET_OF.values()) | {"grpo", "rollout-replay", "naive-replay"} == set(
+    assert set(PRESET_OF.values()) | {"grpo", "rollout-replay", "naive-replay",
+                                      "nonzero-replay"} == set(
         flags.PRESETS)
 
 

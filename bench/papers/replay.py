@@ -1,7 +1,8 @@
 """The replay paper's settings (rollout-level advantage-prioritized replay, arXiv 2606.04560):
 prioritized replay against plain GRPO and naive uniform replay at equal fresh rollouts, on two tiny
-base models (arith, arith-s1), the long task (steps) and SmolLM2-135M-Instruct (smollm2), and the
-pooled claim over the two tiny base models (POOLED)."""
+base models (arith, arith-s1), the long task (steps) and SmolLM2-135M-Instruct (smollm2), the
+pooled claim over the two tiny base models (POOLED), and on SmolLM2 the three draws against each
+other, pre-registered with a group-sequential rule (smollm2-draws: draws_setting)."""
 from design import (ARITH, ARITH_S1, DIAG, EXTRA_SEEDS, REPORT_SEEDS, STEPS, STEPS_EVAL, Arm,
                     Claim, Experiment, Pooled, Setting, sized)
 
@@ -48,6 +49,7 @@ def replay(quick: bool) -> Experiment:
         # paper's two claims (the priority's gate on both replay arms' diagnostics)
         reuse = Claim("naive-replay", 1, acted=("replay/sampled", "mean > 0"))
         settings.append(smollm2_setting(arms, diag, claims[:-1] + (reuse,)))
+        settings.append(draws_setting(diag))
     return Experiment(
         "replay", "rollout-level advantage-prioritized replay (arXiv 2606.04560)",
         "replaying single rollouts drawn by |advantage| (evicted after tau_max steps) reaches "
@@ -109,3 +111,118 @@ def smollm2_setting(arms: tuple[Arm, ...], diag: tuple, claims: tuple) -> Settin
                    seed_curves=True, shared_lr=SMOLLM2_LR, lr_note=SMOLLM2_NOTE,
                    own_lr=("naive-replay",))
 
+
+
+# ---- smollm2-draws: priority, filtering or step size (pre-registered, issue 52) ----------------
+# On SmolLM2 about 78% of groups have A = 0. The prioritized draw (P ∝ |A|) never replays those
+# rollouts, the uniform draw mostly does, and under token-mean aggregation their tokens only enlarge
+# the loss normaliser N: "priority beats uniform" is mixed up with "drop what carries no gradient"
+# and with step size. A third draw, uniform among stored rollouts with A != 0 (buffer.py's nonzero,
+# --preset nonzero-replay), has the prioritized draw's support without its weighting, and
+# separates the two.
+DRAWS_SEEDS = tuple(range(105, 125))   # 20 fresh seeds, never run on SmolLM2 before
+DRAWS_LOOKS = (10, 20)                 # the interim look at 10 complete seeds, the final at 20
+NEAR = (0.9, 1 / 0.9)                  # "near 1": within 10% either way (a log-symmetric band)
+ACTED_SHARE = 0.01                     # the filter acted where >= 1% of stored rollouts had A = 0
+# the prioritized draw lifted |A| over what a uniform draw among the A != 0 rollouts would give
+WEIGHTED = ("replay/abs_adv_sampled",
+            f"mean / replay/abs_adv_stored_nonzero >= {PRIORITY_LIFT:g}")
+# there were rollouts with A = 0 to leave out: the stored A != 0 share at most 1 - ACTED_SHARE
+FILTERED = ("replay/stored_nonzero", f"mean / replay/size <= {1 - ACTED_SHARE:g}")
+
+
+def _mean(runs: list[dict], key: str) -> float | None:
+    vals = [r["means"].get(key) for r in runs]
+    return None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
+
+
+def _ratio(top: float | None, bottom: float | None) -> float | None:
+    return None if top is None or not bottom else top / bottom
+
+
+def draw_gates(arm: str, runs: list[dict]) -> list[tuple[str, float | None, bool]]:
+    """What each arm's draw did, over every step of every reported seed (each key's mean over the
+    steps, averaged over the runs; equal step counts make a ratio of these means a ratio of
+    totals): [(what is checked, its value, whether it holds)], each able to fail:
+    - rollout-replay: the replayed |A| over the stored mean >= PRIORITY_LIFT;
+    - nonzero-replay: every replayed rollout has A != 0 (the A != 0 share of the replayed == 1)
+      and the replayed |A| over the mean of the stored A != 0 rollouts within NEAR;
+    - naive-replay: the A != 0 share of the replayed over that of the stored within NEAR.
+    A value None (a key not logged, nothing replayed) fails."""
+    m = {k: _mean(runs, k) for k in ("replay/abs_adv_sampled", "replay/abs_adv_stored",
+                                     "replay/abs_adv_stored_nonzero", "replay/sampled",
+                                     "replay/sampled_nonzero", "replay/size",
+                                     "replay/stored_nonzero")}
+    sampled_share = _ratio(m["replay/sampled_nonzero"], m["replay/sampled"])
+    stored_share = _ratio(m["replay/stored_nonzero"], m["replay/size"])
+
+    def near(v):
+        return v is not None and NEAR[0] <= v <= NEAR[1]
+    if arm == "rollout-replay":
+        lift = _ratio(m["replay/abs_adv_sampled"], m["replay/abs_adv_stored"])
+        return [(f"|A| replayed / stored >= {PRIORITY_LIFT:g}", lift,
+                 lift is not None and lift >= PRIORITY_LIFT)]
+    if arm == "nonzero-replay":
+        lift = _ratio(m["replay/abs_adv_sampled"], m["replay/abs_adv_stored_nonzero"])
+        return [("A != 0 share of the replayed == 1", sampled_share, sampled_share == 1),
+                (f"|A| replayed / stored A != 0 in [{NEAR[0]:g}, {NEAR[1]:.3g}]", lift, near(lift))]
+    if arm == "naive-replay":
+        share = _ratio(sampled_share, stored_share)
+        return [(f"A != 0 share replayed / stored in [{NEAR[0]:g}, {NEAR[1]:.3g}]", share,
+                 near(share))]
+    return []
+
+
+def draws_setting(diag: tuple) -> Setting:
+    """smollm2-draws, pre-registered before any of its runs (issue 52): the smollm2 setting's task
+    unchanged (model, builtin task, instruct template, 16 new tokens, 8 prompts x 8, 40 steps,
+    fp32, tau_max 4, ratio 0.5, the recipe), three replay draws:
+    - naive-replay (uniform over every stored rollout) and rollout-replay (P ∝ |A|) at their dev
+      choice 2e-5 (SMOLLM2_LR: smollm2's sweeps);
+    - nonzero-replay (uniform among the stored rollouts with A != 0) at its own choice on the same
+      small dev check naive replay had (SMOLLM2_NAIVE_GRID on the 1-2-5 ladder, 20 steps of seed 0,
+      200 dev prompts), archived and committed before any of its test runs.
+    Seeds DRAWS_SEEDS (105-124); every arm of one seed on one CPU kind (one_machine: a seed's runs
+    made on another kind are made again here, and cpu.txt records each run's); the same trainer
+    code for every run (one frozen worktree at the commit that registered this).
+    Claims (claims[0] the primary, the paper's; the others secondary), final test accuracy, paired:
+    1. rollout-replay vs naive-replay (the paper's "and naive replay"), gate: the priority's lift;
+    2. rollout-replay vs nonzero-replay (the |A| weighting itself), gate: the replayed |A| over the
+       stored A != 0 mean >= 1.05 (WEIGHTED);
+    3. nonzero-replay vs naive-replay (leaving out the A = 0 rollouts), gate: at least 1% of the
+       stored rollouts had A = 0 (FILTERED).
+    The group-sequential rule (bench/sequential.py, DRAWS_LOOKS): an interim look at 10 complete
+    seeds and the final at 20, O'Brien-Fleming nominal two-sided thresholds (p < 0.0052 at 10,
+    p < 0.048 at 20) for the primary; the runs stop at 10 only if it crosses; the secondaries are
+    read where the primary stops, Holm over the three against that look's threshold. The archived
+    smollm2 seeds 100-104 are reported beside it as a secondary analysis, never pooled into it.
+    What each arm's draw did: draw_gates, per run and per arm (loss/tokens: the normaliser N)."""
+    arms = (Arm("naive-replay", ("--preset", "naive-replay")),
+            Arm("rollout-replay", ("--preset", "rollout-replay")),
+            Arm("nonzero-replay", ("--preset", "nonzero-replay")))
+    diag = (*diag[:2], ("|A| sampled", "replay/abs_adv_sampled"),
+            ("|A| stored", "replay/abs_adv_stored"),
+            ("|A| stored A != 0", "replay/abs_adv_stored_nonzero"),
+            ("replayed A != 0", "replay/sampled_nonzero"), ("stored", "replay/size"),
+            ("stored A != 0", "replay/stored_nonzero"), ("loss tokens N", "loss/tokens"),
+            *DIAG)
+    claims = (Claim("rollout-replay", 1, against="naive-replay", acted=PRIORITIZED,
+                    headline=True),
+              Claim("rollout-replay", 1, against="nonzero-replay", acted=WEIGHTED,
+                    note="the |A| weighting"),
+              Claim("nonzero-replay", 1, against="naive-replay", acted=FILTERED,
+                    note="leaving out A = 0"))
+    note = ("naive-replay and rollout-replay at lr 2e-5, their choice on smollm2's dev sweeps "
+            "(SMOLLM2_NOTE); nonzero-replay at its own choice on its archived dev sweep (the "
+            "sweep below: naive replay's grid, 20 steps of seed 0, 200 dev prompts), made and "
+            "committed before any of its test runs. Pre-registered: seeds 105-124, every arm of "
+            "a seed on one CPU kind, one frozen code for every run, a group-sequential rule "
+            "(bench/sequential.py).")
+    return Setting("smollm2-draws", SMOLLM2 + ("--steps", "40", "--prompts-per-step", "8",
+                                               "--eval-every", "10"),
+                   arms, "naive-replay", "fresh", sweep=("--steps", "20", "--eval-every", "10"),
+                   diagnostics=diag, claims=claims, grid=SMOLLM2_NAIVE_GRID, ladder="1-2-5",
+                   sweep_seeds=(0,), dev_size=200,
+                   finals=(("format errors", "rollout/format_error"),), seeds=DRAWS_SEEDS,
+                   seed_curves=True, shared_lr=SMOLLM2_LR, lr_note=note,
+                   own_lr=("nonzero-replay",), looks=DRAWS_LOOKS, one_machine=True)
