@@ -85,6 +85,10 @@ class Setting:
     looks: tuple[int, ...] = ()                # group-sequential: complete seeds at each look
                                                # (bench/sequential.py; claims[0] is the primary)
     one_machine: bool = False                  # every arm of a seed on one CPU kind (cpu.txt)
+    arm_gates: object = None                   # (arm, its runs) -> [(check, value, holds)]: what
+                                               # each arm's mechanism did, a table of its own
+    beside: str = ""                           # an archived setting whose same claims are shown
+                                               # beside this one's, never pooled into them
 
 
 @dataclass(frozen=True)

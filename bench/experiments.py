@@ -85,7 +85,8 @@ from design import QUICK_GRID, LR_GRID, EXTEND  # noqa: E402
 from protocol import REUSE_STALE, Plan, Stopped, run_setting  # noqa: E402
 from runs import (MAKE_MODEL, missing_model, pack_runs, recorded_models,  # noqa: E402
                   slow_bf16, unpack_runs)
-from report import headline_rows, headline_table, write_pooled, write_setting  # noqa: E402
+from report import (headline_rows, headline_table, write_pooled,  # noqa: E402
+                    write_progress, write_setting)
 from verdicts import VERDICT_RULE  # noqa: E402
 
 
@@ -130,6 +131,10 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
                 continue
             except Stopped as why:
                 stopped = str(why)
+                if why.progress:                  # before a sequential setting's first look
+                    print(why, file=sys.stderr)
+                    parts.append(write_progress(why.progress, out / s.label, str(why)))
+                    continue
                 print(f"{why}; its committed results are kept", file=sys.stderr)
         if missing:
             print(f"setting {s.label} not run: {missing} is not here "

@@ -180,7 +180,13 @@ def primary_crosses(s: Setting, dirs: dict[str, list], look: int, keys: tuple) -
 
 class Stopped(Exception):
     """A setting that stops before its report: its message says why (runs not in the archive in
-    an analyse-only call; a pre-registered dev gate that did not hold, Setting.dev_gate)."""
+    an analyse-only call; a pre-registered dev gate that did not hold, Setting.dev_gate; a
+    group-sequential setting before its first look, with `progress`: its sweep, its choices and
+    its finished report runs, whose accuracy nothing reads: report.write_progress)."""
+
+    def __init__(self, message: str, progress: dict | None = None):
+        super().__init__(message)
+        self.progress = progress
 
 
 def dev_gate_holds(runs: list[dict]) -> bool:
@@ -292,8 +298,16 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         if not done:
             have = sum(all((report_dir(a, sd) / "done").exists() for a in arms)
                        for sd in report_seeds)
+            made = {a.name: [{**load(report_dir(a, sd), "eval/accuracy", keys, s.final_at, s.x),
+                              "seed": sd} for sd in report_seeds
+                             if (report_dir(a, sd) / "done").exists()] for a in arms}
             raise Stopped(f"setting {s.label}: {have} of {looks[0]} seeds complete before its "
-                          "first look; nothing is read before it (group-sequential)")
+                          "first look; nothing is read before it (group-sequential)",
+                          progress={"setting": s, "grid": grid, "sweep_seeds": sweep_seeds,
+                                    "sweep": sweep, "chosen": chosen, "picked": picked,
+                                    "also": also, "band": band, "runs": made, "complete": have,
+                                    "codes": code_counts([recorded_code(d)
+                                                          for d in plan.ran_of(base)])})
         report_seeds = done
     waiting |= {a.name for a in arms for sd in report_seeds if report_dir(a, sd) in plan.missing}
     if s.baseline in waiting:

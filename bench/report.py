@@ -151,6 +151,91 @@ def table(summary: dict, analysis: dict | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def sequential_table(analysis: dict) -> str:
+    """A group-sequential setting's reading (bench/sequential.py): the look, each look's nominal
+    p, and every claim's Δ, p, Holm-adjusted p and the rule's word; "" for another setting."""
+    q = analysis.get("sequential")
+    if not q:
+        return ""
+    looks = ", ".join(f"{n} seeds: p < {p:.4f}" for n, p in zip(q["looks"], q["nominal_p"]))
+    where = ("the runs stop here" if q["stops"] else
+             "the primary did not cross: the runs go on to the next look")
+    out = ["", f"**The group-sequential rule** (bench/sequential.py, fixed before the runs): "
+               f"O'Brien-Fleming nominal two-sided thresholds ({looks}) for the primary claim; "
+               f"the secondaries read where the primary stops, Holm over the claims whose "
+               f"mechanism acted, against that look's threshold. Read at look {q['look']} of "
+               f"{len(q['looks'])} ({q['n']} complete seeds, every arm of each on one CPU kind): "
+               f"{where}.", "",
+           "| claim | role | Δ [95% CI] | SE | df | p | Holm p | verdict (the rule) | "
+           "fixed-sample word |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in analysis["comparisons"]:
+        role = "primary" if c.get("primary") else "secondary"
+        out.append(f"| {claim_cell(c)} | {role} | {points(c)} | "
+                   f"{fmt(c['se'] and 100 * c['se'], '.2f')} | {fmt(c['df'], '.3g')} | "
+                   f"{fmt(c.get('p'), '.2g')} | {fmt(c.get('holm_p'), '.2g')} | {c['verdict']} | "
+                   f"{c.get('unadjusted', '—')} |")
+    return "\n".join(out) + "\n"
+
+
+def gates_table(analysis: dict) -> str:
+    """Setting.arm_gates: what each arm's mechanism did over every step of every reported seed,
+    each check with its value and whether it holds; "" where the setting has none."""
+    rows = [(name, g) for name, e in analysis["arms"].items() for g in e.get("gates", [])]
+    if not rows:
+        return ""
+    out = ["", "What each arm's draw did (every step of every reported seed; each check can "
+               "fail):", "", "| arm | check | value | holds |", "|---|---|---|---|"]
+    out += [f"| {name} | {g['check']} | {fmt(g['value'], '.3g')} | "
+            f"{'yes' if g['holds'] else '**no**'} |" for name, g in rows]
+    return "\n".join(out) + "\n"
+
+
+RUN_KEYS = (("replayed", "replay/sampled"), ("replayed A≠0", "replay/sampled_nonzero"),
+            ("stored", "replay/size"), ("stored A≠0", "replay/stored_nonzero"),
+            ("|A| replayed", "replay/abs_adv_sampled"), ("|A| stored", "replay/abs_adv_stored"),
+            ("|A| stored A≠0", "replay/abs_adv_stored_nonzero"), ("loss tokens N", "loss/tokens"))
+
+
+def per_run_table(runs: dict, keys=RUN_KEYS) -> str:
+    """Per reported run: the means over its steps of `keys` (what the draw did: shares, the loss
+    normaliser N, |A| replayed and stored), its wall time, peak memory and CPU kind; "" where no
+    run logged the first key."""
+    if not any(r["means"].get(keys[1][1]) is not None for rs in runs.values() for r in rs):
+        return ""
+    cols = ["arm", "seed", *(c for c, _ in keys), "wall min", "peak GB", "cpu"]
+    out = ["", "Per run (means over its steps):", "", "| " + " | ".join(cols) + " |",
+           "|" + "---|" * len(cols)]
+    for name, rs in runs.items():
+        for r in rs:
+            wall = r.get("run_s") and r["run_s"] / 60
+            peak = r.get("peak_rss_kb") and r["peak_rss_kb"] / 1e6
+            cells = [name, str(r.get("seed", "—")),
+                     *(fmt(r["means"].get(k), ".3g") for _, k in keys),
+                     fmt(wall, ".1f"), fmt(peak, ".2f"), r.get("cpu") or "not recorded"]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def beside_lines(s, out: Path, analysis: dict) -> str:
+    """Setting.beside: the same claims read on an archived setting's runs (its summary.json in
+    OUT/../LABEL), reported beside this setting's as a secondary analysis, never pooled."""
+    path = out.parent / s.beside / "summary.json"
+    if not s.beside or not path.exists():
+        return ""
+    theirs = json.loads(path.read_text())["comparisons"]
+    rows = [(c, t) for c in analysis["comparisons"] for t in theirs
+            if (t["arm"], t["against"], t["metric"]) == (c["arm"], c["against"], c["metric"])]
+    if not rows:
+        return ""
+    seeds = ", ".join(str(sd) for sd in json.loads(path.read_text())["arms"][
+        rows[0][1]["arm"]]["seeds"])
+    out = ["", f"Beside it, a secondary analysis never pooled into the rule's: the same claims on "
+               f"the archived `{s.beside}` setting's runs (seeds {seeds}; their arms ran on "
+               f"different CPU kinds, bench/results/replay/{s.beside}/results.md):", ""]
+    out += [f"- {claim_cell(t)}: {points(t)}, {t['verdict']}" for _, t in rows]
+    return "\n".join(out) + "\n"
+
+
 def cpu_line(runs: dict) -> str:
     """Which CPU kinds the reported runs ran on (cpu.txt, protocol.cpu_kind): wall times and
     wall-to-target cells compare only within one kind."""
@@ -386,7 +471,9 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
             + "\n\n"
             + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
             + code_line(summary.get("codes")) + waiting_line(summary)
-            + table(summary, analysis) + dev_lr_table(summary))
+            + table(summary, analysis) + sequential_table(analysis) + gates_table(analysis)
+            + beside_lines(s, out, analysis) + per_run_table(summary["runs"])
+            + dev_lr_table(summary))
     sweep = "\nThe sweep:\n\n" + sweep_table(summary)
     (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n" + sweep)
     (out / "sweep.md").write_text(sweep_table(summary))
@@ -409,6 +496,28 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
               file=sys.stderr)
     return text + sweep
 
+
+
+def write_progress(progress: dict, out: Path, why: str) -> str:
+    """OUT/<setting>/results.md and sweep.md of a group-sequential setting before its first look
+    (protocol.Stopped's progress): the flags, the arms, its lr choices and sweep, and what each
+    finished report run's draw did (per_run_table; no accuracy: nothing reads it before the
+    look); returns the text for the experiment's README."""
+    out.mkdir(parents=True, exist_ok=True)
+    s = progress["setting"]
+    lrs = ", ".join(f"{name} {lr:g}" for name, lr in progress["chosen"].items())
+    text = (f"## {s.label}\n\n{s.lr_note}\n\nCommon flags: `{' '.join(s.flags)}`; sweep runs add "
+            f"`{' '.join(s.sweep)}`\n\n"
+            + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
+            + code_line(progress.get("codes"))
+            + f"In progress: {why}. The lrs: {lrs}. Seeds {s.seeds[0]}-{s.seeds[-1]}, looks at "
+              f"{' and '.join(map(str, s.looks))} complete seeds.\n"
+            + per_run_table(progress["runs"]))
+    sweep = "\nThe sweep:\n\n" + sweep_table(progress)
+    (out / "results.md").write_text(text + sweep)
+    (out / "sweep.md").write_text(sweep_table(progress))
+    (out / "summary.json").unlink(missing_ok=True)          # no reading before the first look
+    return text + sweep
 
 
 # ---- the README's headline table --------------------------------------------------------------

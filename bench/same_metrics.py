@@ -5,6 +5,7 @@ every key but time/*.
                                                          # same names
     python bench/same_metrics.py runs/a runs/b --single  # two run directories
     python bench/same_metrics.py runs/a runs/b --dropped ratio/far_prefix_frac,loss/veto_frac
+    python bench/same_metrics.py runs/a runs/b --added replay/sampled_nonzero
 
 A refactor that must not change what any run computes is checked this way (same flags, same
 --threads, same machine; bench/same_runs.py makes the runs): it prints, per run, the lines
@@ -23,13 +24,15 @@ def rows(run_dir: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def differences(a: list[dict], b: list[dict], dropped: tuple = ()) -> list[str]:
+def differences(a: list[dict], b: list[dict], dropped: tuple = (),
+                added: tuple = ()) -> list[str]:
     """'step S key: A != B' for each key (time/* aside) whose values differ, and for missing steps;
-    a key of `dropped` that B lacks is not a difference."""
+    a key of `dropped` that B lacks, or of `added` that A lacks, is not a difference."""
     out = [] if len(a) == len(b) else [f"{len(a)} lines != {len(b)} lines"]
     for ra, rb in zip(a, b):
         for key in sorted(set(ra) | set(rb)):
-            if key.startswith("time/") or (key in dropped and key not in rb):
+            if (key.startswith("time/") or (key in dropped and key not in rb)
+                    or (key in added and key not in ra)):
                 continue
             if ra.get(key, "<absent>") != rb.get(key, "<absent>"):
                 out.append(f"step {ra.get('step')} {key}: {ra.get(key, '<absent>')} != "
@@ -45,8 +48,11 @@ def main(argv=None) -> int:
     ap.add_argument("--single", action="store_true", help="a and b are run directories themselves")
     ap.add_argument("--dropped", default="",
                     help="comma-separated metrics keys B may lack (counted, not compared)")
+    ap.add_argument("--added", default="",
+                    help="comma-separated metrics keys B may add (counted, not compared)")
     args = ap.parse_args(argv)
     dropped = tuple(filter(None, args.dropped.split(",")))
+    added = tuple(filter(None, args.added.split(",")))
     names = [""] if args.single else sorted(
         n for n in os.listdir(args.a) if os.path.isfile(os.path.join(args.a, n, "metrics.jsonl")))
     bad = 0
@@ -56,11 +62,14 @@ def main(argv=None) -> int:
             print(f"{name}: missing in {args.b}")
             bad += 1
             continue
-        diff = differences(rows(a), rows(b), dropped)
+        diff = differences(rows(a), rows(b), dropped, added)
         gone = sorted({k for ra, rb in zip(rows(a), rows(b)) for k in dropped
                        if k in ra and k not in rb})
+        new = sorted({k for ra, rb in zip(rows(a), rows(b)) for k in added
+                      if k in rb and k not in ra})
         print(f"{name or a}: {len(rows(a))} lines, {len(diff)} differences"
-              + (f" (B no longer logs {', '.join(gone)})" if gone else ""))
+              + (f" (B no longer logs {', '.join(gone)})" if gone else "")
+              + (f" (B also logs {', '.join(new)})" if new else ""))
         for line in diff[:10]:
             print("   ", line)
         bad += bool(diff)

@@ -1,7 +1,8 @@
 """A group-sequential rule for a pre-registered setting (Setting.looks): the reported seeds are
 read at looks (10 complete seeds, then 20), the primary claim is tested at each look against an
 O'Brien-Fleming boundary, and the runs stop at the first look where it crosses. Pure functions:
-bench/protocol.py asks `crosses` between looks, bench/report.py writes `read`'s table.
+bench/protocol.py asks `crosses` between looks, bench/verdicts.py's analyse reads a look (`read`)
+and bench/report.py writes its table.
 
 The boundary (O'Brien & Fleming 1979; Jennison & Turnbull 2000, ch. 2): with K looks at
 information fractions t_k = n_k / n_K (n_k complete seeds at look k), reject H0: Δ = 0 at look k
@@ -91,3 +92,52 @@ def thresholds(looks: tuple[int, ...], alpha: float = ALPHA) -> list[float]:
 def crosses(p: float | None, look: int, looks: tuple[int, ...]) -> bool:
     """Whether the primary claim's p at look index `look` is below that look's nominal p."""
     return p is not None and p < thresholds(looks)[look]
+
+
+def _testable(c: dict) -> bool:
+    """A claim in the Holm family: a claim with a direction, its mechanism acted (its raw verdict
+    is not "not testable"), and a defined SE."""
+    return (c["direction"] not in (None, 0) and not c["verdict"].startswith("not testable")
+            and c["se"] is not None)
+
+
+def read(looks: tuple[int, ...], n: int, comparisons: list[dict], primary: int = 0) -> dict:
+    """The rule at the look with `n` complete seeds, on analyse()'s claim dicts (delta, se, df,
+    ci, direction, verdict); comparisons[primary] is the primary claim. Returns {look, n, seeds
+    at each look, nominal p at each look, the primary's p, whether the runs stop here, words:
+    the verdict of each claim by this rule} (the module docstring): before a stopping look the
+    primary "continues" and the secondaries are "not read"; at it, Holm over the testable claims
+    against the look's nominal p."""
+    from stats import Comparison, holm, p_value
+    if n not in looks:
+        raise ValueError(f"{n} complete seeds is not a look of {looks}")
+    k = looks.index(n)
+    nominal = thresholds(tuple(looks))
+    threshold = nominal[k]
+
+    def p_of(c):
+        if not _testable(c):
+            return None
+        return p_value(Comparison(c["delta"], c["se"], c["df"], *c["ci"], c["n"], c["paired"]))
+    ps = [p_of(c) for c in comparisons]
+    p = ps[primary]
+    stops = k == len(looks) - 1 or (p is not None and p < threshold)
+    adjusted = holm(ps)
+    words = []
+    for i, (c, q) in enumerate(zip(comparisons, adjusted)):
+        if not stops:
+            words.append(f"continues to {looks[k + 1]} seeds (p = {p:.2g} ≥ {threshold:.2g})"
+                         if i == primary and p is not None else
+                         c["verdict"] if i == primary else
+                         "not read: the primary did not stop here")
+        elif q is None:
+            words.append(c["verdict"])
+        elif q < threshold:
+            words.append("reproduced" if c["direction"] * c["delta"] > 0 else "contradicted")
+        else:
+            lo, hi = c["ci"]
+            words.append(f"inconclusive (Holm p = {q:.2g} ≥ {threshold:.2g}; 95% CI "
+                         f"[{100 * lo:+.1f}, {100 * hi:+.1f}])")
+    return {"look": k + 1, "n": n, "looks": list(looks), "nominal_p": nominal,
+            "threshold": threshold, "primary_p": p, "stops": stops, "p": ps,
+            "holm_p": adjusted, "words": words}

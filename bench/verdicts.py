@@ -10,6 +10,7 @@ import statistics
 from curves import (X_COL, final_accuracy, peak_accuracy, ratio_bound, run_final, to_target,
                     value_at)
 from design import ACTED, Arm, Claim, Pooled, Setting
+import sequential
 from stats import Comparison, holm, mean_std, p_value, paired, welch
 
 # ---- the statistics, the verdicts and the tables ----------------------------------------------
@@ -405,9 +406,32 @@ def analyse(summary: dict) -> dict:
                                shows=shows)})
     for c, word in zip(comparisons, holm_verdicts(comparisons)):
         c["holm"] = word
-    return {"start": start, "target": target, "x": s.x, "x_range": x_range, "budgets": budgets,
-            "arms": arms, "comparisons": comparisons, "baseline_gain": gain,
-            "gate": {"setting": s.label, "gain": gain, "learned": learned(gain)}}
+    if s.arm_gates:
+        for name, rs in runs.items():
+            arms[name]["gates"] = [{"check": check, "value": value, "holds": holds}
+                                   for check, value, holds in s.arm_gates(name, rs)]
+    out = {"start": start, "target": target, "x": s.x, "x_range": x_range, "budgets": budgets,
+           "arms": arms, "comparisons": comparisons, "baseline_gain": gain,
+           "gate": {"setting": s.label, "gain": gain, "learned": learned(gain)}}
+    n = min(len(rs) for rs in runs.values())
+    if s.looks and n in s.looks:
+        out["sequential"] = sequential_read(s, n, comparisons)
+    return out
+
+
+def sequential_read(s: Setting, n: int, comparisons: list[dict]) -> dict:
+    """A group-sequential setting (Setting.looks) read at its look of n complete seeds
+    (bench/sequential.py `read`): each claim's verdict and Holm word become the rule's word (the
+    fixed-sample words kept as "unadjusted"), with its p and Holm-adjusted p; the primary is
+    s.claims[0]."""
+    first = s.claims[0]
+    primary = next(i for i, c in enumerate(comparisons) if c["arm"] == first.arm
+                   and c["against"] == (first.against or s.baseline) and c["metric"] == first.metric)
+    seq = sequential.read(s.looks, n, comparisons, primary)
+    for c, word, p, q in zip(comparisons, seq["words"], seq["p"], seq["holm_p"]):
+        c.update({"unadjusted": c["verdict"], "verdict": word, "holm": word, "p": p, "holm_p": q,
+                  "primary": c is comparisons[primary]})
+    return seq
 
 
 

@@ -90,8 +90,14 @@ def test_nothing_is_read_before_the_first_look(monkeypatch, tmp_path):
     _fake(monkeypatch, {"a": lambda sd: 0.3 + 0.05 * (-1) ** sd, "b": lambda sd: 0.3})
     experiments.run_setting(_setting(seeds=(1,), looks=()), plan)
     plan = experiments.Plan(tmp_path, 1, 1, False, train=False)
-    with pytest.raises(experiments.Stopped, match="1 of 2 seeds complete before its first look"):
+    with pytest.raises(experiments.Stopped, match="1 of 2 seeds complete before its first look"
+                       ) as why:
         experiments.run_setting(_setting(), plan)
+    progress = why.value.progress
+    assert [r["seed"] for r in progress["runs"]["a"]] == [1] and progress["complete"] == 1
+    text = experiments.write_progress(progress, tmp_path / "report", str(why.value))
+    assert "In progress: setting x: 1 of 2 seeds" in text and "accuracy" not in text
+    assert not (tmp_path / "report" / "summary.json").exists()
     experiments.run_setting(_setting(seeds=(1, 2, 3), looks=()),
                             experiments.Plan(tmp_path, 1, 1, False))
     out = experiments.run_setting(_setting(), experiments.Plan(tmp_path, 1, 1, False, train=False))
@@ -117,3 +123,107 @@ def test_a_seed_s_arms_are_made_on_one_cpu_kind(monkeypatch, tmp_path):
     assert all((d / "cpu.txt").read_text() == "other\n" for d in kept)
     assert (half / "cpu.txt").read_text() == "this cpu\n"
     assert json.loads((half / "argv.json").read_text()) == []
+
+
+def _claim(delta, se, direction=1, verdict="inconclusive (…)", n=10):
+    return {"delta": delta, "se": se, "df": n - 1, "ci": [delta - 2.26 * se, delta + 2.26 * se],
+            "n": n, "paired": True, "direction": direction, "verdict": verdict}
+
+
+def test_read_stops_at_the_interim_only_where_the_primary_crosses_and_holm_reads_the_rest():
+    """At 10 of (10, 20) seeds: a primary with p about 1e-4 stops the runs, and each claim is
+    decided where its Holm-adjusted p (x3, x2, x1 in order) is below 0.0052; a primary with p
+    about 0.03 goes on, and the secondaries are not read; at the last look two p's of 0.033 are
+    Holm p's of 0.066, undecided, and alone one decides; a claim whose mechanism did not act leaves the family."""
+    strong, weak, against = _claim(0.05, 0.007), _claim(0.02, 0.008), _claim(-0.04, 0.006)
+    q = sequential.read((10, 20), 10, [strong, weak, against])
+    assert q["stops"] and q["threshold"] == pytest.approx(0.0052, abs=1e-4)
+    assert q["holm_p"][0] == pytest.approx(3 * q["p"][0])        # the smallest p: x3
+    assert q["words"][0] == "reproduced" and q["words"][2] == "contradicted"
+    assert q["words"][1].startswith("inconclusive (Holm p")
+    q = sequential.read((10, 20), 10, [_claim(0.02, 0.008), strong])
+    assert not q["stops"] and q["words"][0].startswith("continues to 20 seeds")
+    assert q["words"][1] == "not read: the primary did not stop here"
+    final = [_claim(0.02, 0.0087, n=20), _claim(0.02, 0.0087, n=20)]
+    final = [{**c, "df": 19} for c in final]
+    q = sequential.read((10, 20), 20, final)
+    assert q["stops"] and 0.03 < q["p"][0] < 0.048 and q["holm_p"][0] > 0.048
+    assert q["words"] == [q["words"][0]] * 2 and q["words"][0].startswith("inconclusive")
+    q = sequential.read((10, 20), 20, [final[0], {**final[1],
+                                                  "verdict": "not testable here: the mechanism "
+                                                             "did not act"}])
+    assert q["holm_p"] == [q["p"][0], None] and q["words"][0] == "reproduced"
+    assert q["words"][1].startswith("not testable")
+    with pytest.raises(ValueError, match="not a look"):
+        sequential.read((10, 20), 12, final)
+
+
+def _run(means):
+    return {"means": means}
+
+
+PRIORITIZED_RUN = {"replay/abs_adv_sampled": 0.87, "replay/abs_adv_stored": 0.17,
+                   "replay/abs_adv_stored_nonzero": 0.70, "replay/sampled": 30,
+                   "replay/sampled_nonzero": 30, "replay/size": 250, "replay/stored_nonzero": 55}
+
+
+def test_each_draw_gate_holds_on_its_draw_and_fails_on_a_hand_made_one():
+    """draw_gates (bench/papers/replay.py): the priority's lift over the stored mean >= 1.05; the
+    nonzero draw replays no A = 0 and lifts |A| near 1 over the stored A != 0; naive replay's A != 0
+    share near the stored one. Each fails where its draw did not do that."""
+    gates = experiments.draw_gates
+
+    def holds(arm, means):
+        return [g[2] for g in gates(arm, [_run(means)])]
+    assert holds("rollout-replay", PRIORITIZED_RUN) == [True]
+    assert holds("rollout-replay", {**PRIORITIZED_RUN, "replay/abs_adv_sampled": 0.175}) == [False]
+    nonzero = {**PRIORITIZED_RUN, "replay/abs_adv_sampled": 0.69}
+    assert holds("nonzero-replay", nonzero) == [True, True]
+    assert holds("nonzero-replay", {**nonzero, "replay/sampled_nonzero": 29.5}) == [False, True]
+    assert holds("nonzero-replay", {**nonzero, "replay/abs_adv_sampled": 0.87}) == [True, False]
+    naive = {**PRIORITIZED_RUN, "replay/abs_adv_sampled": 0.15, "replay/sampled_nonzero": 6.8}
+    assert holds("naive-replay", naive) == [True]                 # 0.227 against 0.22
+    assert holds("naive-replay", {**naive, "replay/sampled_nonzero": 30}) == [False]
+    assert holds("naive-replay", {**naive, "replay/sampled_nonzero": None}) == [False]
+    assert gates("grpo", [_run(naive)]) == []
+
+
+def _hand_made_runs(arms_finals, n):
+    """A run per arm and seed whose final accuracy is arms_finals[arm](seed), with a prioritized
+    draw's diagnostics, for analyse()."""
+    out = {}
+    for arm, final in arms_finals.items():
+        out[arm] = []
+        for sd in range(n):
+            acc = final(sd)
+            curve = [(0, 0, 0, 0.0, 0.08), (30, 1920, 30, 1.0, acc), (40, 2560, 40, 2.0, acc)]
+            out[arm].append({"curve": curve, "final": acc, "start": 0.08, "seed": sd,
+                             "stream": ["8", str(sd)], "means": dict(PRIORITIZED_RUN),
+                             "maxima": {}, "minima": {}, "last": {}, "len_start": 15.0,
+                             "len_end": 13.0, "refreshes": 40, "updates": 40, "fresh": 2560,
+                             "wall": 2.0, "gen": 1.0, "upd": 1.0, "run_s": 1800.0,
+                             "peak_rss_kb": 5_900_000, "cpu": "one kind"})
+    return out
+
+
+def test_the_draws_setting_is_read_by_the_rule_and_its_report_says_so(tmp_path):
+    """analyse() on the pre-registered setting at its interim look: the primary (prioritized vs
+    naive) far past its boundary stops the runs and every claim gets the rule's word; the report
+    writes the rule's table, the draw gates and the per-run table."""
+    (s,) = [s for s in experiments.replay(False).settings if s.label == "smollm2-draws"]
+    runs = _hand_made_runs({"naive-replay": lambda sd: 0.12 + 0.002 * (sd % 3),
+                            "rollout-replay": lambda sd: 0.17 + 0.002 * (sd % 2),
+                            "nonzero-replay": lambda sd: 0.15 + 0.003 * (sd % 2)}, 10)
+    summary = {"setting": s, "runs": runs, "chosen": {a.name: 2e-5 for a in s.arms},
+               "sweep": {a.name: {} for a in s.arms}, "grid": s.grid, "sweep_seeds": (0,),
+               "picked": {}, "also": {}, "band": {}}
+    a = experiments.analyse(summary)
+    q = a["sequential"]
+    assert q["look"] == 1 and q["stops"]
+    words = {(c["arm"], c["against"]): c["verdict"] for c in a["comparisons"]}
+    assert words[("rollout-replay", "naive-replay")] == "reproduced"
+    assert words[("rollout-replay", "nonzero-replay")] == "reproduced"
+    assert words[("nonzero-replay", "naive-replay")] == "reproduced"
+    text = experiments.write_setting(summary, tmp_path / "smollm2-draws")
+    assert "The group-sequential rule" in text and "| primary |" in text
+    assert "What each arm's draw did" in text and "Per run (means over its steps)" in text

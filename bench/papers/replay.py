@@ -225,4 +225,5 @@ def draws_setting(diag: tuple) -> Setting:
                    sweep_seeds=(0,), dev_size=200,
                    finals=(("format errors", "rollout/format_error"),), seeds=DRAWS_SEEDS,
                    seed_curves=True, shared_lr=SMOLLM2_LR, lr_note=note,
-                   own_lr=("nonzero-replay",), looks=DRAWS_LOOKS, one_machine=True)
+                   own_lr=("nonzero-replay",), looks=DRAWS_LOOKS, one_machine=True,
+                   arm_gates=draw_gates, beside="smollm2")
