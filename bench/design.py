@@ -42,7 +42,9 @@ class Claim:
     (mechanism_acted); false: "not testable here". headline: the paper's headline claim (its
     abstract's comparison), the setting's row in the README's table (headline_rows). note: what
     the row shows where it is not the paper's claim (e.g. "replay's effect"); beside: an arm whose
-    Δ against the same reference is printed beside the row (e.g. naive replay's)."""
+    Δ against the same reference is printed beside the row (e.g. naive replay's). post_hoc: a
+    second diagnostic shown beside the gate with the word it would give, never the verdict's
+    gate, labelled post_hoc_label (one defined after the runs, or a gate since replaced)."""
     arm: str
     direction: int | None = 1
     against: str = ""
@@ -51,6 +53,8 @@ class Claim:
     headline: bool = False
     note: str = ""
     beside: str = ""
+    post_hoc: tuple[str, str] | None = None
+    post_hoc_label: str = "post hoc (defined after the runs, not the gate)"
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class Pooled:
     label: str                                 # e.g. "arith + arith-s1 (pooled)"
     settings: tuple[str, ...]
     claim: Claim                               # against: a named arm (no setting's baseline)
+    post_hoc: str = ""                         # where it was defined after results: when, why
 
 
 @dataclass(frozen=True)

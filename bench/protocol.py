@@ -172,8 +172,9 @@ def primary_crosses(s: Setting, dirs: dict[str, list], look: int, keys: tuple) -
     runs = {name: [{**load(d, "eval/accuracy", keys, s.final_at, s.x), "seed": int(d.name[5:]),
                     "stream": stream(json.loads((d / "argv.json").read_text()))} for d in ds]
             for name, ds in dirs.items()}
-    acted = c.acted is None or mechanism_acted(runs[c.arm], *c.acted)
-    comparison = compare_runs(s, runs, c.arm, c.against or s.baseline, c.metric)
+    ref = c.against or s.baseline
+    acted = c.acted is None or mechanism_acted(runs[c.arm], *c.acted, runs[ref])
+    comparison = compare_runs(s, runs, c.arm, ref, c.metric)
     p = p_value(comparison) if comparison is not None and acted else None
     return sequential.crosses(p, look, s.looks)
 
@@ -232,7 +233,8 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         return run_dir(plan.out / (s.sweep_of or s.label), "sweep", arm.name, lr, seed)
 
     keys = tuple(k for _, k in s.diagnostics + s.finals) + ((s.band[0],) if s.band else ())
-    keys += tuple(k for c in s.claims if c.acted for k in predicate_keys(*c.acted))
+    keys += tuple(k for c in s.claims for pred in (c.acted, c.post_hoc) if pred
+                  for k in predicate_keys(*pred))
     keys += tuple(c.metric for c in s.claims if "/" in c.metric)     # a metrics key's last value
     sweep = {a.name: {} for a in s.arms}
     swept = {}                                             # (arm, lr) -> its sweep runs, loaded

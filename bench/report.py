@@ -146,8 +146,8 @@ def table(summary: dict, analysis: dict | None = None) -> str:
         out.append(f"| {c['arm']} vs {c['against']} | {c['metric']} | "
                    f"{claim_words(c['direction'])} | {points(c)} | "
                    f"{fmt(c['se'] and 100 * c['se'], '.2f')} | {fmt(c['df'], '.3g')} | "
-                   f"{pairing(c)} | {acted_cell(c['diagnostic'])} | {c['verdict']} | "
-                   f"{c.get('holm', '—')} |")
+                   f"{pairing(c)} | {acted_cell(c['diagnostic'])}{post_hoc_cell(c)} | "
+                   f"{c['verdict']} | {c.get('holm', '—')} |")
     return "\n".join(out) + "\n"
 
 
@@ -273,7 +273,13 @@ def write_pooled(p, summaries: dict[str, dict], out: Path, exp: Experiment | Non
             f"{pairing(c)}: the settings' own paired seeds pooled (one claim, declared in its "
             f"experiment's Pooled). Δ {points(c)}, SE {fmt(c['se'] and 100 * c['se'], '.2f')}, "
             f"df {fmt(c['df'], '.3g')}; courses {courses}; "
-            f"mechanism: {acted_cell(c['diagnostic'])}; verdict: **{c['verdict']}**.\n")
+            f"mechanism: {acted_cell(c['diagnostic'])}; verdict: **{c['verdict']}**."
+            + (f" {p.post_hoc[0].upper()}{p.post_hoc[1:]}." if p.post_hoc else "")
+            + ("" if not c["per_setting"] else " Beside it, each setting's own test and Holm "
+               "over them: " + "; ".join(
+                   f"{t['setting']} {points(t)}, p {t['p']:.2g}, Holm p {t['holm_p']:.2g}"
+                   for t in c["per_setting"]) + ".")
+            + "\n")
     (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n")
     data = {"experiment": exp and exp.name, "paper": exp and exp.paper, "setting": p.label,
             "pooled": list(p.settings), "verdict_rule": VERDICT_RULE, "comparisons": [c]}
@@ -322,6 +328,16 @@ def acted_cell(g: dict | None) -> str:
     value = "not logged" if g.get("value") is None else f"{g['value']:.3g}"
     gates = "" if g.get("gates", True) else " (reported, not a gate)"
     return f"{g['key']} {g['predicate']}: {value}, {'yes' if g['acted'] else 'no'}{gates}"
+
+
+def post_hoc_cell(c: dict) -> str:
+    """A claim's second diagnostic (Claim.post_hoc), beside its gate: its label, its reading and
+    the word it would give; "" where there is none."""
+    g = c.get("post_hoc")
+    if not g:
+        return ""
+    label = g.get("label", "post hoc (defined after the runs, not the gate)")
+    return f"; {label}: {acted_cell(g)} → {g['verdict']}"
 
 
 def swept(summary: dict) -> bool:

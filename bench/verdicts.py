@@ -28,8 +28,9 @@ VERDICT_RULE = (
     "where the reference learns, the paper's claim as stated; where the reference does not learn "
     "and the arm does, the same words with \"(only the arm learns)\"; where neither learns and "
     "one degrades, a claim that the arm is better (worse) is judged as degrading less (more), "
-    "and its word says so: \"reproduced (degrades less; no arm learns)\", never the accuracy "
-    "claim; where neither moves, \"not testable here: the baseline does not learn\". Each "
+    "and its word says so: \"not testable here: no arm learns (finding: the arm degrades "
+    "less)\" (more, as much), a finding counted neither as a reproduction nor as a "
+    "contradiction; where neither moves, \"not testable here: the baseline does not learn\". Each "
     "setting reads its own arms, a stress setting too. Then, for a claim "
     "that the arm is better (worse) than its reference: \"not testable here: the mechanism did "
     "not act\" when its diagnostic (a predicate on a metrics key's mean over every step of every "
@@ -115,20 +116,30 @@ def _number(text: str) -> float | None:
 
 
 def _terms(predicate: str) -> tuple[str, str | None, str, str]:
-    """(AGG, DENOMINATOR key or None, OP, RHS) of "AGG OP RHS" or "AGG / KEY OP RHS"."""
+    """(AGG, the second key or None, OP, RHS) of "AGG OP RHS", "AGG / KEY OP RHS" or "AGG * KEY
+    OP RHS" (the product form: _product)."""
     words = predicate.split()
-    if len(words) == 5 and words[1] == "/":
+    if len(words) == 5 and words[1] in ("/", "*"):
         agg, _, denominator, op, rhs = words
         return agg, denominator, op, rhs
     agg, op, rhs = words
     return agg, None, op, rhs
 
 
+def _product(predicate: str) -> bool:
+    """Whether a predicate is the product form "AGG * KEY OP RHS" (e.g. a per-token KL times the
+    mean completion length: nats a completion)."""
+    return predicate.split()[1:2] == ["*"]
+
+
+AGAINST = "against:"     # a denominator read on the claim's reference arm's runs
+
+
 def predicate_keys(key: str, predicate: str) -> tuple[str, ...]:
-    """The metrics keys a diagnostic reads: key, the denominator's key in the ratio form, and the
-    right-hand side where it is a key."""
+    """The metrics keys a diagnostic reads: key, the denominator's key in the ratio form (less its
+    AGAINST prefix), and the right-hand side where it is a key."""
     _, denominator, _, rhs = _terms(predicate)
-    keys = (key,) + ((denominator,) if denominator else ())
+    keys = (key,) + ((denominator.removeprefix(AGAINST),) if denominator else ())
     return keys if _number(rhs) is not None else keys + (rhs,)
 
 
@@ -142,28 +153,39 @@ def aggregate(runs: list[dict], agg: str, key: str) -> float | None:
     return max(vals) if agg == "max" else min(vals) if agg == "min" else statistics.mean(vals)
 
 
-def diagnostic_value(runs: list[dict], key: str, predicate: str) -> float | None:
-    """The left-hand side of a diagnostic on the arm's runs: AGG of key, or in the ratio form
+def diagnostic_value(runs: list[dict], key: str, predicate: str,
+                     ref: list[dict] | None = None) -> float | None:
+    """The left-hand side of a diagnostic on the arm's runs: AGG of key, in the product form "AGG
+    * KEY2 OP RHS" AGG(key) x AGG(KEY2), or in the ratio form
     "AGG / KEY2 OP RHS" the ratio AGG(key) / AGG(KEY2) (e.g. the mean |A| of the replayed
-    rollouts over that of the stored ones: what a priority draw lifts); None where a key was
-    never logged or the denominator is 0."""
+    rollouts over that of the stored ones: what a priority draw lifts), KEY2 read on the
+    reference arm's runs `ref` where it reads "against:KEY2" (e.g. the mean |A| an arm replays
+    over what the arm it is compared with replays); None where a key was never logged or the
+    denominator is 0."""
     agg, denominator, _, _ = _terms(predicate)
     left = aggregate(runs, agg, key)
     if denominator is None or left is None:
         return left
-    below = aggregate(runs, agg, denominator)
+    if denominator.startswith(AGAINST):
+        below = aggregate(ref or [], agg, denominator.removeprefix(AGAINST))
+    else:
+        below = aggregate(runs, agg, denominator)
+    if _product(predicate):
+        return None if below is None else left * below
     return left / below if below else None
 
 
-def mechanism_acted(runs: list[dict], key: str, predicate: str) -> bool:
+def mechanism_acted(runs: list[dict], key: str, predicate: str,
+                    ref: list[dict] | None = None) -> bool:
     """Whether predicate "AGG OP RHS" or "AGG / KEY2 OP RHS" holds for metrics key on the arm's
     runs: AGG one of max, min, mean, last (aggregate), the ratio form dividing by KEY2's AGG
-    (diagnostic_value), OP one of > >= < <= == !=, RHS a number or another metrics key
-    (aggregated the same way); e.g. ("loss/veto_frac", "max > 0"), ("replay/headroom_mean",
-    "mean != replay/headroom_stored_mean"), ("replay/abs_adv_sampled", "mean /
-    replay/abs_adv_stored >= 1.05"). False where a key was never logged."""
+    (diagnostic_value; "against:KEY2" on the reference arm's runs `ref`), OP one of > >= < <= ==
+    !=, RHS a number or another metrics key (aggregated the same way); e.g. ("loss/veto_frac",
+    "max > 0"), ("replay/headroom_mean", "mean != replay/headroom_stored_mean"),
+    ("replay/abs_adv_sampled", "mean / replay/abs_adv_stored >= 1.05"). False where a key was
+    never logged."""
     agg, _, op, rhs = _terms(predicate)
-    left = diagnostic_value(runs, key, predicate)
+    left = diagnostic_value(runs, key, predicate, ref)
     right = _number(rhs)
     right = aggregate(runs, agg, rhs) if right is None else right
     return left is not None and right is not None and OPS[op](left, right)
@@ -172,6 +194,7 @@ def mechanism_acted(runs: list[dict], key: str, predicate: str) -> bool:
 NOT_LEARNING = "not testable here: the baseline does not learn"
 NOT_ACTED = "not testable here: the mechanism did not act"
 NOT_LOGGED = "not testable here: its diagnostic was not logged"     # runs older than the key
+NO_ARM_LEARNS = "not testable here: no arm learns"    # DEGRADATION: a finding, not the claim
 
 
 LEARNS, FLAT, DEGRADES = "learns", "flat", "degrades"       # an arm's course over its seeds
@@ -203,19 +226,18 @@ def reading(arm: str, ref: str) -> str:
 
 def qualify(word: str, shows: str, lo: float | None, hi: float | None) -> str:
     """A judged word (reproduced, contradicted, inconclusive (...)) with what it shows: as it is
-    under ACCURACY; under ONLY_ARM "(only the arm learns)"; under DEGRADATION "(degrades less; no
-    arm learns)" where the CI [lo, hi] lies above 0, "(degrades more; ...)" below, "(degrades as
-    much; ...)" across it, the inconclusive word's parenthesis carrying "no arm learns"."""
+    under ACCURACY; under ONLY_ARM "(only the arm learns)"; under DEGRADATION the accuracy claim
+    is not testable, whatever the word: NO_ARM_LEARNS with the finding beside it, "the arm
+    degrades less" where the CI [lo, hi] lies above 0, "more" below, "as much (95% CI ...)"
+    across it: a finding, counted neither as a reproduction nor as a contradiction."""
     if shows == ACCURACY or not word.split()[0] in ("reproduced", "contradicted", "inconclusive"):
         return word
-    tag = ONLY_ARM
     if shows == DEGRADATION:
-        tag = "no arm learns"
-        if not word.startswith("inconclusive"):
-            how = ("degrades less" if lo is not None and lo > 0 else
-                   "degrades more" if hi is not None and hi < 0 else "degrades as much")
-            tag = f"{how}; {tag}"
-    return f"{word[:-1]}; {tag})" if word.endswith(")") else f"{word} ({tag})"
+        how = ("degrades less" if lo is not None and lo > 0 else
+               "degrades more" if hi is not None and hi < 0 else "degrades as much" + (
+                   "" if lo is None else f", 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}]"))
+        return f"{NO_ARM_LEARNS} (finding: the arm {how})"
+    return f"{word[:-1]}; {ONLY_ARM})" if word.endswith(")") else f"{word} ({ONLY_ARM})"
 
 
 def verdict(direction: int | None, c: Comparison | None, acted: bool | None = True,
@@ -386,8 +408,12 @@ def analyse(summary: dict) -> dict:
     for c in claims_of(s, runs):
         ref = c.against or s.baseline
         cmp = compare_runs(s, runs, c.arm, ref, c.metric, x_range)
-        acted = mechanism_acted(runs[c.arm], *c.acted) if c.acted else True
-        value = c.acted and diagnostic_value(runs[c.arm], *c.acted)
+        acted = mechanism_acted(runs[c.arm], *c.acted, runs[ref]) if c.acted else True
+        value = c.acted and diagnostic_value(runs[c.arm], *c.acted, runs[ref])
+        post_hoc = c.post_hoc and {"key": c.post_hoc[0], "predicate": c.post_hoc[1],
+                                   "label": c.post_hoc_label,
+                                   "acted": mechanism_acted(runs[c.arm], *c.post_hoc, runs[ref]),
+                                   "value": diagnostic_value(runs[c.arm], *c.post_hoc, runs[ref])}
         shows = reading(arms[c.arm]["course"], arms[ref]["course"])
         beside = c.beside and c.beside in runs and compare_runs(s, runs, c.beside, ref, c.metric,
                                                                 x_range)
@@ -403,7 +429,10 @@ def analyse(summary: dict) -> dict:
             **(comparison_json(cmp) or {"delta": None, "se": None, "df": None,
                                         "ci": [None, None], "n": 0, "paired": None}),
             "verdict": verdict(c.direction, cmp, None if c.acted and value is None else acted,
-                               shows=shows)})
+                               shows=shows),
+            "post_hoc": post_hoc and {**post_hoc, "verdict": verdict(
+                c.direction, cmp, None if post_hoc["value"] is None else post_hoc["acted"],
+                shows=shows)}})
     for c, word in zip(comparisons, holm_verdicts(comparisons)):
         c["holm"] = word
     if s.arm_gates:
@@ -425,8 +454,9 @@ def sequential_read(s: Setting, n: int, comparisons: list[dict]) -> dict:
     fixed-sample words kept as "unadjusted"), with its p and Holm-adjusted p; the primary is
     s.claims[0]."""
     first = s.claims[0]
-    primary = next(i for i, c in enumerate(comparisons) if c["arm"] == first.arm
-                   and c["against"] == (first.against or s.baseline) and c["metric"] == first.metric)
+    key = (first.arm, first.against or s.baseline, first.metric)
+    primary = next(i for i, c in enumerate(comparisons)
+                   if (c["arm"], c["against"], c["metric"]) == key)
     seq = sequential.read(s.looks, n, comparisons, primary)
     for c, word, p, q in zip(comparisons, seq["words"], seq["p"], seq["holm_p"]):
         c.update({"unadjusted": c["verdict"], "verdict": word, "holm": word, "p": p, "holm_p": q,
@@ -441,7 +471,9 @@ def pooled(p: Pooled, summaries: dict[str, dict]) -> dict:
     every (setting, seed) pair where both arms ran the seed on the same prompt stream; each arm's
     course from its gain over all those runs; the diagnostic over the arm's runs of every setting;
     the verdict by the same rule (a family of one: its Holm word is its p's). A comparison dict
-    as analyse's, with settings and the pairs per setting."""
+    as analyse's, with settings and the pairs per setting, the note (p.post_hoc where it was
+    defined after results), and per_setting: the same claim's test in each setting, p and Holm
+    over them, shown beside the pooled row."""
     c = p.claim
     arm, ref = c.arm, c.against
     values = {arm: [], ref: []}           # final accuracies, pair by pair
@@ -462,10 +494,23 @@ def pooled(p: Pooled, summaries: dict[str, dict]) -> dict:
                                                    [r["curve"][0][4] for r in runs[name]])))
                for name in (arm, ref)}
     shows = reading(courses[arm], courses[ref])
-    acted = mechanism_acted(runs[arm], *c.acted) if c.acted else True
-    value = c.acted and diagnostic_value(runs[arm], *c.acted)
+    acted = mechanism_acted(runs[arm], *c.acted, runs[ref]) if c.acted else True
+    value = c.acted and diagnostic_value(runs[arm], *c.acted, runs[ref])
+    per_setting_tests = []
+    for label in p.settings:
+        mine = next((d for d in summaries[label].get("comparisons", []) if d["arm"] == arm
+                     and d["against"] == ref and d["metric"] == "final"), None)
+        if mine and mine["se"] is not None:
+            per_setting_tests.append({"setting": label, "delta": mine["delta"],
+                                      "ci": mine["ci"], "p": p_value(Comparison(
+                                          mine["delta"], mine["se"], mine["df"], *mine["ci"],
+                                          mine["n"], mine["paired"]))})
+    for t, q in zip(per_setting_tests, holm([t["p"] for t in per_setting_tests])):
+        t["holm_p"] = q
+    note = "; ".join(filter(None, (c.note, p.post_hoc)))
     out = {"arm": arm, "against": ref, "metric": "final", "direction": c.direction,
-           "headline": c.headline, "note": c.note, "beside": None, "courses": courses,
+           "headline": c.headline, "note": note, "post_hoc": bool(p.post_hoc),
+           "per_setting": per_setting_tests, "beside": None, "courses": courses,
            "shows": shows, "settings": per_setting,
            "diagnostic": c.acted and {"key": c.acted[0], "predicate": c.acted[1], "acted": acted,
                                       "value": value, "gates": c.direction not in (0, None)},

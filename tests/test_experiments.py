@@ -475,15 +475,19 @@ def test_every_mechanism_diagnostic_is_one_predicate_form():
     ("mean > X"); the stabilisers' shares (veto, PNPO's far prefixes, Headroom-Drift's selection)
     and R²PO's head KL at ACTED; the replay priority's: the lift of |A| it draws over what is
     stored (PRIORITIZED), or, on the real model's draws, over the stored A != 0 ones (WEIGHTED),
-    and the filter's: a share of A = 0 among the stored (FILTERED)."""
+    and the filter's: a share of A = 0 among the stored (FILTERED); Headroom-Drift's selection
+    against naive replay's draw (AGAINST_NAIVE); a replay against GRPO: the replayed |A| above
+    ACTED (REPLAYS)."""
     shares = {"loss/veto_frac", "ratio/far_prefix_frac", "replay/hd_changed_frac",
-              "r2po/head_kl_current"}
+              "r2po/head_kl_current", "replay/abs_adv_sampled"}
     for name, make in experiments.EXPERIMENTS.items():
         for s in make(False).settings:
             for c in s.claims:
                 if c.acted in (experiments.WEIGHTED, experiments.FILTERED):
                     assert s.label == "smollm2-draws"
-                elif c.acted and c.acted[0] == "replay/abs_adv_sampled":     # the priority's lift
+                elif c.acted == experiments.AGAINST_NAIVE:
+                    assert name == "headroom-drift" and c.against == "naive-replay"
+                elif c.acted and c.acted[1].startswith("mean / "):     # the priority's lift
                     assert c.acted == experiments.PRIORITIZED
                 elif c.acted:
                     agg, op, rhs = c.acted[1].split()

@@ -134,7 +134,8 @@ def test_read_stops_at_the_interim_only_where_the_primary_crosses_and_holm_reads
     """At 10 of (10, 20) seeds: a primary with p about 1e-4 stops the runs, and each claim is
     decided where its Holm-adjusted p (x3, x2, x1 in order) is below 0.0052; a primary with p
     about 0.03 goes on, and the secondaries are not read; at the last look two p's of 0.033 are
-    Holm p's of 0.066, undecided, and alone one decides; a claim whose mechanism did not act leaves the family."""
+    Holm p's of 0.066, undecided, and alone one decides; a claim whose mechanism did not act
+    leaves the family."""
     strong, weak, against = _claim(0.05, 0.007), _claim(0.02, 0.008), _claim(-0.04, 0.006)
     q = sequential.read((10, 20), 10, [strong, weak, against])
     assert q["stops"] and q["threshold"] == pytest.approx(0.0052, abs=1e-4)

@@ -55,6 +55,78 @@ def test_the_archived_replay_runs_pass_and_fail_the_priority_gate_as_they_should
         assert experiments.diagnostic_value(runs["naive-replay"], key, predicate) < 1.02
 
 
+def test_headroom_drifts_gate_reads_its_selection_against_naive_replays_draw():
+    """Against naive replay, Headroom-Drift's gate reads the replayed |A| over what naive replay
+    replays on the same seeds (its reference arm's runs), at least HD_LIFT: a selection by
+    headroom (higher |A|) passes, one that replays what a uniform draw does fails, whatever its
+    own drift gate did (hd_changed_frac 0: the old gate's "did not act"); its row against GRPO
+    reads whether it replays rollouts that carry gradient. A run of the reference without the
+    key: not logged."""
+    (arith, *_) = experiments.headroom_drift(False).settings
+    vs_naive = next(c for c in arith.claims if c.against == "naive-replay")
+    vs_grpo = next(c for c in arith.claims if c.direction and not c.against)
+    key, predicate = vs_naive.acted
+    assert vs_naive.acted == experiments.AGAINST_NAIVE and vs_grpo.acted == experiments.REPLAYS
+    naive = [run([0.2], s, **{key: 0.30}) for s in range(3)]
+    ranked = [run([0.2], s, **{key: 0.60, "replay/hd_changed_frac": 0.0}) for s in range(3)]
+    same = [run([0.2], s, **{key: 0.30, "replay/hd_changed_frac": 0.2}) for s in range(3)]
+    assert experiments.mechanism_acted(ranked, key, predicate, naive)
+    assert experiments.diagnostic_value(ranked, key, predicate, naive) == pytest.approx(2.0)
+    assert not experiments.mechanism_acted(same, key, predicate, naive)
+    assert experiments.diagnostic_value(ranked, key, predicate, [run([0.2], 0)]) is None
+    assert experiments.predicate_keys(key, predicate) == (key, key)
+    assert experiments.mechanism_acted(ranked, *vs_grpo.acted)
+    assert not experiments.mechanism_acted([run([0.2], 0, **{key: 0.0})], *vs_grpo.acted)
+    assert vs_naive.post_hoc == ("replay/hd_changed_frac", "mean > 0.01")
+
+
+def test_smollm2s_reuse_gate_can_fail():
+    """Naive replay against GRPO on the real model: reuse acted where the replayed rollouts carry
+    gradient (mean |A| replayed above ACTED), not merely where something was replayed: a run that
+    replays only A = 0 rollouts fails it."""
+    (s,) = [s for s in experiments.replay(False).settings if s.label == "smollm2"]
+    (reuse,) = [c for c in s.claims if c.arm == "naive-replay"]
+    assert reuse.acted == ("replay/abs_adv_sampled", "mean > 0.01")
+    assert experiments.mechanism_acted([run([0.2], 0, **{"replay/abs_adv_sampled": 0.15,
+                                                         "replay/sampled": 31.0})], *reuse.acted)
+    zeros = [run([0.2], 0, **{"replay/abs_adv_sampled": 0.0, "replay/sampled": 31.0})]
+    assert not experiments.mechanism_acted(zeros, *reuse.acted)
+    assert experiments.mechanism_acted(zeros, *reuse.post_hoc)       # the old gate passed it
+
+
+def test_vigors_registered_gate_decides_and_the_post_hoc_reading_is_beside_it():
+    """Every VIGOR reading's gate is the registered "largest group > 8"; the 2x-prompt reading
+    (even share 4) shows "> 4" beside it, labelled post hoc: at a largest group of 6.4 the
+    verdict is not testable and the post hoc word is the one the CI gives."""
+    steps = next(s for s in experiments.vigor(False).settings if s.label == "steps")
+    assert {c.acted for c in steps.claims if c.direction} == {("vigor/group_size_max", "mean > 8")}
+    twice = next(c for c in steps.claims if c.arm.endswith("2x prompts"))
+    assert twice.post_hoc == ("vigor/group_size_max", "mean > 4")
+    assert "post hoc" in twice.post_hoc_label
+    base = [run([0.25, 0.3, 0.3], sd, **{"vigor/group_size_max": 8.0}) for sd in range(5)]
+    arm = [run([0.25, 0.3 + 0.001 * sd, 0.3 + 0.001 * sd], sd,
+               **{"vigor/group_size_max": 6.4}) for sd in range(5)]
+    summary = {"setting": experiments.Setting("s", (), (Arm("fixed G=8", ()), Arm(twice.arm, ())),
+                                              "fixed G=8", claims=(twice,)),
+               "runs": {"fixed G=8": base, twice.arm: arm}}
+    (c,) = [c for c in experiments.analyse(summary)["comparisons"] if c["arm"] == twice.arm]
+    assert c["verdict"] == experiments.NOT_ACTED
+    assert c["post_hoc"]["acted"] and not c["post_hoc"]["verdict"].startswith("not testable")
+    assert "post hoc" in experiments.post_hoc_cell(c)
+
+
+def test_r2pos_kl_is_gated_per_token_and_shown_per_chain():
+    """R²PO's gate reads the head's KL in nats a token (ACTED); beside it the same per chain, the
+    per-token KL times the mean sampled length: 7.5e-4 a token over 29 tokens is 0.022 a chain,
+    above 0.01, while the gate says it did not act."""
+    (arith, *_) = experiments.r2po_exp(False).settings
+    c = next(c for c in arith.claims if c.headline)
+    runs = [run([0.2], 0, **{"r2po/head_kl_current": 7.5e-4, "response/len_mean": 29.0})]
+    assert not experiments.mechanism_acted(runs, *c.acted)
+    assert experiments.diagnostic_value(runs, *c.post_hoc) == pytest.approx(0.02175)
+    assert experiments.mechanism_acted(runs, *c.post_hoc) and "per chain" in c.post_hoc_label
+
+
 def test_pnpos_gate_says_the_prefix_acted():
     """PNPO's diagnostic is the share of tokens whose exact prefix ratio is beyond e^+-1 (where
     normalising a prefix can change anything), at ACTED: near-on-policy prefixes fail it, a
@@ -112,8 +184,31 @@ def test_the_pooled_row_is_written_and_read_by_the_headline(tmp_path):
     experiments.write_pooled(p, summaries, tmp_path / "replay" / "pooled-arith-arith-s1", exp)
     (row,) = experiments.headline_rows(tmp_path)[0]
     assert row[:3] == ["the replay paper", "arith + arith-s1 (pooled)",
-                       "rollout-replay vs naive-replay"]
+                       "rollout-replay vs naive-replay: post hoc: pooled after both settings' "
+                       "results were seen"]
     assert row[5].startswith("paired over 20 pairs") and row[6] == "reproduced"
+
+
+def test_the_post_hoc_pooled_row_carries_holm_over_the_per_setting_tests(tmp_path):
+    """The pooled row was defined after its settings' results: it says so, and beside it each
+    setting's own test of the claim with its p and Holm over them (p 0.01 and 0.04: Holm 0.02
+    and 0.04)."""
+    (p,) = experiments.replay(False).pooled
+    assert p.post_hoc
+    summaries = {"arith": setting_summary(0.02, range(100, 110)),
+                 "arith-s1": setting_summary(0.01, range(100, 110))}
+    for label, delta, se in (("arith", 0.02, 0.0062), ("arith-s1", 0.01, 0.0042)):
+        summaries[label]["comparisons"] = [
+            {"arm": "rollout-replay", "against": "naive-replay", "metric": "final",
+             "delta": delta, "se": se, "df": 9, "ci": [delta - 2.26 * se, delta + 2.26 * se],
+             "n": 10, "paired": True}]
+    c = experiments.pooled(p, summaries)
+    (a, b) = c["per_setting"]
+    assert a["p"] == pytest.approx(0.0104, abs=1e-3) and b["p"] == pytest.approx(0.041, abs=2e-3)
+    assert a["holm_p"] == pytest.approx(2 * a["p"]) and b["holm_p"] == pytest.approx(b["p"])
+    text = experiments.write_pooled(p, summaries, tmp_path / "pooled")
+    assert "Post hoc: pooled after both settings' results were seen." in text
+    assert "each setting's own test and Holm over them: arith +2.0" in text
 
 
 # ---- the headline rows are the abstracts' comparisons --------------------------------------------
@@ -172,6 +267,7 @@ def test_headroom_drift_where_its_gate_acts_is_defined_as_pre_registered():
     (c,) = s.claims
     assert (c.arm, c.against, c.direction, c.headline) == (experiments.HD_FIRES, "", 1, True)
     assert c.acted == ("replay/hd_changed_frac", f"mean > {experiments.HD_ACTED:g}")
+    assert c.post_hoc == experiments.AGAINST_NAIVE and s.one_machine
     committed = json.loads((ROOT / "bench" / "results" / "headroom-drift" / "steps" /
                             "summary.json").read_text())
     assert committed["chosen"]["naive-replay"] == 3e-5

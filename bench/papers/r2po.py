@@ -43,13 +43,18 @@ def r2po_setting(label: str, task: tuple[str, ...], reward: str, quick: bool, h:
             ("format errors", "rollout/format_error"),
             ("head KL (current)", "r2po/head_kl_current"),
             ("head KL (initial)", "r2po/head_kl"), *DIAG)
-    # the head changes the sampling: its KL to the current base, mean over every step and seed
+    # the head changes the sampling: its KL to the current base, mean over every step and seed,
+    # in nats a token (the gate's unit, ACTED); beside it the same per completion, the per-token
+    # KL times the mean sampled length (nats a chain: on the long task's ~29 tokens a per-token
+    # 7.5e-4 is 0.022 a chain), not the gate
     moved = ("r2po/head_kl_current", f"mean > {ACTED:g}")
-    claims = [Claim(n, 1, acted=moved, headline=True) for n in readings]
-    claims += [Claim(n, 1, against=f"grpo {policy} steps (equal policy updates)", acted=moved)
-               for n in readings]
+    chain = dict(post_hoc=("r2po/head_kl_current", f"mean * response/len_mean > {ACTED:g}"),
+                 post_hoc_label="per chain (nats a completion; the gate reads nats a token)")
+    claims = [Claim(n, 1, acted=moved, headline=True, **chain) for n in readings]
+    claims += [Claim(n, 1, against=f"grpo {policy} steps (equal policy updates)", acted=moved,
+                     **chain) for n in readings]
     claims += [Claim("r2po (official policy phase)", 1, against="grpo (official policy phase)",
-                     acted=moved),
+                     acted=moved, **chain),
                Claim("grpo (official policy phase)", None),
                Claim(f"grpo {policy} steps (equal policy updates)", None)]
     return Setting(label, common, arms, f"grpo {loop} steps (equal rollouts)", "fresh",

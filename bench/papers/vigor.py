@@ -24,13 +24,16 @@ def vigor_setting(label: str, task: tuple[str, ...], size: tuple[str, ...], prom
     diag = (("prompts with signal/step", "rollout/prompts_with_signal"),
             ("zero-var rollouts/step", "rollout/zero_var_rollouts"),
             ("largest group", "vigor/group_size_max"), *DIAG)
-    # reallocated: on average over the steps the largest group is above the arm's even share,
-    # budget / prompts: 8, and 4 where twice the prompts share the budget (the gate read 8 for that
-    # reading too until the long task's rerun of 2026-12-04 showed it could not pass there)
-    def acted(name):
-        return ("vigor/group_size_max", f"mean > {4 if name == readings[3] else 8}")
-    claims = (Claim("vigor (first reading)", 1, acted=acted("vigor (first reading)")),
-              *(Claim(n, 1, acted=acted(n), headline=True) for n in readings))
+    # reallocated: on average over the steps the largest group is above 8, the fixed arm's even
+    # share (budget / prompts), as registered before the runs. The reading that screens twice the
+    # prompts has an even share of 4 and cannot pass "> 8" however it reallocates; its "> 4"
+    # reading was defined after the long task's runs (2026-12-04), so it is shown beside the
+    # registered gate, labelled post hoc, and never decides the verdict.
+    acted = ("vigor/group_size_max", "mean > 8")
+    claims = (Claim("vigor (first reading)", 1, acted=acted),
+              *(Claim(n, 1, acted=acted, headline=True,
+                      post_hoc=("vigor/group_size_max", "mean > 4") if n == readings[3] else None)
+                for n in readings))
     return Setting(label, common, arms, "fixed G=8", "fresh", diagnostics=diag,
                    readings=(readings,), claims=claims, **kw)
 
