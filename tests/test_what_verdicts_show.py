@@ -320,7 +320,8 @@ def test_runs_of_a_code_listed_as_computing_the_same_numbers_are_reused(tmp_path
     assert runs.same_code("older") == {"new", "old", "older"}
     assert runs.same_code("alone") == {"alone"}
     committed = json.loads((ROOT / "bench" / "results" / "same_code.json").read_text())
-    assert all(set(e) == {"same_as", "check"} and "same_metrics" in e["check"]
+    assert all(set(e) == {"same_as", "check", "evidence"} and "same_metrics" in e["check"]
+               and {"runs", "metrics", "machine", "archived", "covers_not"} <= set(e["evidence"])
                for e in committed.values())            # each equality names the check that shows it
     monkeypatch.setattr(runs, "code_hash", lambda: "new")
     monkeypatch.setattr(protocol, "code_hash", lambda: "new")
