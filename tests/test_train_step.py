@@ -14,6 +14,7 @@ import torch
 import flags
 import parallel
 import rollout
+import run_setup
 import train
 from make_tiny_model import make_model, make_tokenizer
 from methods import vigor
@@ -35,7 +36,7 @@ def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
     seeded shuffles."""
     def mini_batches(n_fresh, n_replayed, a, step, epoch):                # as train.update calls it
         return rollout.mini_batches(n_fresh, n_replayed, a.mini_batches,
-                                    train.shuffle_seed(a.seed, step, epoch) if epoch else None)
+                                    run_setup.shuffle_seed(a.seed, step, epoch) if epoch else None)
     a = flags.Args(mini_batches=3, seed=5)
     for epoch in range(3):
         parts = mini_batches(512, 256, a, step=7, epoch=epoch)

@@ -84,10 +84,11 @@ def test_two_methods_may_share_a_list_slot(tiny_model, tmp_path, cpu_only):
 
 
 def test_the_default_fills_no_slot(tmp_path, cpu_only):
-    """With no method flag, no method file fills a slot: the step is the spine's alone."""
+    """With no method flag, no method file fills a slot: the step is the spine's alone, and the
+    checkpoints keep the replay buffer's state alone."""
     import flags
-    import train
-    run = train.setup(flags.parse([*TINY, "--out-dir", str(tmp_path)]), rank=0, world=1,
-                      device="cpu")
+    from tiny import setup
+    run = setup(flags.parse([*TINY, "--out-dir", str(tmp_path)]))
     assert run.slots == {"reward": [], "loss": []}
-    assert run.hooks == train.LossHooks([], [], [], [], None, [])
+    assert run.hooks == methods.LossHooks([], [], [], [], None, [])
+    assert run.state == {"replay": run.replay}
