@@ -31,8 +31,8 @@ What exact resume needs, and where it comes from: weights (model.safetensors, fp
 optimizer moments and step counts (DCP), the data position and the replay buffer with its numpy
 Generator (rank files), python's and torch's global RNGs (rank files; numpy's global RNG is used
 nowhere: buffer.py owns a Generator), and the engine's sampling seed, which run_setup.py derives
-from (seed, rank, step), so it needs no state. A checkpoint written by W ranks resumes with W ranks: each
-rank's replay buffer belongs to that rank's share of the prompts.
+from (seed, rank, step), so it needs no state. A checkpoint written by W ranks resumes with W
+ranks: each rank's replay buffer belongs to that rank's share of the prompts.
 
 Around them: `load_model` reads any Hugging Face directory (a checkpoint or a base model); `resolve`
 reads `--resume DIR|auto`; `check_state` refuses a checkpoint that lacks the state of one of the

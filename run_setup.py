@@ -17,6 +17,7 @@ Also here: every seed of a run (from --seed, nowhere else), the process group
 import dataclasses
 import os
 import random
+import sys
 from typing import NamedTuple
 
 import torch
@@ -65,7 +66,25 @@ def eval_seed(seed: int) -> int:
     return seed                                    # the eval's sampling (greedy by default)
 
 
-# ---- the process group and the precision ---------------------------------------------------------
+# ---- the out dir, the process group and the precision --------------------------------------------
+
+def start(args: Args) -> tuple[int, int, str] | None:
+    """(rank, world_size, device) once out_dir is claimed (checkpoint.claim_out_dir, before the
+    process group: every rank reads out_dir before any rank can write to it) and the process group
+    is up (setup_distributed); None after one "error:" line (rank 0's alone for out_dir, which
+    every rank refuses alike)."""
+    try:
+        checkpoint.claim_out_dir(args.out_dir, resume=args.resume, overwrite=args.overwrite)
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        return None
+    try:
+        return setup_distributed()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
 
 def setup_distributed() -> tuple[int, int, str]:
     """(rank, world_size, device). Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK in the environment):
@@ -155,8 +174,11 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
           steps: methods.Steps):
     """Binds the flags once: resolves and checks them, loads what the run reads, prints the first
     screen (the flags that differ from the defaults or the preset, the sizes they derive), then
-    hands each owner its own flags (`build`). Returns the run (`make_run`'s, train.Run).
+    hands each owner its own flags (`build`); with --overwrite, the inputs being good, deletes the
+    earlier run in out_dir (checkpoint.start_over). Returns the run (`make_run`'s, train.Run).
     ValueError / OSError for bad input."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()        # no bars for loading and saving weights in a run's log
     changed = flags.changed(args)                  # as given, before anything is resolved
     args = dataclasses.replace(args, engine=vllm_engine.engine_kind(args.engine))  # auto resolved
     flags.check_args(args, world)
@@ -189,9 +211,15 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
                  grader=verify.grader(run_flags.train_data, template),
                  form=verify.format_rule(run_flags.train_data, template),
                  flags=dataclasses.asdict(args))
-    return build(parts, model, tok, sizes, forward=forward, max_len=max_len, rank=rank,
-                 world=world, device=device, initial=flags.needs_initial(args),
-                 make_run=make_run, shard=shard, steps=steps, **given)
+    run = build(parts, model, tok, sizes, forward=forward, max_len=max_len, rank=rank,
+                world=world, device=device, initial=flags.needs_initial(args),
+                make_run=make_run, shard=shard, steps=steps, **given)
+    if args.overwrite:                             # the inputs are good: only now delete
+        checkpoint.start_over(args.out_dir, rank)
+    if args.resume and not resume:
+        where = os.path.join(args.out_dir, "checkpoints")
+        parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting at step 0")
+    return run
 
 
 def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,

@@ -56,15 +56,13 @@ class Run:
     model: torch.nn.Module                # the policy, sharded under torchrun
     opt: torch.optim.Optimizer
     replay: object | None                 # buffer.RolloutReplay, a method's, or None
-    initial: torch.nn.Module | None       # the model as loaded, frozen: the KL reference
-                                          # (--kl-coef > 0), a method's anchor; else None
+    initial: torch.nn.Module | None       # the model as loaded, frozen (KL reference, a method's)
     precision: str                        # the trainer's forward: fp32 | autocast-bf16 | fsdp-bf16
     tok: object
     prompts: list                         # the training prompts
     mine: list[int]                       # this rank's share of them, in the seed's order
     per_rank: int                         # prompts this rank generates groups for each step
-    completions: int                      # completions this rank generates each step when a
-                                          # method allocates them (0: fixed groups)
+    completions: int                      # completions it generates when a method allocates
     micro_batch: tuple[int, int]          # (rows, padded tokens) per forward at most
     grader: object                        # verify.grader of the training set: (text, gold) -> bool
     form: object                          # verify.format_rule: (text) -> in the answer form?
@@ -77,8 +75,7 @@ class Run:
     device: str
     slots: dict = field(default_factory=dict)   # what the method files fill (methods.build)
     hooks: methods.LossHooks = methods.NO_LOSS_HOOKS   # the loss slot's methods
-    state: dict = field(default_factory=dict)   # {name: object}: what checkpoints keep beside
-                                                # the model (the replay's state, a slot's)
+    state: dict = field(default_factory=dict)   # {name: object with state}: checkpoints keep it
 
 
 # ---- 1. generate and 2. score -----------------------------------------------------------------
@@ -304,9 +301,9 @@ def train_step(run: Run, pos: int, m: Metrics, *, step: int, guard: parallel.Ste
 
 def log_step(run: Run, logs, m: Metrics, per_update: list, generated: list, *, step: int,
              verified: dict) -> dict:
-    """The step's bookkeeping: the buffer's numbers, the verifier's error counts since `verified`;
-    then every rank's metrics reduced in one collective, the log line, metrics.jsonl, samples.jsonl
-    and updates.jsonl; then the canary's check. Returns the step's reduced metrics."""
+    """The buffer's numbers and the verifier's error counts since `verified` into `m`, every rank's
+    metrics reduced in one collective, the log files written, the canary checked; returns the
+    step's reduced metrics."""
     s = run.settings
     buffer.report(run.replay, m)                       # the buffer's state after this step
     for key, count in verify.stats().items():         # errors would zero rewards: count them
@@ -398,8 +395,6 @@ def shard_model(model, device: str):
     return model
 
 
-# ---- the entry point -----------------------------------------------------------------------------
-
 # the loop's steps a method file may call (methods.Steps), handed to the door with Run
 STEPS = methods.Steps(sampling=sampling, generate=generate, grade=grade, score=score,
                       credit=credit, generate_and_score=generate_and_score)
@@ -407,32 +402,18 @@ STEPS = methods.Steps(sampling=sampling, generate=generate, grade=grade, score=s
 
 def main(argv=None) -> int:
     args = flags.parse(argv, __doc__)
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()        # no bars for loading and saving weights in a run's log
-    try:     # before the process group: every rank reads out_dir before any rank can write to it
-        checkpoint.claim_out_dir(args.out_dir, resume=args.resume, overwrite=args.overwrite)
-    except ValueError as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
+    started = run_setup.start(args)                # the out dir claimed, the process group up
+    if started is None:
         return 2
-    try:
-        rank, world, device = run_setup.setup_distributed()
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    rank, world, device = started
     try:
         # bad input ends in one line and exit status 2; a bug past this point shows its traceback
         try:
             run = run_setup.setup(args, rank=rank, world=world, device=device, make_run=Run,
                                   shard=shard_model, steps=STEPS)
-            if args.overwrite:                         # the inputs are good: only now delete
-                checkpoint.start_over(args.out_dir, rank)
         except (ValueError, OSError) as e:
             parallel.print0(f"error: {e}", file=sys.stderr)
             return 2
-        if args.resume and not run.resume:
-            where = os.path.join(args.out_dir, "checkpoints")
-            parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting at step 0")
         try:
             train(run)
             if dist.is_initialized():

@@ -38,14 +38,14 @@ WINGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "methods"))
 SPINE = ("train.py", "rollout.py", "grpo.py", "buffer.py")      # the algorithm's four files
 SPINE_LINES = 1900
 ALGORITHM = ("train.py", "run_setup.py", "grpo.py", "buffer.py", "rollout.py", "metrics.py",
-             "parallel.py", "flags.py", "cli.py", "reward_fn.py", *(f"methods/{w}.py" for w in WINGS),
-             "methods/__init__.py")
-# Where train.py's flags may be taken whole: the door (run_setup.setup, train.main; flags.py's
-# bounds, sizes and memory check; cli.part, which cuts an owner's flags out of them) and
+             "parallel.py", "flags.py", "cli.py", "reward_fn.py",
+             *(f"methods/{w}.py" for w in WINGS), "methods/__init__.py")
+# Where train.py's flags may be taken whole: the door (run_setup.setup and start, train.main;
+# flags.py's bounds, sizes and memory check; cli.part, which cuts an owner's flags out of them) and
 # the checkpoint's (de)serialiser, which writes them as args.json (it takes them as a dict).
 # eval.py's own CLI has its own Args.
-TAKE_ARGS = {("run_setup", "setup"), ("train", "main"), ("cli", "part"), ("flags", "check_args"),
-             ("flags", "fits_machine"), ("flags", "method_parts"), ("flags", "needs_initial"),
+TAKE_ARGS = {("run_setup", "setup"), ("run_setup", "start"), ("train", "main"), ("cli", "part"),
+             ("flags", "check_args"), ("flags", "fits_machine"), ("flags", "method_parts"), ("flags", "needs_initial"),
              ("flags", "_rules"), ("flags", "sizes"), ("flags", "changed"),
              ("flags", "micro_batch_tokens"), ("flags", "update_memory"),
              ("flags", "check_sizes"), ("eval", "load_inputs"), ("eval", "main")}
