@@ -62,7 +62,7 @@ class Run:
     prompts: list                         # the training prompts
     mine: list[int]                       # this rank's share of them, in the seed's order
     per_rank: int                         # prompts this rank generates groups for each step
-    completions: int                      # completions it generates when a method allocates
+    completions: int                      # its completions a step when a method allocates them
     micro_batch: tuple[int, int]          # (rows, padded tokens) per forward at most
     grader: object                        # verify.grader of the training set: (text, gold) -> bool
     form: object                          # verify.format_rule: (text) -> in the answer form?

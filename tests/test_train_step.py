@@ -358,7 +358,7 @@ def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
 
 def _graded(train_data, texts, answer, allocation="fixed", monkeypatch=None):
     """r.correct of hand-made rollouts of one prompt, through train.generate_and_score (fixed
-    allocation) or the grade callback the run hands VIGOR's allocate slot (ctx.grade)."""
+    allocation) or the spine's grade step VIGOR's allocate slot calls (methods.Steps)."""
     rs = [_rollout(0, t, answer, 4) for t in texts]
     a = flags.Args(train_data=train_data, prompts_per_step=1, group_size=len(rs),
                    allocation=allocation, vigor_budget=len(rs))
