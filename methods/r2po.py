@@ -327,7 +327,7 @@ class Phases(R2PO):
             if run.settings.eval.due(step, run.settings.run.steps):
                 sampling = self.steps.sampling(run, step, BASE_SAMPLING_ROUND)
                 base = dataclasses.replace(sampling, use_head=False)
-                self.base_diversity(run.engine, out[1], base, m)
+                self.base_diversity(run.engine, out[1], base, m)   # out[1]: every generated one
             return out
         return step_in_phase
 

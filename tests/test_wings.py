@@ -22,8 +22,9 @@ SCRIPT = """
 import json, sys
 result = {}
 for wing in json.loads(sys.argv[1]):
-    for name in [m for m in sys.modules if m.startswith("methods") or m in ("flags", "train")]:
-        del sys.modules[name]                         # flags and train composed afresh
+    for name in [m for m in sys.modules
+                 if m.startswith("methods") or m in ("flags", "run_setup", "train")]:
+        del sys.modules[name]                         # flags, the door and train composed afresh
     sys.modules["methods." + wing] = None             # the method file cannot be imported
     import flags, train
     other = "gspo" if wing != "gspo" else "pnpo"
@@ -47,8 +48,8 @@ def test_every_wing_is_registered_and_has_a_preset():
 
 
 def test_each_method_file_removed_leaves_the_rest_working(tmp_path):
-    """Each wing in turn made unimportable (in one process, flags.py and train.py imported anew
-    each time): its preset, flags and choices are gone, and the default and another method's
+    """Each wing in turn made unimportable (in one process, flags.py, run_setup.py and train.py
+    imported anew each time): its preset, flags and choices are gone, and the default and another method's
     preset (gspo's; pnpo's without gspo) each train a step (exit status 0)."""
     proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(WINGS), json.dumps(TINY),
                            str(tmp_path / "run-")], cwd=ROOT, env=cpu_env(),
