@@ -10,14 +10,15 @@ One checkpoint, `out_dir/checkpoints/step_000040/`:
     config.json, generation_config.json, model.safetensors, tokenizer files
                                   the policy, full (unsharded) weights, gathered to rank 0: loads
                                   with AutoModelForCausalLM.from_pretrained
-    r2po_head.safetensors         a method's own files (R²PO's head: methods/r2po.py, its
-                                  save); transformers ignores them, resume reads them
     args.json                     the run's Args
-    trainer/state.json            step, skipped-step counters, world size (the same on every rank)
+    trainer/state.json            step, skipped-step counters, world size (the same on every
+                                  rank), the names of the objects whose state the rank files keep
     trainer/optimizer/            AdamW state through torch.distributed.checkpoint: each rank
                                   writes its own shard
-    trainer/rank_00000.pt, ...    per rank: its data position, its replay buffer (contents, RNG,
-                                  last stats), a method's own state and the python / torch RNGs
+    trainer/rank_00000.pt, ...    per rank: its data position, the python / torch RNGs, and the
+                                  state_dict() of each object with state, by name: the replay
+                                  buffer (contents, RNG, last stats), a slot's (R²PO's head and
+                                  its optimizer: methods/r2po.py)
     COMPLETE                      the marker, written last
 
 Atomic: everything is written into `checkpoints/.tmp-step_000040`, every file is fsynced, the marker
@@ -29,14 +30,15 @@ too. Multi-node runs need `out_dir` on a filesystem every node sees.
 What exact resume needs, and where it comes from: weights (model.safetensors, fp32 as trained),
 optimizer moments and step counts (DCP), the data position and the replay buffer with its numpy
 Generator (rank files), python's and torch's global RNGs (rank files; numpy's global RNG is used
-nowhere: buffer.py owns a Generator), and the engine's sampling seed, which train.py derives from
-(seed, rank, step), so it needs no state. A checkpoint written by W ranks resumes with W ranks: each
-rank's replay buffer belongs to that rank's share of the prompts.
+nowhere: buffer.py owns a Generator), and the engine's sampling seed, which run_setup.py derives
+from (seed, rank, step), so it needs no state. A checkpoint written by W ranks resumes with W
+ranks: each rank's replay buffer belongs to that rank's share of the prompts.
 
 Around them: `load_model` reads any Hugging Face directory (a checkpoint or a base model); `resolve`
-reads `--resume DIR|auto`; `open_log` continues metrics.jsonl / samples.jsonl on resume (appending
-after the resumed step, dropping lines of steps that are being redone); `point_final` keeps
-`out_dir/final` a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed;
+reads `--resume DIR|auto`; `check_state` refuses a checkpoint that lacks the state of one of the
+run's objects; `open_log` continues metrics.jsonl / samples.jsonl on resume (appending after the
+resumed step, dropping lines of steps that are being redone); `point_final` keeps `out_dir/final`
+a symlink to the last checkpoint; `changed_args` lists flags a resumed run changed;
 `claim_out_dir` refuses to start a fresh run over an earlier one (`--resume auto` continues it,
 `--overwrite` deletes it: `start_over`).
 """
@@ -120,18 +122,17 @@ def save_hf(model, tokenizer, path: str, state_dict=None) -> None:
     tokenizer.save_pretrained(path)
 
 
-def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, replay, pos: int,
-         rank: int, world: int, extra=None) -> str:
+def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, state: dict,
+         pos: int, rank: int, world: int) -> str:
     """Write checkpoint `step` under `root` atomically (what `restore` reads back); every rank calls
     it (the gathers are collective). `flags`: the run's flags as a dict (dataclasses.asdict of
-    train.py's Args), written as args.json. `extra` (a method's phase slot, or None) writes its own
-    files into the directory on rank 0 (`extra.save(dir)`) and its per-rank state into the rank
-    files (`extra.state_dict()`). Returns the checkpoint's directory."""
-    trainer_state = {"step": step, "skipped": guard.skipped, "in_row": guard.in_row}
-    rank_state = {"pos": pos, "replay": replay.state_dict() if replay is not None else None,
-                  "rng": rng_state()}
-    if extra is not None:
-        rank_state["extra"] = extra.state_dict()
+    train.py's Args), written as args.json. `state`: {name: object} of the run's objects with
+    state (the replay buffer, a slot's), each one's state_dict() kept under its name in this
+    rank's file. Returns the checkpoint's directory."""
+    trainer_state = {"step": step, "skipped": guard.skipped, "in_row": guard.in_row,
+                     "state": sorted(state)}
+    rank_state = {"pos": pos, "rng": rng_state(),
+                  **{name: obj.state_dict() for name, obj in state.items()}}
     final, tmp = step_dir(root, step), os.path.join(root, f".tmp-step_{step:06d}")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # left by an earlier attempt that was cut off
@@ -147,8 +148,6 @@ def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, rep
     if rank == 0:
         save_hf(model, tokenizer, tmp, state_dict=full)
         _write_json(os.path.join(tmp, "args.json"), flags)
-        if extra is not None:
-            extra.save(tmp)
         state = {**trainer_state, "world_size": world}
         _write_json(os.path.join(tmp, "trainer", "state.json"), state)
     del full
@@ -203,12 +202,11 @@ def latest(root: str) -> str | None:
     return os.path.join(root, max(found)[1]) if found else None
 
 
-def resolve(resume: str, out_dir: str, world: int = 1, needs: tuple = ()) -> str | None:
+def resolve(resume: str, out_dir: str, world: int = 1) -> str | None:
     """`--resume`: '' -> None (fresh start); 'auto' -> latest() in out_dir/checkpoints (None when
     there is none, so the same command starts and restarts a job); a path -> itself, if it is a
-    complete checkpoint. ValueError for an incomplete one, one written by another number of ranks,
-    or one without a file in `needs` (a method's file: a run with a head resumes only from a run
-    that had one)."""
+    complete checkpoint. ValueError for an incomplete one, or one written by another number of
+    ranks."""
     if not resume:
         return None
     path = latest(os.path.join(out_dir, "checkpoints")) if resume == "auto" else resume
@@ -221,10 +219,20 @@ def resolve(resume: str, out_dir: str, world: int = 1, needs: tuple = ()) -> str
     if written_by != world:
         raise ValueError(f"--resume: {path} was written by {written_by} ranks, this run has "
                          f"{world}: each rank's replay buffer belongs to its share of the prompts")
-    for name in needs:
-        if not os.path.isfile(os.path.join(path, name)):
-            raise ValueError(f"--resume: {path} has no {name}: it was written by a run without it")
     return path
+
+
+def check_state(path: str, names) -> None:
+    """ValueError unless checkpoint `path` keeps the state of each of `names` (the run's objects
+    with state: its replay buffer, a slot's), so a run with a method's state (R²PO's head) resumes
+    only from a run that kept it. A checkpoint written before state.json listed them kept the
+    replay buffer's alone."""
+    with open(os.path.join(path, "trainer", "state.json")) as f:
+        kept = json.load(f).get("state", ["replay"])
+    for name in names:
+        if name not in kept:
+            raise ValueError(f"--resume: {path} keeps no {name} state: it was written by a run "
+                             f"without one (or by an older version of train.py)")
 
 
 # flags a resumed run may change without changing what its steps compute
@@ -348,23 +356,20 @@ def point_final(out_dir: str, ckpt: str) -> str:
     return link
 
 
-def restore(resume: str | None, model, opt, *, replay, guard, rank: int, flags: dict,
-            extra=None) -> tuple[int, int]:
-    """Load a checkpoint into the model, optimizer, replay buffer, guard, RNGs and `extra` (a
-    method's phase slot: its head and the head's optimizer, `extra.restore(dir, state)`; its phase
-    is a function of the step); returns (step, prompt position), (0, 0) when `resume` is None.
-    `flags` (the run's, as a dict) are compared with the checkpoint's args.json: a changed one is a
-    warning."""
+def restore(resume: str | None, model, opt, *, state: dict, guard, rank: int,
+            flags: dict) -> tuple[int, int]:
+    """Load a checkpoint into the model, optimizer, guard, RNGs and each object of `state` ({name:
+    object with load_state_dict}, as `save` took it); returns (step, prompt position), (0, 0) when
+    `resume` is None. `flags` (the run's, as a dict) are compared with the checkpoint's args.json:
+    a changed one is a warning."""
     if resume is None:
         return 0, 0
-    state, mine = load(resume, model, opt, rank)
-    if extra is not None:
-        extra.restore(resume, mine["extra"])
-    guard.skipped, guard.in_row = state["skipped"], state["in_row"]
-    if replay is not None:
-        replay.load_state_dict(mine["replay"])
+    trainer_state, mine = load(resume, model, opt, rank)
+    for name, obj in state.items():
+        obj.load_state_dict(mine[name])
+    guard.skipped, guard.in_row = trainer_state["skipped"], trainer_state["in_row"]
     set_rng_state(mine["rng"])
-    print0(f"resumed from {resume} at step {state['step']}")
+    print0(f"resumed from {resume} at step {trainer_state['step']}")
     for change in changed_args(resume, flags):
         print0(f"warning: resumed with a changed flag, {change}")
-    return state["step"], mine["pos"]
+    return trainer_state["step"], mine["pos"]

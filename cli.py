@@ -15,6 +15,10 @@ frozen dataclass with the values of `args`: what the owner's code is built from.
         \"\"\"importance weight\"\"\"
     # --ratio {token,sequence}, its help from the string under it, in the group "objective"
     args = cli.parse(Args, sys.argv[1:], description=__doc__)
+
+The help texts are read from the source (ast); so is `code_without_prose`, a module's code with
+its docstrings left out (what bench/runs.py hashes as the trainer's code, and what
+tests/test_layout.py searches for names).
 """
 import argparse
 import ast
@@ -56,6 +60,19 @@ def part(args, owner):
 
 def _owners(cls) -> tuple:
     return getattr(cls, "owners", (cls,))
+
+
+def code_without_prose(source: str) -> str:
+    """A module's code as ast.unparse writes it, every docstring left out (and so every comment,
+    which ast drops)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
 
 
 def field_docs(cls) -> dict[str, str]:

@@ -180,6 +180,11 @@ class TrainFlags:
     AT_LEAST_1 = ("eval_k",)
     AT_LEAST_0 = ("eval_size", "dev_size", "eval_every", "eval_temperature")
 
+    def due(self, step: int, steps: int) -> bool:
+        """Whether the loop evaluates after step `step` (0-based) of `steps`: every eval_every
+        steps and after the last."""
+        return bool(self.eval_every and (step + 1) % self.eval_every == 0) or step + 1 == steps
+
 
 def log_fields(row: dict) -> list[str]:
     """The eval numbers of a log line (eval/<key> -> "<key> 0.123"), in the row's order."""

@@ -7,7 +7,7 @@ that bad input ends in one clear sentence before anything runs, and the sizes th
 computed once. The dataclass -> argparse machinery is cli.py's.
 
     args = flags.parse(sys.argv[1:], __doc__)        # what train.main does
-    part = cli.part(args, LossFlags)                 # an owner's own flags: what train.setup binds
+    part = cli.part(args, LossFlags)                 # an owner's own flags (run_setup binds them)
 """
 import dataclasses
 import importlib.util
@@ -299,7 +299,7 @@ class Sizes(NamedTuple):
     micro_batch_tokens: int  # --micro-batch-tokens, 0 (auto) resolved
 
     def fields(self) -> list[str]:
-        """The first screen's fields of the sizes (train.setup prints them, metrics.wrap)."""
+        """The first screen's fields of the sizes (run_setup.setup prints them, metrics.wrap)."""
         if self.completions:
             per_step = f"{self.prompts} prompts, {self.completions} completions (a budget)"
         else:

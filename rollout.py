@@ -426,7 +426,8 @@ def logprob_diff(model, rollouts: list[Rollout], temperature: float, pad_id: int
 def logprob_floor(model, rollouts: list[Rollout], temperature: float, pad_id: int) -> float:
     """The canary's floor: mean over completion tokens of |bf16 log-prob - fp32 log-prob| of the
     trainer's own forward, what precision alone moves a log-prob (a bf16 engine's logprob_diff
-    cannot go below it). A model wrapped by train.autocast_bf16 runs its class's fp32 forward."""
+    cannot go below it). A model wrapped by run_setup.autocast_bf16 runs its class's fp32
+    forward."""
     if not rollouts:
         return 0.0
     b = _collated(model, rollouts, pad_id)

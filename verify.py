@@ -11,6 +11,7 @@ executed; every step is bounded.
     grade_batch(responses, golds)         extract_answer(text) -> str | None
     is_equivalent(pred, gold) -> bool     stats() -> dict (STATS)
     grade_integer(response, gold): a plain integer after the last "="    grader(name): a set's rule
+    grade_fast(response, gold): grade, two plain integers read without the parser
 
 Extraction: the text after the last `</think>`; "final answer is X. I hope it is correct" (the
 Minerva format); the last `\\boxed{}`/`\\fbox{}` (nested braces), joined with the boxes just before
@@ -568,6 +569,23 @@ def grade_integer(response: str, gold: str) -> bool:
     return bool(readable) and int(tail) == int(gold)
 
 
+def grade_fast(response: str, gold: str) -> bool:
+    """grade's verdict, with its counts in stats(), read directly where the response and the gold
+    are each, stripped, an integer literal -?[0-9]+ (under MAX_DIGITS characters together): there
+    grade takes its own fast paths (equal strings; _extract's plain number; _equivalent's two plain
+    numbers, equal only if exactly so) and its verdict is int(response) == int(gold), which is
+    returned without the call. Anything else ("+56", "56.0", "7*8=56", "５６") goes to grade. The
+    built-in arithmetic tasks' grader (`grader`), whose completions are integers; the agreement
+    is tested on sampled rollouts and adversarial strings (tests/test_verify_fast.py)."""
+    if isinstance(response, str) and isinstance(gold, str):
+        answer, value = response.strip(), gold.strip()
+        if (len(answer) + len(value) < MAX_DIGITS and _INTEGER.fullmatch(answer)
+                and _INTEGER.fullmatch(value)):
+            _count("graded")
+            return int(answer) == int(value)
+    return grade(response, gold)
+
+
 def grade_number(response: str, gold: str) -> bool:
     """The instruct template's rule (a chat model asked for "only the number" of a built-in
     expression): the response's stated final answer (extract_answer: the last \\boxed{}, else "the
@@ -609,12 +627,15 @@ def grader(name: str, template: str | None = None):
     bool: grade_number on the built-in tasks under the instruct template (a chat model's replies:
     "4 * 5 = 20", "The answer is 20.", "\\boxed{20}" all read 20; an echo of the question does not),
     grade_integer on the step-by-step task's splits under the builtin template (data.STEPS_NAMES:
-    its answer rule), grade (value equality of the stated final answer) for every other set and
-    template."""
+    its answer rule), grade_fast (grade, a plain integer read without the parser) on the other
+    built-in tasks under the builtin template, grade (value equality of the stated final answer)
+    for every other set and template."""
     template = template or data.template_for(name)
     if template == "instruct" and name in data.BUILTIN_NAMES:
         return grade_number
-    return grade_integer if name in data.STEPS_NAMES and template == "builtin" else grade
+    if name in data.STEPS_NAMES and template == "builtin":
+        return grade_integer
+    return grade_fast if name in data.BUILTIN_NAMES and template == "builtin" else grade
 
 
 # ---- the answer format: what --reward correct+format pays for ----------------------------------

@@ -1,5 +1,5 @@
-"""Times RolloutReplay.draw() (numpy, vectorised) against a naive per-rollout Python loop doing the
-same job.
+"""Times RolloutReplay.sample() (its draw: numpy, vectorised) against a naive per-rollout Python
+loop doing the same job.
 
     python bench/bench_buffer.py                    # 100k stored rollouts, k = 1000
     python bench/bench_buffer.py --n 1000000 --k 4096
@@ -7,10 +7,11 @@ same job.
                                                      # vs a step's time
     python bench/bench_buffer.py --overhead --step-seconds 1.4 --sizes 1000,100000
 
-Both do one prioritized draw at a step where every stored rollout is inside the age window: filter
-the eligible rollouts (version < step, |A| > 0), give each the Efraimidis–Spirakis key
-E_j / |A_j|^alpha with E_j ~ Exp(1), keep the k smallest in order. The naive one walks the records
-one by one; the buffer uses its parallel numpy arrays.
+Both do one prioritized draw of k at a step where every stored rollout but the oldest step's is
+inside the age window: filter the eligible rollouts (age <= tau_max, version < step, |A| > 0), give
+each the Efraimidis–Spirakis key E_j / |A_j|^alpha with E_j ~ Exp(1), keep the k smallest in order.
+The naive one walks the records one by one; the buffer (`sample(step, n_fresh = k)` at ratio 1,
+train.py's call) uses its parallel numpy arrays.
 
 --overhead: the replay's cost per training step at a steady state of N stored rollouts, for each N
 of --sizes. Each step does what train.py does, in its order: sample(step, fresh), which draws
@@ -139,7 +140,7 @@ def main() -> None:
     p.add_argument("--step-threads", type=int, default=0,
                    help="--overhead: torch threads of that step (0 = default)")
     p.add_argument("--n", type=int, default=100_000, help="rollouts stored")
-    p.add_argument("--k", type=int, default=1000, help="rollouts drawn per draw()")
+    p.add_argument("--k", type=int, default=1000, help="rollouts drawn per sample()")
     p.add_argument("--tau-max", type=int, default=4, help="age window; versions are spread over it")
     p.add_argument("--alpha", type=float, default=1.0, help="priority exponent")
     p.add_argument("--repeats", type=int, default=5,
@@ -150,19 +151,20 @@ def main() -> None:
         return
 
     records = make_rollouts(args.n, args.tau_max, seed=0)
-    replay = RolloutReplay(tau_max=args.tau_max, alpha=args.alpha, seed=0)
+    replay = RolloutReplay(tau_max=args.tau_max, alpha=args.alpha, seed=0, ratio=1.0)
     replay.add(records, step=args.tau_max)
-    # everything replayable except version 0 (age tau_max + 1)
+    # everything replayable except version 0 (age tau_max + 1: the first sample evicts it)
     step = args.tau_max + 1
     rng = random.Random(0)
     naive = naive_sample(records, args.k, step, args.tau_max, args.alpha, rng)
-    assert len(replay.draw(args.k, step)) == len(naive)
+    drawn = replay.sample(step, args.k)                # ratio 1: k = n_fresh
+    assert len(drawn) == len(naive) and len({id(r) for r in drawn}) == len(drawn)
 
-    t_vec = median_seconds(lambda: replay.draw(args.k, step), args.repeats)
+    t_vec = median_seconds(lambda: replay.sample(step, args.k), args.repeats)
     t_naive = median_seconds(
         lambda: naive_sample(records, args.k, step, args.tau_max, args.alpha, rng), args.repeats)
-    print(f"n={args.n} stored (after eviction {len(replay)}), k={args.k}, alpha={args.alpha}")
-    print(f"RolloutReplay.draw    {1e3 * t_vec:9.2f} ms")
+    print(f"n={args.n} stored (after eviction {len(replay)}), k={len(drawn)}, alpha={args.alpha}")
+    print(f"RolloutReplay.sample  {1e3 * t_vec:9.2f} ms")
     print(f"naive Python loop     {1e3 * t_naive:9.2f} ms")
     print(f"speed-up              {t_naive / t_vec:9.1f}x")
 

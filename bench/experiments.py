@@ -3,7 +3,7 @@ arm chosen on the dev split, then the reported runs on the test split with fresh
 point: the code lives by job in design.py (the vocabulary), papers/*.py (each paper's settings),
 protocol.py (sweep, choose, a setting's runs), runs.py (one run: made, reused, kept),
 verdicts.py and curves.py (the rule and its numbers) and report.py (tables, plots, the headline);
-every name is importable from here (tests and compare.py read experiments.X).
+each name is imported from the file that owns it.
 
     python bench/compare.py --experiment replay            # writes bench/results/replay/
     python bench/compare.py --experiment mu-grpo --jobs 2  # 2 runs at a time, 1 thread each
@@ -66,27 +66,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))    # bench/: run as a script or imported
 
-# The names tests and compare.py read as experiments.X, from the files that own them:
-from curves import *      # noqa: E402,F401,F403  a run's curve as numbers
-from design import *      # noqa: E402,F401,F403  the vocabulary: Arm, Claim, Setting, constants
+from design import EXTEND, LR_GRID, QUICK_GRID, ROOT  # noqa: E402
 from papers import EXPERIMENTS  # noqa: E402
-from papers.dapo import *  # noqa: E402,F401,F403  each paper's settings
-from papers.headroom_drift import *  # noqa: E402,F401,F403
-from papers.mu_grpo import *  # noqa: E402,F401,F403
-from papers.pnpo import *  # noqa: E402,F401,F403
-from papers.r2po import *  # noqa: E402,F401,F403
-from papers.replay import *  # noqa: E402,F401,F403
-from papers.vigor import *  # noqa: E402,F401,F403
-from protocol import *    # noqa: E402,F401,F403  sweep, choose, a setting's runs
-from runs import *        # noqa: E402,F401,F403  one run: made, reused, kept
-from report import *      # noqa: E402,F401,F403  tables, plots, summary.json, the headline
-from verdicts import *    # noqa: E402,F401,F403  the verdict rule and its numbers
-from design import QUICK_GRID, LR_GRID, EXTEND  # noqa: E402
 from protocol import REUSE_STALE, Plan, Stopped, run_setting  # noqa: E402
-from runs import (MAKE_MODEL, missing_model, pack_runs, recorded_models,  # noqa: E402
-                  slow_bf16, unpack_runs)
 from report import (headline_rows, headline_table, write_pooled,  # noqa: E402
                     write_progress, write_setting)
+from runs import (MAKE_MODEL, missing_model, pack_runs, recorded_models,  # noqa: E402
+                  slow_bf16, unpack_runs)
 from verdicts import VERDICT_RULE  # noqa: E402
 
 
@@ -183,7 +169,6 @@ def run_experiment(name: str, out: Path, *, runs: Path, jobs: int = 1, threads: 
     text = head + "\n".join(parts)
     (out / "README.md").write_text(text)
     return text
-
 
 
 def main(argv=None) -> int:

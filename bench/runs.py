@@ -4,7 +4,6 @@ same_code lists as computing the same numbers), loaded as a curve and aggregates
 the results in runs.tar.gz (pack_runs, unpack_runs). Each run records its flags, its base
 model's and its code's hashes, its machine's CPU kind, its wall time and peak memory.
 """
-import ast
 import contextlib
 import functools
 import gzip
@@ -21,6 +20,8 @@ from pathlib import Path
 
 from design import ROOT, Setting
 from verdicts import run_final
+
+from cli import code_without_prose   # the trainer's top level (on the path: design.py)
 
 
 def base_model_hash(argv: list[str]) -> str:
@@ -44,19 +45,6 @@ def code_hash() -> str:
     for path in sorted(ROOT.glob("*.py")) + sorted(ROOT.glob("methods/*.py")):
         h.update(f"{path.relative_to(ROOT)}\n{code_without_prose(path.read_text())}\n".encode())
     return h.hexdigest()
-
-
-def code_without_prose(source: str) -> str:
-    """A module's code as ast.unparse writes it, every docstring left out (and so every comment,
-    which ast drops): what code_hash reads, and what tests/test_layout.py searches for names."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree)
 
 
 SAME_CODE = ROOT / "bench" / "results" / "same_code.json"

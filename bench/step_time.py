@@ -7,7 +7,8 @@
         --model assets/smollm2-135m-instruct --train-data builtin_mixed --prompts-per-step 8 \\
         --max-new-tokens 16 --threads 2        # a real model; against model.generate too
 
-Everything runs through train.py's own objects and functions (train.setup, train.generate_and_score,
+Everything runs through train.py's own objects and functions (the run run_setup.setup builds for
+train.main, train.generate_and_score,
 the replay buffer, train.update, parallel.full_parameters + engine.load_weights): no step is
 re-implemented here. After `--warmup` whole steps (so the replay
 buffer holds `tau_max` steps of rollouts and
@@ -17,7 +18,8 @@ medians are printed:
     generate        engine.generate inside train.generate_and_score (the run's engine is
                     wrapped to time its call; a method whose allocate slot holds the engine itself,
                     VIGOR's, is timed under score)
-    score           the rest of generate_and_score (the task's grader, advantages)
+    score           the rest of generate_and_score (the task's grader, advantages; the canary
+                    every --check-every steps)
     sample+store    replay.sample + replay.add
     update          train.update (collate, forward, loss, backward, clip, AdamW)
     sync            engine.load_weights(parallel.full_parameters(model))
@@ -51,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 import flags  # noqa: E402
 import parallel  # noqa: E402
 import rollout  # noqa: E402
+import run_setup  # noqa: E402
 import train  # noqa: E402
 from metrics import Metrics  # noqa: E402
 
@@ -89,7 +92,7 @@ def update_micro_batches(run, fresh, replayed) -> list[dict]:
         mbs = rollout.micro_batches([batch[i] for i in idx], run.micro_batch[0],
                                     run.tok.pad_token_id, run.device, max_tokens=run.micro_batch[1])
         for adjust in run.hooks.batch:
-            adjust(mbs)
+            mbs = adjust(mbs)
         out += mbs
     return out
 
@@ -154,7 +157,7 @@ def gradient(run, mbs, normaliser) -> list[torch.Tensor]:
     model = run.model
     model.zero_grad(set_to_none=True)
     for prepare in run.hooks.prepare:
-        prepare(model, mbs)
+        mbs = prepare(model, mbs)
     for mb in mbs:
         train.micro_batch_loss(run, mb, normaliser, Metrics()).backward()
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
@@ -164,7 +167,9 @@ def gradient(run, mbs, normaliser) -> list[torch.Tensor]:
 
 def build(argv: list[str]) -> "train.Run":
     """The run train.main would make with flags `argv`, in one process on the CPU."""
-    return train.setup(flags.parse(list(argv), "train.py flags"), rank=0, world=1, device="cpu")
+    return run_setup.setup(flags.parse(list(argv), "train.py flags"), rank=0, world=1,
+                           device="cpu", make_run=train.Run, shard=train.shard_model,
+                           steps=train.STEPS)
 
 
 def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,

@@ -2,27 +2,33 @@
 
 A wing is a module of this folder with some of:
 
-    Flags              its flags (a frozen dataclass, composed into train.py's by flags.py)
-    PRESETS            {name: (description, {flag: value})}, its --preset entries
-    CHOICES            {spine flag: (values,)}: values it adds to a spine flag (--ratio, --replay)
-    make(flags, ctx)   the slots it fills for a run, {slot: object} ({} where its flags are off)
+    Flags                    its flags (a frozen dataclass, composed into train.py's by flags.py)
+    PRESETS                  {name: (description, {flag: value})}, its --preset entries
+    CHOICES                  {spine flag: (values,)}: values it adds to a spine flag (--ratio, ...)
+    LOG                      its fields of the step's log line (metrics.fields format strings)
+    make(flags, run, steps)  the slots it fills for a run, {slot: object} ({} where its flags are
+                             off), at the door (run_setup.build)
 
-`ctx` is `Context`: what the spine hands a wing at set-up (train.setup). The slots, the same for
-every method (train.py calls them; the default step calls none):
+`run` is the run (train.Run; its fields are documented there), for a wing to read, never to
+change: `run.settings` holds each owner's flags (the spine's; a wing's own come as `flags`).
+`steps` is `Steps`, the spine's step functions a wing may call, each train.py's own.
 
-    allocate   allocate(prompts, mine, pos, *, step, metrics) -> (fresh, generated, pos): steps 1-2
-               for a step, in place of fixed groups (it may call ctx.generate and ctx.score)
-    reward     reward(rollouts) -> [B], a term added to the shaped reward (one from each method)
+The slots, the same for every method (the default step fills none):
+
+    allocate   allocate(prompts, mine, pos, *, step, metrics) -> (fresh, generated, pos): 1. and 2.
+               of a step in place of fixed groups (train.generate_and_score calls it)
+    reward     reward(rollouts) -> [B], a term added to the shaped reward (every wing's adds)
     advantage  advantage(rewards, group_ids) -> [B], in place of grpo.grpo_advantages
-    loss       an object with any of: batch(mbs) (micro-batches before the normaliser),
-               keeps(rollout) (stored for replay?), prepare(model, mbs) (before the first
-               micro-batch), restrict(logp, mb, loss_mask, eps) -> (loss_mask, eps),
-               log_ratio(logp, old, mask) -> log w (one wing at most), diagnostics(logp, mb,
-               log_w, eps) -> {key: 0-dim} (token means, logged)
-    replay     the buffer, in place of buffer.make's (sample, add, stats, state_dict, ...)
-    phase      an object with phase(step) ("policy" or its own phase), run_phase(model, fresh,
-               metrics) for the steps of its own phase, report(metrics, step), at_eval(engine,
-               generated, sampling, metrics) and checkpoint save / state_dict / restore
+    loss       an object with any of the six methods of `LossHooks` (every wing's adds)
+    replay     the buffer, in place of buffer.make's: sample(step, n_fresh) -> replayed rollouts,
+               add(rollouts, step), stats() -> {key: value}, state_dict(), load_state_dict(state),
+               and MEAN_WEIGHTS / MAXIMA, how stats() reduce (buffer.report)
+    step       wrap(train_step) -> a function of train_step's signature, run in its place: a
+               wrapper around the loop step that owns its schedule, its report and its state
+
+One wing at most fills each slot but reward and loss. Any slot object with state_dict() and
+load_state_dict(state) (the replay, a step wrapper) has that state saved in every checkpoint's
+rank files and restored on resume (checkpoint.py).
 
 A wing imports the spine, never the reverse: the spine reaches a wing only through this registry
 and the slots. Removing a wing (deleting its file, or its line in WINGS) removes its flags and
@@ -32,9 +38,45 @@ import importlib
 from typing import Callable, NamedTuple
 
 WINGS = ("drgrpo", "gspo", "pnpo", "mu_grpo", "m2po", "dapo", "headroom_drift", "vigor", "r2po")
-SLOTS = ("allocate", "reward", "advantage", "loss", "replay", "phase")
+SLOTS = ("allocate", "reward", "advantage", "loss", "replay", "step")
 LISTS = ("reward", "loss")                                  # every method that fills one adds
-SINGLE = ("allocate", "advantage", "replay", "phase")      # one wing at most fills each
+SINGLE = ("allocate", "advantage", "replay", "step")        # one wing at most fills each
+
+
+class Steps(NamedTuple):
+    """The spine's step functions a wing may call (train.py's own; each takes the run first)."""
+    sampling: Callable            # sampling(run, step, round_) -> the Sampling of that round
+    generate: Callable            # generate(run, prompts, n, step, round_) -> rollouts, graded
+    grade: Callable               # grade(run, rollouts): sets r.correct and r.formatted
+    score: Callable               # score(run, rollouts) -> verdicts [B]; sets reward, advantage
+    credit: Callable              # credit(rollouts, reward_flags) -> [B], the verdict's term
+    generate_and_score: Callable  # generate_and_score(run, pos, step, metrics) -> (fresh,
+                                  # generated, pos): 1. and 2. of a step, the allocate slot's too
+
+
+class LossHooks(NamedTuple):
+    """The loss slot's methods, gathered from every wing that fills it (`loss_hooks`), each called
+    where train.py's update reaches it; all empty by default."""
+    batch: list           # batch(mbs) -> mbs: a mini-batch's micro-batches, before the normaliser
+    keeps: list           # keeps(rollout) -> whether a fresh rollout is stored for replay
+    prepare: list         # prepare(model, mbs) -> mbs: an optimizer step's micro-batches, with
+                          # what a pass over them all found, before the first backward
+    restrict: list        # restrict(logp, mb, loss_mask, eps) -> (loss_mask, eps, {key: 0-dim}):
+                          # a narrower loss mask or clip range, and token means to log
+    ratio: object | None  # log_ratio(logp, old, mask) -> log w, in place of the token ratio (one)
+    diagnostics: list     # diagnostics(logp, mb, log_w, eps) -> {key: 0-dim}: token means, logged
+
+
+def loss_hooks(wings: list) -> LossHooks:
+    """The LossHooks of the loss slot's objects, in WINGS order."""
+    def of(name):
+        return [getattr(w, name) for w in wings if hasattr(w, name)]
+    ratios = of("log_ratio")
+    return LossHooks(of("batch"), of("keeps"), of("prepare"), of("restrict"),
+                     ratios[0] if ratios else None, of("diagnostics"))
+
+
+NO_LOSS_HOOKS = LossHooks([], [], [], [], None, [])
 
 
 def loaded() -> list:
@@ -72,45 +114,15 @@ def choices(flag: str) -> tuple:
     return tuple(v for w in loaded() for v in getattr(w, "CHOICES", {}).get(flag, ()))
 
 
-class Context(NamedTuple):
-    """What a wing's make() may use: the run's objects and the spine's steps it may call."""
-    model: object                   # the policy (sharded under torchrun)
-    tok: object
-    engine: object
-    device: str
-    world: int
-    initial: object | None          # the frozen model as loaded, when a wing's flags need it
-    eps: tuple[float, float]        # the clip range (eps_low, eps_high)
-    agg: str                        # the loss aggregation
-    dual_clip: float                # --dual-clip (0: off)
-    tis_cap: float                  # --tis-cap (0: off)
-    ratio: str                      # --ratio: the importance weight (token: the spine's)
-    replay: str                     # --replay: the buffer (none, uniform, prioritized: the spine's)
-    tau_max: int                    # --tau-max: the replay's age bound
-    temperature: float
-    max_len: int                    # --max-new-tokens
-    group_size: int
-    per_rank: int                   # prompts this rank generates groups for each step
-    completions: int                # the step's completions per rank (0: fixed groups)
-    micro_batch: tuple[int, int]    # (rows, padded tokens) per micro-batch at most
-    max_grad_norm: float
-    logprobs: Callable              # logprobs(rollouts) -> per-token log-probs, no grad, lockstep
-    sampling: Callable              # sampling(step, round_) -> the training rollouts' Sampling
-    grade: Callable                 # grade(rollouts): r.correct and r.formatted, set once
-    generate: Callable              # generate(prompts, n, step, round_) -> rollouts, graded
-    score: Callable                 # score(rollouts) -> verdicts [B] (r.reward, r.advantage set)
-    credit: Callable                # credit(rollouts) -> [B] the verdict's term of the reward
-
-
-def build(parts: dict, ctx: Context) -> dict:
-    """{slot: what fills it} for a run: every loaded wing's make(its flags, ctx); "reward" and
-    "loss" are lists (in WINGS order), every other slot one object or absent. ValueError where two
-    wings fill one slot."""
+def build(parts: dict, run, steps: Steps) -> dict:
+    """{slot: what fills it} for a run: every loaded wing's make(its flags, run, steps); "reward"
+    and "loss" are lists (in WINGS order), every other slot one object or absent. ValueError where
+    two wings fill one slot."""
     slots: dict = {name: [] for name in LISTS}
     for wing in loaded():
         if not hasattr(wing, "make"):
             continue
-        filled = wing.make(parts.get(getattr(wing, "Flags", None)), ctx)
+        filled = wing.make(parts.get(getattr(wing, "Flags", None)), run, steps)
         for slot, obj in filled.items():
             if slot in LISTS:
                 slots[slot].append(obj)

@@ -76,30 +76,31 @@ def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:
 
 
 class Refill:
-    """The allocate slot: rounds of fixed groups (ctx.generate), each scored (ctx.score), the flat
-    groups dropped, until the step holds per_rank prompts' groups or the rounds are spent."""
+    """The allocate slot: rounds of fixed groups (the spine's generate), each scored (its score),
+    the flat groups dropped, until the step holds per_rank prompts' groups or the rounds are
+    spent."""
 
-    def __init__(self, flags: Flags, ctx):
-        self.f, self.ctx = flags, ctx
+    def __init__(self, flags: Flags, run, steps):
+        self.f, self.run, self.steps = flags, run, steps
 
     def allocate(self, prompts: list, mine: list[int], pos: int, *, step: int, metrics):
         """1. and 2. for this rank's prompts `mine[pos:]` (wrapping around). Returns (fresh, every
         generated rollout, new pos)."""
-        f, ctx = self.f, self.ctx
+        f, run, steps = self.f, self.run, self.steps
         fresh, generated = [], []
         rounds = 1 + f.dynamic_sampling_rounds
         for round_ in range(rounds):
-            need = ctx.per_rank - len({r.prompt_id for r in fresh})
+            need = run.per_rank - len({r.prompt_id for r in fresh})
             batch = [prompts[mine[(pos + i) % len(mine)]] for i in range(need)]
             pos += need
-            new = ctx.generate(batch, ctx.group_size, step, round_)
-            correct = ctx.score(new)
+            new = steps.generate(run, batch, run.settings.run.group_size, step, round_)
+            correct = steps.score(run, new)
             generated += new
             # drop all-correct and all-wrong groups, by the verdicts (not the rewards)
             keep = dynamic_sampling_keep(correct, grpo.group_ids(new)).tolist()
             new = [r for r, k in zip(new, keep) if k]
             fresh += new
-            if len({r.prompt_id for r in fresh}) >= ctx.per_rank:
+            if len({r.prompt_id for r in fresh}) >= run.per_rank:
                 break
         return fresh, generated, pos
 
@@ -118,23 +119,24 @@ class Overlong:
 class OverlongFilter:
     """The loss slot: a truncated rollout's mask all zero, and it is not stored for replay."""
 
-    def batch(self, mbs: list[dict]) -> None:
-        for mb in mbs:
-            mb["completion_mask"] = overlong_filter(mb["completion_mask"], mb["truncated"])
+    def batch(self, mbs: list[dict]) -> list[dict]:
+        return [{**mb, "completion_mask": overlong_filter(mb["completion_mask"], mb["truncated"])}
+                for mb in mbs]
 
     def keeps(self, r) -> bool:
         return not r.truncated
 
 
-def make(flags: Flags, ctx) -> dict:
-    if flags.overlong_buffer > ctx.max_len:
+def make(flags: Flags, run, steps) -> dict:
+    max_len = run.settings.run.max_new_tokens
+    if flags.overlong_buffer > max_len:
         raise ValueError(f"--overlong-buffer ({flags.overlong_buffer}) cannot exceed "
-                         f"--max-new-tokens ({ctx.max_len})")
+                         f"--max-new-tokens ({max_len})")
     out = {}
     if flags.dynamic_sampling:
-        out["allocate"] = Refill(flags, ctx)
+        out["allocate"] = Refill(flags, run, steps)
     if flags.overlong_buffer:
-        out["reward"] = Overlong(flags.overlong_buffer, ctx.max_len)
+        out["reward"] = Overlong(flags.overlong_buffer, max_len)
     if flags.overlong_filter:
         out["loss"] = OverlongFilter()
     return out

@@ -44,5 +44,5 @@ def drgrpo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return torch.where(constant, 0.0, rewards - mean)                          # [B]
 
 
-def make(flags: Flags, ctx) -> dict:
+def make(flags: Flags, run, steps) -> dict:
     return {"advantage": drgrpo_advantages} if flags.adv == "drgrpo" else {}

@@ -43,5 +43,5 @@ class SequenceRatio:
         return gspo_log_ratio(logp, old_logp, mask)
 
 
-def make(flags, ctx) -> dict:
-    return {"loss": SequenceRatio()} if ctx.ratio == "gspo" else {}
+def make(flags, run, steps) -> dict:
+    return {"loss": SequenceRatio()} if run.settings.loss.ratio == "gspo" else {}

@@ -18,7 +18,7 @@ import torch
 
 import buffer
 import grpo
-from rollout import Rollout
+from rollout import Rollout, lockstep_logprobs
 
 HEADROOMS = ("variance", "failure", "abs-adv", "current")
 CHOICES = {"replay": ("headroom-drift",)}
@@ -95,10 +95,9 @@ class GroupReplay:
     - Gate: groups with D(g) > drift_max are skipped this step (kept, not deleted: they may pass
       again later); the first `groups` passing candidates in headroom order are replayed, all
       their rollouts, with their stored advantages. `sample(step, n_fresh)` ignores n_fresh: the
-      replayed amount is `groups` groups. drift_max is absolute here; train.setup states it
-      relative to the clip range, drift_max = `drift_limit(--hd-drift-frac, --eps-low,
-      --eps-high)` = frac x min(-log(1 - eps_low), log(1 + eps_high)), the nearer clip boundary
-      in log space.
+      replayed amount is `groups` groups. drift_max is absolute here; `make` states it relative
+      to the clip range, drift_max = `drift_limit(--hd-drift-frac, --eps-low, --eps-high)` =
+      frac x min(-log(1 - eps_low), log(1 + eps_high)), the nearer clip boundary in log space.
     """
 
     MEAN_WEIGHTS = {**buffer.MEAN_WEIGHTS, "replay/headroom_mean": "replay/groups",
@@ -288,10 +287,20 @@ def drift_limit(frac: float, eps_low: float, eps_high: float) -> float:
     return frac * min(low, math.log1p(eps_high))
 
 
-def make(flags: Flags, ctx) -> dict:
-    if ctx.replay != "headroom-drift":
+def make(flags: Flags, run, steps) -> dict:
+    """The replay slot under `--replay headroom-drift`: GroupReplay with the run's tau_max, the
+    drift limit from the run's clip range, and the policy's no-grad forward in lockstep
+    (rollout.lockstep_logprobs at --temperature, micro-batched as the update is)."""
+    s = run.settings
+    if s.replay.replay != "headroom-drift":
         return {}
-    return {"replay": GroupReplay(ctx.tau_max, headroom=flags.hd_headroom, groups=flags.hd_groups,
-                                  candidates=flags.hd_candidates,
-                                  drift_max=drift_limit(flags.hd_drift_frac, *ctx.eps),
-                                  logprobs=ctx.logprobs)}
+
+    def logprobs(rollouts):
+        return lockstep_logprobs(run.model, rollouts, run.micro_batch[0], s.run.temperature,
+                                 run.tok.pad_token_id, run.world, run.micro_batch[1])
+
+    return {"replay": GroupReplay(s.replay.tau_max, headroom=flags.hd_headroom,
+                                  groups=flags.hd_groups, candidates=flags.hd_candidates,
+                                  drift_max=drift_limit(flags.hd_drift_frac, s.loss.eps_low,
+                                                        s.loss.eps_high),
+                                  logprobs=logprobs)}

@@ -5,8 +5,9 @@ tokens of largest (log r)^2 until the mean (log r)^2 of the rest is below tau.
     python train.py --preset m2po       # --m2po-tau 0.04, no eps-clip, token mean
 
 The mask is the whole optimizer step's (every micro-batch and rank: one no-grad pass first,
-`M2PO.prepare`), so it does not depend on the micro-batching or the world size. Logged:
-loss/m2po_masked_frac, the share of completion tokens masked.
+`M2PO.prepare`, which returns each micro-batch with its mask), so it does not depend on the
+micro-batching or the world size. Logged: loss/m2po_masked_frac, the share of completion tokens
+masked.
 """
 import math
 from dataclasses import dataclass
@@ -93,17 +94,18 @@ def m2po_keep(log_ratio: Tensor, mask: Tensor, tau: float,
 
 class M2PO:
     """The loss slot: the step's mask (prepare), then in each micro-batch the loss mask narrowed
-    to the kept tokens and no eps-clip."""
+    to the kept tokens and no eps-clip (restrict)."""
 
     def __init__(self, tau: float, temperature: float, pad_id: int, world: int):
         self.tau, self.temperature, self.pad_id, self.world = tau, temperature, pad_id, world
 
     @torch.no_grad()
-    def prepare(self, model, mbs: list[dict]) -> None:
-        """The mask of each micro-batch (mb["m2po_keep"], [b, T] bool) with one threshold for the
-        optimizer step: a no-grad forward over the step's micro-batches (in lockstep with the other
-        ranks) at the weights the step's gradient is taken at, every rank's (log r_t)^2 gathered,
-        then m2po_threshold of them all; the grad pass reuses it rather than recomputing log r."""
+    def prepare(self, model, mbs: list[dict]) -> list[dict]:
+        """The micro-batches, each with its mask ("m2po_keep", [b, T] bool) of one threshold for
+        the optimizer step: a no-grad forward over the step's micro-batches (in lockstep with the
+        other ranks) at the weights the step's gradient is taken at, every rank's (log r_t)^2
+        gathered, then m2po_threshold of them all; the grad pass reads the mask (restrict) rather
+        than recomputing log r."""
         log_w = []
         for mb in parallel.forward_passes(mbs, model, self.pad_id, self.world):
             logp = forward_logprobs(model, mb, self.temperature)[1]                # [b, T]
@@ -111,23 +113,25 @@ class M2PO:
         sq = [m2po_sq(w, mb["completion_mask"]) for w, mb in zip(log_w, mbs)]
         sq = torch.cat(sq) if sq else torch.zeros(0, dtype=torch.float64)
         c = m2po_threshold(parallel.all_gather_cat(sq, self.world), self.tau)
-        for w, mb in zip(log_w, mbs):
-            mb["m2po_keep"] = m2po_keep(w, mb["completion_mask"], self.tau, c)
+        return [{**mb, "m2po_keep": m2po_keep(w, mb["completion_mask"], self.tau, c)}
+                for w, mb in zip(log_w, mbs)]
 
     def restrict(self, logp: Tensor, mb: dict, loss_mask: Tensor, eps: tuple) -> tuple:
-        return loss_mask.bool() & mb["m2po_keep"], (1.0, math.inf)
-
-    def diagnostics(self, logp: Tensor, mb: dict, log_w: Tensor, eps: tuple) -> dict:
+        """(the loss mask narrowed to the kept tokens, no eps-clip, {"loss/m2po_masked_frac": the
+        share of completion tokens masked})."""
         mask = mb["completion_mask"]
         masked = (mask.bool() & ~mb["m2po_keep"]).sum().double()
-        return {"loss/m2po_masked_frac": masked / mask.sum().clamp(min=1)}
+        return (loss_mask.bool() & mb["m2po_keep"], (1.0, math.inf),
+                {"loss/m2po_masked_frac": masked / mask.sum().clamp(min=1)})
 
 
-def make(flags: Flags, ctx) -> dict:
+def make(flags: Flags, run, steps) -> dict:
     if not flags.m2po_tau:
         return {}
-    if ctx.ratio != "token" or ctx.dual_clip or ctx.tis_cap:
+    loss = run.settings.loss
+    if loss.ratio != "token" or loss.dual_clip or loss.tis_cap:
         raise ValueError("--m2po-tau (M2PO) needs --ratio token, no --dual-clip and no --tis-cap: "
                          "its mask is of the token ratio to the behaviour policy, and it has no "
                          "clip")
-    return {"loss": M2PO(flags.m2po_tau, ctx.temperature, ctx.tok.pad_token_id, ctx.world)}
+    return {"loss": M2PO(flags.m2po_tau, run.settings.run.temperature, run.tok.pad_token_id,
+                         run.world)}

@@ -86,15 +86,14 @@ class Veto:
         self.f = flags
 
     def restrict(self, logp: Tensor, mb: dict, loss_mask: Tensor, eps: tuple) -> tuple:
+        """(the loss mask with the veto's tokens removed, eps as given, {"loss/veto_frac": the
+        share of completion tokens left out after it})."""
         mask = mb["completion_mask"]
         loss_mask = veto_mask(logp, mb["behaviour_logprobs"], mb["advantages"], loss_mask,
                               self.f.veto_threshold, self.f.veto_scope)
-        self.frac = 1 - loss_mask.sum() / mask.sum().clamp(min=1)
-        return loss_mask, eps
-
-    def diagnostics(self, logp: Tensor, mb: dict, log_w: Tensor, eps: tuple) -> dict:
-        return {"loss/veto_frac": self.frac}
+        frac = 1 - loss_mask.sum() / mask.sum().clamp(min=1)
+        return loss_mask, eps, {"loss/veto_frac": frac}
 
 
-def make(flags: Flags, ctx) -> dict:
+def make(flags: Flags, run, steps) -> dict:
     return {"loss": Veto(flags)} if flags.veto_scope != "none" else {}

@@ -187,5 +187,6 @@ class PrefixRatio:
                                                                  mb["advantages"], mask, *eps)}
 
 
-def make(flags: Flags, ctx) -> dict:
-    return {"loss": PrefixRatio(ctx.ratio, flags.pnpo_grad)} if ctx.ratio in RATIOS else {}
+def make(flags: Flags, run, steps) -> dict:
+    ratio = run.settings.loss.ratio
+    return {"loss": PrefixRatio(ratio, flags.pnpo_grad)} if ratio in RATIOS else {}

@@ -20,9 +20,10 @@ so a resumed run continues in the same phase):
   log-probs at generation (`Rollout.logprobs`), uncorrected for sampling from the head (the
   paper's choice).
 
-It fills the phase slot (`Phases`: the head phase in place of sample, store, update and sync;
-the head's files in checkpoints) and hands the head to the engine (`TorchEngine.logits_head`,
-which samples through it when `Sampling.use_head`); vLLM cannot, so `make` refuses --engine vllm.
+It fills the step slot (`Phases.wrap`: the loop step in the schedule's phase, the head phase's
+step in place of sample, store, update and sync; the head and its optimizer in checkpoints) and
+hands the head to the engine (`TorchEngine.logits_head`, which samples through it when
+`Sampling.use_head`); vLLM cannot, so `make` refuses --engine vllm.
 Departures from the official code, each a flag with the official value available:
 
     setting                 official code                           here (--preset r2po)
@@ -39,8 +40,8 @@ Why the head lr and the init depart (a head at std 1e-6 does not move in tens of
 dev sweeps that chose them: docs/methods.md.
 """
 import dataclasses
-import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -56,7 +57,6 @@ from rollout import Sampling, completion_logits, forward_logprobs, micro_batches
 HEADS = ("none", "residual")
 KL_ANCHORS = ("initial", "current")   # the head's KL to: the model at step 0 | the current base
 HEAD_INITS = ("lora", "official")     # ResidualHead's init: W1 Kaiming, W2 = 0 | both N(0, 1e-6²)
-HEAD_FILE = "r2po_head.safetensors"
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,8 @@ class Flags:
 
     @property
     def needs_initial(self) -> bool:
-        """Whether the head's KL anchor is the model as loaded (a frozen copy, train.setup's)."""
+        """Whether the head's KL anchor is the model as loaded (a frozen copy: run_setup.build)."""
         return self.r2po_head != "none" and self.r2po_kl_anchor == "initial"
-
-    @property
-    def checkpoint_files(self) -> tuple[str, ...]:
-        """The files a checkpoint to resume from must hold (the head's)."""
-        return (HEAD_FILE,) if self.r2po_head != "none" else ()
 
 
 class Shared(NamedTuple):
@@ -139,7 +134,7 @@ class ResidualHead(torch.nn.Module):
 
     low-rank, so r (d + V) parameters: a full head (the official code's W1 is d x d: d² + V d) is
     more than a quarter of a 0.5B model, r = 64 is 2% of Qwen2.5-0.5B (and of the built-in
-    model). `init` (--r2po-head-init) draws from torch's global generator, which train.setup seeds
+    model). `init` (--r2po-head-init) draws from torch's global generator, which run_setup seeds
     the same on every rank, after nn.Linear's own draws (as the head always has):
 
     - lora: W1 ~ N(0, 2/d) (Kaiming normal, He et al. 2015: fan-in d, ReLU's gain), W2 = 0,
@@ -272,10 +267,6 @@ class R2PO:
         self.opt.zero_grad(set_to_none=True)
         return metrics
 
-    def report(self, metrics: Metrics, step: int) -> None:
-        # 0 = the head's, 1 = the policy's
-        metrics.max("r2po/phase", float(self.phase(step) == "policy"))
-
     def base_diversity(self, engine, generated: list, sampling: Sampling, metrics: Metrics) -> None:
         """At eval: the distinct-answer and distinct-chain shares of `group_size` completions of
         this step's prompts sampled from the base policy (no head), beside rollout/distinct_answers
@@ -287,22 +278,15 @@ class R2PO:
         metrics.mean("r2po/base_distinct_answers", answers, len(prompts))
         metrics.mean("r2po/base_distinct_chains", chains, len(prompts))
 
-    # ---- checkpoints: the head beside the HF model, its optimizer in the rank files --------------
-
-    def save(self, directory: str) -> None:
-        """Rank 0: the head's weights (the same on every rank) as HEAD_FILE in the checkpoint
-        directory."""
-        from safetensors.torch import save_file
-        save_file(self.head.state_dict(), os.path.join(directory, HEAD_FILE))
+    # ---- checkpoints: the head and its optimizer, in each rank's file ----------------------------
 
     def state_dict(self) -> dict:
-        """This rank's part: the head's AdamW state."""
-        return {"head_opt": self.opt.state_dict()}
+        """What resume needs (checkpoint.save keeps it in every rank's file): the head's weights
+        (the same on every rank) and its AdamW state; the phase is a function of the step."""
+        return {"head": self.head.state_dict(), "head_opt": self.opt.state_dict()}
 
-    def restore(self, directory: str, state: dict) -> None:
-        from safetensors.torch import load_file
-        device = str(next(self.head.parameters()).device)
-        self.head.load_state_dict(load_file(os.path.join(directory, HEAD_FILE), device=device))
+    def load_state_dict(self, state: dict) -> None:
+        self.head.load_state_dict(state["head"])
         self.opt.load_state_dict(state["head_opt"])
 
 
@@ -321,41 +305,65 @@ PRESETS = {
 
 
 class Phases(R2PO):
-    """The phase slot: R2PO with the run's pad id, world and sampling bound (train.py's loop
-    calls phase, run_phase, report, at_eval; checkpoints save, state_dict, restore)."""
+    """The step slot: R2PO's schedule around the loop step (`wrap`), with the spine's steps
+    (methods.Steps) for the head phase's generation and the probe's sampling."""
 
-    def __init__(self, head, flags: Flags, shared: Shared, initial, ctx):
+    def __init__(self, head, flags: Flags, shared: Shared, initial, steps):
         super().__init__(head, flags, shared, initial)
-        self.ctx = ctx
+        self.steps = steps
 
-    def run_phase(self, model, fresh: list) -> Metrics:
-        return self.head_step(model, fresh, self.ctx.tok.pad_token_id, self.ctx.world)
+    def wrap(self, train_step):
+        """The loop step under R²PO, train_step's signature: the spine's train_step in the policy
+        phase; in the head phase 1. and 2. as the spine does them, then head_step in place of 3.
+        to 6. (`head_phase`). Every step reports its phase, r2po/phase (0 = the head's, 1 = the
+        policy's); a step the loop evaluates after also probes the base policy (base_diversity,
+        its own sampling round)."""
+        def step_in_phase(run, pos: int, m: Metrics, *, step: int, guard):
+            if self.phase(step) == "policy":
+                out = train_step(run, pos, m, step=step, guard=guard)
+            else:
+                out = self.head_phase(run, pos, m, step=step)
+            m.max("r2po/phase", float(self.phase(step) == "policy"))
+            if run.settings.eval.due(step, run.settings.run.steps):
+                sampling = self.steps.sampling(run, step, BASE_SAMPLING_ROUND)
+                base = dataclasses.replace(sampling, use_head=False)
+                self.base_diversity(run.engine, out[1], base, m)   # out[1]: every generated one
+            return out
+        return step_in_phase
 
-    def at_eval(self, engine, generated: list, step: int, metrics: Metrics) -> None:
-        base = dataclasses.replace(self.ctx.sampling(step, BASE_SAMPLING_ROUND), use_head=False)
-        self.base_diversity(engine, generated, base, metrics)
+    def head_phase(self, run, pos: int, m: Metrics, *, step: int):
+        """A step of the head phase: the spine's 1. and 2., then one head_step on the fresh
+        rollouts (the engine asleep, the base untouched: nothing to sync). Returns what train_step
+        does, with no optimizer step of the policy."""
+        fresh, generated, pos = self.steps.generate_and_score(run, pos, step, m)   # 1. and 2.
+        t1 = time.perf_counter()
+        run.engine.sleep()
+        m.merge(self.head_step(run.model, fresh, run.tok.pad_token_id, run.world))
+        m.max("time/update", time.perf_counter() - t1)
+        return fresh, generated, pos, []
 
 
-def make(flags: Flags, ctx) -> dict:
-    """R²PO for `--r2po-head residual`, else {} (no head: the loop is plain GRPO). ctx.initial:
+def make(flags: Flags, run, steps) -> dict:
+    """R²PO for `--r2po-head residual`, else {} (no head: the loop is plain GRPO). run.initial:
     the KL anchor under `--r2po-kl-anchor initial`, the model as loaded from --model (the original
     base, also when resuming from a checkpoint): a frozen, unsharded fp32 copy on each rank
-    (train.setup loads it once, the KL reference of --kl-coef too); it is not saved in
+    (run_setup.build loads it once, the KL reference of --kl-coef too); it is not saved in
     checkpoints. The head is made from the torch seed (the same on every rank) and handed to the
     engine, which samples the training rollouts through it."""
     if flags.r2po_head == "none":
         return {}
-    if not hasattr(ctx.engine, "logits_head"):
+    if not hasattr(run.engine, "logits_head"):
         raise ValueError("--r2po-head residual needs --engine torch: vLLM cannot add R²PO's head "
                          "to its logits")
-    if flags.needs_initial and ctx.initial is None:
+    if flags.needs_initial and run.initial is None:
         raise ValueError("--r2po-kl-anchor initial: R2PO needs the initial model")
-    config = ctx.model.config
+    config = run.model.config
     head = ResidualHead(config.hidden_size, config.vocab_size, flags.r2po_head_rank,
-                        flags.r2po_head_init).to(ctx.device)
-    rows, tokens = ctx.micro_batch
-    shared = Shared(*ctx.eps, ctx.agg, ctx.temperature, ctx.max_len, rows, tokens,
-                    ctx.max_grad_norm, ctx.group_size)
-    phases = Phases(head, flags, shared, ctx.initial if flags.needs_initial else None, ctx)
-    ctx.engine.logits_head = head            # the engine samples through the trainer's head
-    return {"phase": phases}
+                        flags.r2po_head_init).to(run.device)
+    s = run.settings
+    rows, tokens = run.micro_batch
+    shared = Shared(s.loss.eps_low, s.loss.eps_high, s.loss.agg, s.run.temperature,
+                    s.run.max_new_tokens, rows, tokens, s.optim.max_grad_norm, s.run.group_size)
+    phases = Phases(head, flags, shared, run.initial if flags.needs_initial else None, steps)
+    run.engine.logits_head = head            # the engine samples through the trainer's head
+    return {"step": phases}

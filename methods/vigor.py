@@ -9,7 +9,7 @@ in rounds, to the prompts whose credits vary most (its docstring has the reading
 choices); the spine then scores the variable-size groups as they come, and with `--vigor-weight
 prompt` each rollout's advantage is scaled by `prompt_weights`.
 
-The variance is of each completion's credit c in [0, 1] (train.credit, handed in as ctx.credit):
+The variance is of each completion's credit c in [0, 1] (train.credit, the spine's step):
 the 0/1 verdict, or (v + share) / 2 under --reward partial. The reward is wrong + (right - wrong)
 c, an affine map, so ranking by c is ranking by the trained reward's verdict term; a format term
 and other methods' reward terms are not in the ranking.
@@ -99,40 +99,44 @@ PRESETS = {
 
 
 class Vigor:
-    """The allocate slot: VIGOR's completions of this rank's next `per_rank` prompts, scored by the
-    spine (ctx.score), then, with --vigor-weight prompt, their advantages reweighed."""
+    """The allocate slot: VIGOR's completions of this rank's next `per_rank` prompts, graded and
+    credited by the spine's steps, scored by its score, then, with --vigor-weight prompt, their
+    advantages scaled by prompt_weights."""
 
-    def __init__(self, flags: Flags, ctx):
-        self.f, self.ctx = flags, ctx
+    def __init__(self, flags: Flags, run, steps):
+        self.f, self.run, self.steps = flags, run, steps
 
     def allocate(self, prompts: list, mine: list[int], pos: int, *, step: int, metrics):
-        f, ctx = self.f, self.ctx
-        batch = [prompts[mine[(pos + i) % len(mine)]] for i in range(ctx.per_rank)]
-        new, _ = vigor_generate(ctx.engine, batch, lambda k: ctx.sampling(step, k), step,
-                                ctx.grade, credit=ctx.credit, n_init=f.vigor_n_init,
-                                n_step=f.vigor_n_step, top=f.vigor_top, budget=ctx.completions,
-                                rank=f.vigor_rank, prior=f.vigor_prior, full=f.vigor_full,
-                                metrics=metrics)
-        ctx.score(new)
+        """1. and 2. for this rank's prompts `mine[pos:]` (wrapping around). Returns (fresh, every
+        generated rollout, new pos): the same rollouts twice."""
+        f, run, steps = self.f, self.run, self.steps
+        batch = [prompts[mine[(pos + i) % len(mine)]] for i in range(run.per_rank)]
+        new, _ = vigor_generate(run.engine, batch, lambda k: steps.sampling(run, step, k), step,
+                                lambda rs: steps.grade(run, rs),
+                                credit=lambda rs: steps.credit(rs, run.settings.reward),
+                                n_init=f.vigor_n_init, n_step=f.vigor_n_step, top=f.vigor_top,
+                                budget=run.completions, rank=f.vigor_rank, prior=f.vigor_prior,
+                                full=f.vigor_full, metrics=metrics)
+        steps.score(run, new)
         if f.vigor_weight == "prompt":
             adv = torch.tensor([r.advantage for r in new]) * torch.tensor(prompt_weights(new))
             for r, a in zip(new, adv.tolist()):
                 r.advantage = a
-        return new, new, pos + ctx.per_rank
+        return new, new, pos + run.per_rank
 
 
-def make(flags: Flags, ctx) -> dict:
+def make(flags: Flags, run, steps) -> dict:
     if flags.allocation != "vigor":
         return {}
-    if ctx.completions < flags.vigor_n_init * ctx.per_rank:
+    if run.completions < flags.vigor_n_init * run.per_rank:
         raise ValueError("--vigor-budget must cover --vigor-n-init completions of every prompt")
-    return {"allocate": Vigor(flags, ctx)}
+    return {"allocate": Vigor(flags, run, steps)}
 
 
 def smoothed_variance(rollouts: list[Rollout], credits: list[float],
                       prior: float) -> tuple[dict, dict]:
     """({prompt_id: n_q}, {prompt_id: sigma_q^2}): the variance of each prompt's credits c_i (in
-    [0, 1]; credits[i] is rollouts[i]'s, allocation.credit's), smoothed by a = prior pseudo-credits
+    [0, 1]; credits[i] is rollouts[i]'s, train.credit's), smoothed by a = prior pseudo-credits
     at 0 and a at 1: the population variance of its n_q credits and those 2a,
 
         m_q  = (sum_i c_i + a) / (n_q + 2a),   m2_q = (sum_i c_i^2 + a) / (n_q + 2a)
@@ -223,9 +227,9 @@ def by_top_k(prompts, n, var, full: int, left: int) -> list[Prompt]:
 def prompt_weights(rollouts: list[Rollout]) -> list[float]:
     """--vigor-weight prompt: each rollout's weight n_mean / n_q (n_q its prompt's group size,
     n_mean the mean group size), so every prompt's rollouts weigh n_mean in all, as a fixed group
-    does, whatever its size; the weights sum to the number of rollouts. Vigor.weigh multiplies the
-    advantages by them in allocation.score (--vigor-weight rollout: all 1, a prompt weighs as many
-    rollouts as it got)."""
+    does, whatever its size; the weights sum to the number of rollouts. Vigor.allocate multiplies
+    the advantages by them once the spine has scored the rollouts (--vigor-weight rollout: all 1, a
+    prompt weighs as many rollouts as it got)."""
     count = collections.Counter(r.prompt_id for r in rollouts)
     mean = len(rollouts) / len(count)
     return [mean / count[r.prompt_id] for r in rollouts]
@@ -270,7 +274,7 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
 
     The readings and the defaults: the module docstring. `sampling_for(k)` is round k's Sampling
     (its own seed). Each round's new rollouts are graded, `grade(rollouts)` (r.correct), then
-    credited, `credit(rollouts)` -> [B] (allocation.credit, from r.correct, r.text, r.answer): the
+    credited, `credit(rollouts)` -> [B] (train.credit, from r.correct, r.text, r.answer): the
     variance is of those credits, and so is vigor/zero_std_frac_before (the share of prompts whose
     n_init credits are all equal). A prompt's completions keep its prompt_id: its variable-size
     group is one GRPO group. Returns (rollouts grouped by prompt in prompt order, stats), also

@@ -9,7 +9,7 @@ Also what lets the suite run on any machine (a copy of the repository alone, a G
     and the `shared_data` fixture skip, with the missing path in the reason, where it is absent.
   * `cpu_env()` is the environment of every subprocess that runs train.py or torchrun: CUDA
     hidden, so 2 ranks are gloo on the CPU even on a one-GPU machine (not rank 1 on cuda:1).
-  * the `cpu_only` fixture does the same in process for train.main / train.setup.
+  * the `cpu_only` fixture does the same in process for train.main / run_setup.setup.
 """
 import os
 import sys
@@ -78,7 +78,7 @@ def cpu_env(**extra: str) -> dict:
 @pytest.fixture
 def cpu_only(monkeypatch):
     """In process, CUDA looks absent for the test (torch.cuda.is_available() is False), so
-    train.main and train.setup pick the CPU and --engine auto picks TorchEngine, as in CI. Tests
+    train.main and run_setup.setup pick the CPU and --engine auto picks TorchEngine, as in CI. Tests
     that compare such a run with CPU computations bit for bit (a checkpoint loaded by transformers
     on the CPU, straight vs resumed runs) hold on the CPU only: CUDA kernels round differently, and
     some (embedding backward's atomics) are not even deterministic run to run."""

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import flags  # noqa: E402
 import parallel  # noqa: E402
+import run_setup  # noqa: E402
 import train  # noqa: E402
 from make_tiny_model import make_model, make_tokenizer  # noqa: E402
 from rollout import Rollout, TorchEngine  # noqa: E402
@@ -109,7 +110,7 @@ def live_diff(named_a, named_b, grads: dict) -> tuple[float, float]:
 
 def main(out_path: str, model_dir: str | None = None) -> None:
     torch.set_num_threads(1)
-    rank, world, device = train.setup_distributed()
+    rank, world, device = run_setup.setup_distributed()
     assert world == 2, "run with torchrun --nproc-per-node 2"
     if model_dir:
         from checkpoint import load_model

@@ -29,9 +29,9 @@ def test_cpu_env_hides_cuda_from_a_subprocess():
 def test_cpu_only_gives_train_py_the_cpu(cpu_only, monkeypatch):
     import torch
 
-    import train
+    import run_setup
     import vllm_engine
     monkeypatch.delenv("RANK", raising=False)
     assert not torch.cuda.is_available()
-    assert train.setup_distributed() == (0, 1, "cpu")
+    assert run_setup.setup_distributed() == (0, 1, "cpu")
     assert vllm_engine.engine_kind("auto") == "torch"

@@ -107,6 +107,15 @@ def test_step_time_cli_on_the_long_completion_task():
             and "builtin_steps" in out)
 
 
+def test_bench_buffer_times_the_buffer_s_sample_against_a_loop():
+    """The default mode: the buffer's sample (train.py's call) and the naive loop draw as many
+    rollouts, and both are timed."""
+    out = run("bench/bench_buffer.py", "--n", "3000", "--k", "100", "--repeats", "1")
+    lines = out.splitlines()
+    assert lines[0].startswith("n=3000 stored (after eviction ") and ", k=100," in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["RolloutReplay.sample", "naive", "speed-up"]
+
+
 def test_bench_buffer_overhead_table():
     out = run("bench/bench_buffer.py", "--overhead", "--sizes", "1000,20000",
               "--step-seconds", "1.5", "--repeats", "2")
@@ -140,8 +149,8 @@ def test_experiment_plots_draw_every_seed_where_the_setting_asks(tmp_path):
     """Setting.seed_curves: seeds.png beside accuracy.png and sweep.png (the real model's setting:
     5 seeds, each seed's curve in every arm); the other settings draw no seeds.png."""
     sys.path.insert(0, str(ROOT / "bench"))
-    import experiments
-    from experiments import Arm, Setting
+    from design import Arm, Setting
+    from report import plots
 
     def curve(accs):
         return [(i, 64 * i, i, float(i), a) for i, a in enumerate(accs)]
@@ -153,7 +162,7 @@ def test_experiment_plots_draw_every_seed_where_the_setting_asks(tmp_path):
         summary = {"setting": s, "runs": runs, "chosen": {"grpo": 1e-4, "replay": 2e-5},
                    "sweep": {"grpo": {1e-4: [0.1]}, "replay": {2e-5: [0.1]}}}
         out.mkdir()
-        assert experiments.plots(summary, out)
+        assert plots(summary, out)
         assert (out / "accuracy.png").exists() and (out / "seeds.png").exists() == seeds
 
 
@@ -162,21 +171,21 @@ def test_a_setting_without_sweep_runs_says_so_and_draws_no_sweep(tmp_path):
     draw, so sweep.md says where the lr came from instead of an empty table, and no sweep.png (an
     empty plot) is drawn beside accuracy.png."""
     sys.path.insert(0, str(ROOT / "bench"))
-    import experiments
-    from experiments import Arm, Setting
+    from design import Arm, Setting
+    from report import plots, sweep_table, swept
     arms = (Arm("grpo", ()), Arm("replay", ()))
     s = Setting("smollm2", (), arms, "grpo", shared_lr=2e-5)
     summary = {"setting": s, "chosen": {"grpo": 2e-5, "replay": 2e-5},
                "sweep": {"grpo": {}, "replay": {}}, "sweep_seeds": [0], "grid": [2e-5],
                "runs": {name: [{"seed": 100, "curve": [(0, 0, 0, 0.0, 0.1), (1, 64, 1, 1.0, 0.2)]}]
                         for name in ("grpo", "replay")}}
-    assert not experiments.swept(summary)
-    text = experiments.sweep_table(summary)
+    assert not swept(summary)
+    text = sweep_table(summary)
     assert text.startswith("No sweep runs here") and "grpo 2e-05, replay 2e-05" in text
     assert "|" not in text
     summary["sweep"]["grpo"] = {2e-5: [0.1]}
-    assert experiments.swept(summary) and "| grpo |" in experiments.sweep_table(summary)
+    assert swept(summary) and "| grpo |" in sweep_table(summary)
     if HAS_MPL:
         summary["sweep"]["grpo"] = {}
-        assert experiments.plots(summary, tmp_path)
+        assert plots(summary, tmp_path)
         assert (tmp_path / "accuracy.png").exists() and not (tmp_path / "sweep.png").exists()

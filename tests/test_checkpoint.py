@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file
 
 import checkpoint
+import run_setup
 import train
 from conftest import cpu_env
 from data import Prompt
-from methods import r2po
 from rollout import Sampling
 from tiny import SMALL, decided_prefix, make_digit_task
 
@@ -177,13 +177,17 @@ def test_latest_ignores_partial_checkpoints(tmp_path):
         checkpoint.resolve(str(root / "step_000012"), str(tmp_path))
     with pytest.raises(ValueError, match="written by 1 ranks, this run has 2"):
         checkpoint.resolve("auto", str(tmp_path), world=2)
-    # R²PO resumes only from a checkpoint with its head file
-    with pytest.raises(ValueError, match="has no r2po_head.safetensors: it was written by a run "
-                                         "without it"):
-        checkpoint.resolve("auto", str(tmp_path), needs=(r2po.HEAD_FILE,))
-    (root / "step_000010" / r2po.HEAD_FILE).write_text("")
-    found = checkpoint.resolve("auto", str(tmp_path), needs=(r2po.HEAD_FILE,))
-    assert found == str(root / "step_000010")
+    # a run with a slot's state (R²PO's head) resumes only from a checkpoint that kept it; one
+    # written before state.json listed the kept states kept the replay buffer's alone
+    found = str(root / "step_000010")
+    checkpoint.check_state(found, ["replay"])
+    with pytest.raises(ValueError, match="keeps no step state: it was written by a run without"):
+        checkpoint.check_state(found, ["replay", "step"])
+    (root / "step_000010" / "trainer" / "state.json").write_text(
+        '{"world_size": 1, "state": ["step"]}')
+    checkpoint.check_state(found, ["step"])
+    with pytest.raises(ValueError, match="keeps no replay state"):
+        checkpoint.check_state(found, ["replay"])
 
 
 @pytest.mark.paths
@@ -191,12 +195,12 @@ def test_checkpoint_is_a_transformers_model_that_generates_like_the_engine(task,
                                                                            monkeypatch):
     engines = []
 
-    class Recorded(train.TorchEngine):
+    class Recorded(run_setup.TorchEngine):
         def __init__(self, *args, **kw):
             super().__init__(*args, **kw)
             engines.append(self)
 
-    monkeypatch.setattr(train, "TorchEngine", Recorded)
+    monkeypatch.setattr(run_setup, "TorchEngine", Recorded)
     out = tmp_path / "run"
     assert train.main(args_of(task, out, "--steps", "2", "--lr", "1e-2")) == 0
     from transformers import AutoModelForCausalLM, AutoTokenizer

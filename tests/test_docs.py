@@ -31,9 +31,10 @@ FENCE = "```"
 
 
 def doc_files() -> list[Path]:
-    """README.md, docs/*.md and bench/README.md: the documentation a reader of the repository
-    has."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+    """README.md, docs/*.md, bench/README.md and ops/README.md: the documentation a reader of the
+    repository has."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md",
+            ROOT / "ops" / "README.md"]
 
 
 @functools.lru_cache(maxsize=1)

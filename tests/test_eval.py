@@ -147,13 +147,13 @@ def test_evaluate_grades_by_the_sets_rule():
     sets = ev.train_eval_sets(8, "builtin_steps,builtin", 1, 0.0, "auto", data.DEFAULT_DATA_DIR,
                               "builtin_steps_train", dev_size=4)
     assert list(sets) == ["accuracy", "dev_accuracy", "builtin_steps/mean@1", "builtin/mean@1"]
-    assert [v[4] for v in sets.values()] == [verify.grade_integer] * 3 + [verify.grade]
+    assert [v[4] for v in sets.values()] == [verify.grade_integer] * 3 + [verify.grade_fast]
     assert sets["dev_accuracy"][0] == data.arithmetic_chain_examples("dev", 4)
     assert sets["accuracy"][0] == data.arithmetic_chain_examples("test", 8)
     sets = ev.train_eval_sets(0, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, "builtin", dev_size=5)
     assert list(sets) == ["dev_accuracy"]
     assert sets["dev_accuracy"][0] == data.arithmetic_examples("dev", 5)
-    assert sets["dev_accuracy"][4] is verify.grade
+    assert sets["dev_accuracy"][4] is verify.grade_fast
     assert ev.train_eval_sets(0, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR) == {}
 
 

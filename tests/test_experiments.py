@@ -16,8 +16,19 @@ from conftest import ROOT as _ROOT, cpu_env
 ROOT = Path(_ROOT)
 
 sys.path.insert(0, str(ROOT / "bench"))
-import experiments  # noqa: E402
+import experiments  # noqa: E402  (run_experiment, the entry point)
 import protocol  # noqa: E402  (where run_setting reads load and stream: patched there)
+from curves import to_target  # noqa: E402
+from design import ACTED, REPORT_SEEDS, STRESS_SEEDS, Arm, Setting  # noqa: E402
+from papers import EXPERIMENTS  # noqa: E402
+from papers.r2po import R2PO_BAND, R2PO_MOVES, R2PO_STRESS_LR  # noqa: E402
+from papers.replay import FILTERED, PRIORITIZED, WEIGHTED  # noqa: E402
+from protocol import (Plan, choose, choose_reading, past_edge, reported_readings,  # noqa: E402
+                      run_dir, run_setting, slug, stress_lr)
+from runs import (KEPT, base_model_hash, pack_runs, run_train, slow_bf16,  # noqa: E402
+                  unpack_runs)
+from verdicts import VERDICT_RULE  # noqa: E402
+from papers.headroom_drift import AGAINST_NAIVE  # noqa: E402
 
 
 def flag(argv, name):
@@ -26,9 +37,9 @@ def flag(argv, name):
 
 
 def test_choose_takes_the_best_mean_and_ties_go_to_the_larger_lr():
-    assert experiments.choose({3e-4: [0.5, 0.3], 1e-4: [0.45, 0.45], 3e-5: [0.1, 0.2]}) == 1e-4
-    assert experiments.choose({3e-4: [0.4, 0.5], 1e-4: [0.5, 0.4], 3e-5: [0.2, 0.2]}) == 3e-4
-    assert experiments.choose({3e-4: [0.0, 0.1], 1e-4: [0.3, 0.3], 3e-5: [0.3, 0.3]}) == 1e-4
+    assert choose({3e-4: [0.5, 0.3], 1e-4: [0.45, 0.45], 3e-5: [0.1, 0.2]}) == 1e-4
+    assert choose({3e-4: [0.4, 0.5], 1e-4: [0.5, 0.4], 3e-5: [0.2, 0.2]}) == 3e-4
+    assert choose({3e-4: [0.0, 0.1], 1e-4: [0.3, 0.3], 3e-5: [0.3, 0.3]}) == 1e-4
 
 
 def test_to_target_interpolates_the_crossing_and_censors_at_the_budget():
@@ -36,17 +47,17 @@ def test_to_target_interpolates_the_crossing_and_censors_at_the_budget():
             {"curve": [(0, 0, 0, 0.0, 0.5), (1, 10, 4, 1.5, 0.65), (2, 20, 8, 3.0, 0.8)]},
             {"curve": [(0, 0, 0, 0.0, 0.5), (1, 10, 4, 1.0, 0.5)]}]
     # 10 + (0.6 - 0.55) / 0.15 x 10 = 13.33; 0 + 0.1 / 0.15 x 10 = 6.67; never: censored at 10
-    t = experiments.to_target(runs, 0.6, "fresh")
+    t = to_target(runs, 0.6, "fresh")
     assert t.mean == pytest.approx(10.0) and (t.reached, t.n) == (2, 3)
-    t = experiments.to_target(runs, 0.6, "updates")          # 5.33, 2.67, 4
+    t = to_target(runs, 0.6, "updates")          # 5.33, 2.67, 4
     assert t.mean == pytest.approx(4.0) and (t.reached, t.n) == (2, 3)
-    t = experiments.to_target(runs, 0.9, "fresh")            # every run at its budget
+    t = to_target(runs, 0.9, "fresh")            # every run at its budget
     assert t.mean == pytest.approx(50 / 3) and t.reached == 0
 
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_mu_grpo_holds_updates_rollouts_per_update_and_fresh_rollouts_equal(quick):
-    for s in experiments.mu_grpo(quick).settings:
+    for s in EXPERIMENTS["mu-grpo"](quick).settings:
         seen = set()
         for arm in s.arms:
             argv = [*s.flags, *arm.flags]
@@ -64,7 +75,7 @@ def test_pnpo_holds_everything_but_the_ratio_clip_and_epochs():
     """4 mini-batches a step in every arm (every update after the first off-policy), at 1 and 4
     epochs: the token, GSPO, exact cumulative ratio and PNPO's two readings (chosen on dev); the
     claims carry the far-prefix diagnostic."""
-    s, stress, _ = experiments.pnpo(False).settings
+    s, stress, _ = EXPERIMENTS["pnpo"](False).settings
     assert flag(list(s.flags), "--mini-batches") == "4"
     ratios = {flag(list(a.flags), "--ratio") for a in s.arms}
     assert ratios == {"token", "gspo", "pnpo", "pnpo-geo", "cumulative"}
@@ -95,7 +106,7 @@ def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
     and its verdict reads the evaluations at 30 and 40 either way); the replay comparison runs 10
     paired seeds (on the real model 5), the stress and pre-registered settings 10, the rest
     REPORT_SEEDS; the real model's draws (group-sequential) its 20 fresh seeds 105-124."""
-    for name, make in experiments.EXPERIMENTS.items():
+    for name, make in EXPERIMENTS.items():
         for s in make(False).settings:
             names = {a.name for a in s.arms}
             for c in s.claims:
@@ -110,29 +121,29 @@ def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
             ten = ((name == "replay" and s.label != "smollm2") or s.label.endswith("-stress")
                    or s.label in PRE_REGISTERED.get(name, ()))
             assert len(s.seeds) == (10 if ten else 5), (name, s.label)
-            assert s.seeds[:5] == experiments.REPORT_SEEDS
+            assert s.seeds[:5] == REPORT_SEEDS
 
 
 def test_the_new_readings_and_controls_are_there():
-    (dapo,) = experiments.dapo(False).settings
+    (dapo,) = EXPERIMENTS["dapo"](False).settings
     control = next(a for a in dapo.arms if a.name == "grpo 16 updates")
     assert flag([*dapo.flags, *control.flags], "--mini-batches") == "16"
-    arith, steps, _ = experiments.mu_grpo(False).settings
+    arith, steps, _ = EXPERIMENTS["mu-grpo"](False).settings
     deltas = {flag([*steps.flags, *a.flags], "--veto-threshold") for a in steps.arms
               if a.name.startswith("mu-grpo")}
     assert deltas == {"1e-2", "1e-3", "1e-4"} and len(steps.readings[0]) == 3
     grpo4 = next(a for a in steps.arms if a.name == "grpo mu=4")
     argv = [*steps.flags, *grpo4.flags]
     assert int(flag(argv, "--steps")) * int(flag(argv, "--mini-batches")) == 256     # U
-    vigor_steps = experiments.vigor(False).settings[1]
+    vigor_steps = EXPERIMENTS["vigor"](False).settings[1]
     assert flag(list(vigor_steps.flags), "--reward") == "partial"
     assert any("top-k" in n for n in vigor_steps.readings[0])
-    hd_steps = experiments.headroom_drift(False).settings[1]
+    hd_steps = EXPERIMENTS["headroom-drift"](False).settings[1]
     for a in hd_steps.arms[2:]:                        # one candidate pool: every eligible group
         argv = [*hd_steps.flags, *a.flags]
         pool = int(flag(argv, "--prompts-per-step")) * int(flag(argv, "--tau-max"))
         assert int(flag(argv, "--tau-max")) == 16 and int(flag(argv, "--hd-candidates")) == pool
-    r2 = {s.label: s for s in experiments.r2po_exp(False).settings}
+    r2 = {s.label: s for s in EXPERIMENTS["r2po"](False).settings}
     for label in ("arith", "steps"):              # arith-stress: the head's lr alone, no official
         official = next(a for a in r2[label].arms if a.name == "r2po (official policy phase)")
         assert flag(list(official.flags), "--kl-coef") == "0.04"
@@ -150,16 +161,16 @@ def quick_runs(tmp_path_factory):
         return name, (subprocess.run(cmd, cwd=ROOT, env=cpu_env(OMP_NUM_THREADS="1"),
                                      capture_output=True, text=True, timeout=600), out)
     with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(one, experiments.EXPERIMENTS))
+        return dict(pool.map(one, EXPERIMENTS))
 
 
-@pytest.mark.parametrize("name", list(experiments.EXPERIMENTS))
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
     proc, tmp_path = quick_runs[name]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     readme = (tmp_path / "README.md").read_text()
     assert "**Claim**" in readme and "**Held equal**" in readme
-    for s in experiments.EXPERIMENTS[name](True).settings:
+    for s in EXPERIMENTS[name](True).settings:
         results = (tmp_path / s.label / "results.md").read_text()
         sweep = (tmp_path / s.label / "sweep.md").read_text()
         for arm in s.arms:
@@ -167,10 +178,10 @@ def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
         rows = [line for line in sweep.splitlines()
                 if line.startswith("| ") and "| arm |" not in line]
         assert [row.count("**") for row in rows] == [2] * len(s.arms)   # one chosen lr per arm
-        arm = experiments.slug(s.arms[0].name)
+        arm = slug(s.arms[0].name)
         dev = tmp_path / "runs" / s.label / "sweep" / arm / "lr-3e-05" / "seed-0" / "metrics.jsonl"
         (test,) = (tmp_path / "runs" / s.label / "report" / arm).glob(
-            f"lr-*/seed-{experiments.REPORT_SEEDS[0]}")                  # at its chosen lr
+            f"lr-*/seed-{REPORT_SEEDS[0]}")                  # at its chosen lr
         dev_rows = [json.loads(line) for line in open(dev)]
         test_rows = [json.loads(line) for line in open(test / "metrics.jsonl")]
         assert any("eval/dev_accuracy" in r for r in dev_rows)           # the sweep sees dev
@@ -180,7 +191,7 @@ def test_experiment_quick_runs_the_protocol_end_to_end(name, quick_runs):
         summary = json.loads((tmp_path / s.label / "summary.json").read_text())
         for group in s.readings:      # one reading of each method reported, the dev's choice
             report = tmp_path / "runs" / s.label / "report"
-            reported = [n for n in group if (report / experiments.slug(n)).exists()]
+            reported = [n for n in group if (report / slug(n)).exists()]
             pick = summary["picked"][" | ".join(group)]
             best = summary["also"].get(" | ".join(group))     # outside the band, beside it
             assert sorted(reported) == sorted(n for n in (pick, best) if n)
@@ -208,23 +219,23 @@ def test_unknown_experiment_is_one_line(tmp_path):
 
 
 def test_past_edge_sweeps_one_more_half_decade_where_the_best_is_at_an_edge():
-    assert experiments.past_edge({3e-4: [0.1], 1e-4: [0.2], 3e-5: [0.3]}) == 1e-5
-    assert experiments.past_edge({3e-4: [0.3], 1e-4: [0.2], 3e-5: [0.1]}) == 1e-3
-    assert experiments.past_edge({1e-4: [0.1], 3e-5: [0.1], 1e-5: [0.3]}) == 3e-6
-    assert experiments.past_edge({3e-4: [0.1], 1e-4: [0.3], 3e-5: [0.1]}) is None   # interior
+    assert past_edge({3e-4: [0.1], 1e-4: [0.2], 3e-5: [0.3]}) == 1e-5
+    assert past_edge({3e-4: [0.3], 1e-4: [0.2], 3e-5: [0.1]}) == 1e-3
+    assert past_edge({1e-4: [0.1], 3e-5: [0.1], 1e-5: [0.3]}) == 3e-6
+    assert past_edge({3e-4: [0.1], 1e-4: [0.3], 3e-5: [0.1]}) is None   # interior
 
 
 def test_choose_reading_takes_the_best_dev_accuracy_within_the_band():
     sweep = {"a": {1e-4: [0.4, 0.4]}, "b": {1e-4: [0.5, 0.5], 3e-5: [0.7, 0.7]},
              "c": {3e-5: [0.6, 0.6]}}
     chosen = {"a": 1e-4, "b": 1e-4, "c": 3e-5}          # each at its own chosen lr
-    assert experiments.choose_reading(("a", "b", "c"), sweep, chosen) == "c"
+    assert choose_reading(("a", "b", "c"), sweep, chosen) == "c"
     band = {"a": 0.01, "b": 0.05, "c": 0.5}
-    assert experiments.choose_reading(("a", "b", "c"), sweep, chosen, band, 0.1) == "b"
+    assert choose_reading(("a", "b", "c"), sweep, chosen, band, 0.1) == "b"
     # none inside the band: the one nearest to it
-    assert experiments.choose_reading(("a", "c"), sweep, chosen, {"a": 0.3, "c": 0.2}, 0.1) == "c"
+    assert choose_reading(("a", "c"), sweep, chosen, {"a": 0.3, "c": 0.2}, 0.1) == "c"
     tie = {"a": {1e-4: [0.5]}, "b": {1e-4: [0.5]}}
-    assert experiments.choose_reading(("b", "a"), tie, {"a": 1e-4, "b": 1e-4}) == "b"
+    assert choose_reading(("b", "a"), tie, {"a": 1e-4, "b": 1e-4}) == "b"
 
 
 def test_the_best_dev_reading_is_reported_beside_the_band_s_pick():
@@ -233,15 +244,15 @@ def test_the_best_dev_reading_is_reported_beside_the_band_s_pick():
     sweep = {"a": {1e-4: [0.4]}, "b": {1e-4: [0.5]}, "c": {3e-5: [0.6]}}
     chosen = {"a": 1e-4, "b": 1e-4, "c": 3e-5}
     group = ("a", "b", "c")
-    banded = experiments.Setting("x", (), (), "a", readings=(group,), band=("kl", 0.1))
-    picked, also = experiments.reported_readings(banded, sweep, chosen,
+    banded = Setting("x", (), (), "a", readings=(group,), band=("kl", 0.1))
+    picked, also = reported_readings(banded, sweep, chosen,
                                                  {"a": 0.01, "b": 0.05, "c": 0.5})
     assert picked == {group: "b"} and also == {group: "c"}
-    picked, also = experiments.reported_readings(banded, sweep, chosen,
+    picked, also = reported_readings(banded, sweep, chosen,
                                                  {"a": 0.01, "b": 0.05, "c": 0.05})
     assert picked == {group: "c"} and also == {}
-    free = experiments.Setting("x", (), (), "a", readings=(group,))
-    assert experiments.reported_readings(free, sweep, chosen, {}) == ({group: "c"}, {})
+    free = Setting("x", (), (), "a", readings=(group,))
+    assert reported_readings(free, sweep, chosen, {}) == ({group: "c"}, {})
 
 
 def test_the_archive_is_packed_after_every_finished_run(tmp_path, monkeypatch):
@@ -258,11 +269,11 @@ def test_the_archive_is_packed_after_every_finished_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train, "main", fake_main)
     runs, archive = tmp_path / "runs", tmp_path / "out" / "runs.tar.gz"
-    plan = experiments.Plan(runs, 1, 1, True, archive=archive)
+    plan = Plan(runs, 1, 1, True, archive=archive)
     with pytest.raises(KeyboardInterrupt):
         plan.run_all([(["--lr", lr], runs / "arith" / "sweep" / lr) for lr in ("1e-4", "3e-5")])
     fresh = tmp_path / "clone"
-    assert experiments.unpack_runs(archive, fresh) == 1
+    assert unpack_runs(archive, fresh) == 1
     assert (fresh / "arith" / "sweep" / "1e-4" / "done").exists()
 
 
@@ -273,7 +284,7 @@ def _budget(argv):
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_vigor_arms_spend_the_same_rollouts_per_step(quick):
-    for s in experiments.vigor(quick).settings:
+    for s in EXPERIMENTS["vigor"](quick).settings:
         assert len({(_budget([*s.flags, *a.flags]), flag([*s.flags, *a.flags], "--steps"))
                     for a in s.arms}) == 1
         screened = [a for a in s.arms if "2x prompts" in a.name]
@@ -285,7 +296,7 @@ def test_vigor_arms_spend_the_same_rollouts_per_step(quick):
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_r2po_arms_hold_policy_updates_or_loop_steps_equal(quick):
-    for s in experiments.r2po_exp(quick).settings:
+    for s in EXPERIMENTS["r2po"](quick).settings:
         r2 = [a for a in s.arms if "--r2po-schedule" in a.flags]
         grpo = {a.name: int(flag([*s.flags, *a.flags], "--steps")) for a in s.arms
                 if a not in r2 and "official" not in a.name}
@@ -303,7 +314,7 @@ def test_r2po_arms_hold_policy_updates_or_loop_steps_equal(quick):
 
 
 def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_seeds():
-    s = experiments.headroom_drift(False).settings[0]
+    s = EXPERIMENTS["headroom-drift"](False).settings[0]
     for key in ("--steps", "--prompts-per-step"):
         assert len({flag([*s.flags, *a.flags], key) for a in s.arms}) == 1
     prompts = int(flag(list(s.flags), "--prompts-per-step"))
@@ -320,8 +331,8 @@ def test_headroom_drift_holds_the_fresh_stream_and_reports_mean_at_k_on_five_see
 def test_a_run_is_reused_only_at_the_same_lr_and_flags(tmp_path, monkeypatch):
     """The lr is part of every run's folder (a reported run at 3e-5 is not reused when the choice
     moves to 1e-5), and a finished run whose recorded flags differ runs again."""
-    a = experiments.run_dir(tmp_path, "report", "grpo mu=4", 3e-5, 100)
-    b = experiments.run_dir(tmp_path, "report", "grpo mu=4", 1e-5, 100)
+    a = run_dir(tmp_path, "report", "grpo mu=4", 3e-5, 100)
+    b = run_dir(tmp_path, "report", "grpo mu=4", 1e-5, 100)
     assert a != b and a.parent.name == "lr-3e-05" and b.name == "seed-100"
     calls = []
 
@@ -331,10 +342,10 @@ def test_a_run_is_reused_only_at_the_same_lr_and_flags(tmp_path, monkeypatch):
 
     import train
     monkeypatch.setattr(train, "main", fake_main)
-    experiments.run_train(["--lr", "3e-05"], a, threads=1, in_process=True)
-    experiments.run_train(["--lr", "3e-05"], a, threads=1, in_process=True)    # reused
+    run_train(["--lr", "3e-05"], a, threads=1, in_process=True)
+    run_train(["--lr", "3e-05"], a, threads=1, in_process=True)    # reused
     assert len(calls) == 1 and (a / "done").exists()
-    experiments.run_train(["--lr", "3e-05", "--hd-groups", "16"], a, threads=1, in_process=True)
+    run_train(["--lr", "3e-05", "--hd-groups", "16"], a, threads=1, in_process=True)
     assert len(calls) == 2 and "--hd-groups" in calls[-1]                     # flags changed
 
 
@@ -355,15 +366,15 @@ def test_a_run_is_not_reused_when_the_base_model_was_remade(tmp_path, monkeypatc
     monkeypatch.setattr(train, "main", fake_main)
     argv = ["--model", str(model), "--lr", "1e-4"]
     run = tmp_path / "run"
-    experiments.run_train(argv, run, threads=1, in_process=True)
+    run_train(argv, run, threads=1, in_process=True)
     old = (run / "model.sha256").read_text().strip()
-    assert len(old) == 64 and old == experiments.base_model_hash(argv)
-    experiments.run_train(argv, run, threads=1, in_process=True)              # same bytes
+    assert len(old) == 64 and old == base_model_hash(argv)
+    run_train(argv, run, threads=1, in_process=True)              # same bytes
     assert len(calls) == 1
     (model / "model.safetensors").write_bytes(b"new weights, remade")
-    experiments.run_train(argv, run, threads=1, in_process=True)              # remade: runs
+    run_train(argv, run, threads=1, in_process=True)              # remade: runs
     assert len(calls) == 2 and (run / "model.sha256").read_text().strip() != old
-    assert experiments.base_model_hash(["--lr", "1e-4"]) == ""                # no --model
+    assert base_model_hash(["--lr", "1e-4"]) == ""                # no --model
 
 
 def test_unknown_setting_is_one_line():
@@ -382,11 +393,11 @@ def test_one_setting_runs_and_the_readme_keeps_the_others(tmp_path, monkeypatch)
     monkeypatch.setattr(experiments, "write_setting", lambda s, out, exp: f"## {s.label} (new)\n")
     (tmp_path / "steps").mkdir()
     (tmp_path / "steps" / "results.md").write_text(
-        "## steps (earlier)\n\n" + experiments.VERDICT_RULE + "\n")
+        "## steps (earlier)\n\n" + VERDICT_RULE + "\n")
     text = experiments.run_experiment("replay", tmp_path, runs=tmp_path / "runs", only="arith")
     assert ran == ["arith"]
     assert "## arith (new)" in text and "## steps (earlier)" in text
-    assert text.count(experiments.VERDICT_RULE) == 1
+    assert text.count(VERDICT_RULE) == 1
     (tmp_path / "steps" / "results.md").unlink()
     text = experiments.run_experiment("replay", tmp_path, runs=tmp_path / "runs", only="arith")
     assert "## steps\n\nNot run yet: `python bench/compare.py --experiment replay --setting steps" \
@@ -408,21 +419,21 @@ def test_finished_runs_travel_in_the_results_archive(tmp_path, monkeypatch):
     import train
     monkeypatch.setattr(train, "main", fake_main)
     runs, archive = tmp_path / "runs", tmp_path / "out" / "runs.tar.gz"
-    done = [experiments.run_train(["--lr", lr], runs / "arith" / "sweep" / lr, threads=1,
+    done = [run_train(["--lr", lr], runs / "arith" / "sweep" / lr, threads=1,
                                   in_process=True) for lr in ("1e-4", "3e-5")]
-    experiments.pack_runs(done, runs, archive)
+    pack_runs(done, runs, archive)
     packed = archive.read_bytes()
     time.sleep(1.1)                                       # a later second: gzip's time stamp
-    experiments.pack_runs(done, runs, archive)
+    pack_runs(done, runs, archive)
     assert archive.read_bytes() == packed                 # a rerun leaves the archive as it was
     fresh = tmp_path / "clone"
-    assert experiments.unpack_runs(archive, fresh) == 2
+    assert unpack_runs(archive, fresh) == 2
     run = fresh / "arith" / "sweep" / "1e-4"
-    assert sorted(p.name for p in run.iterdir()) == sorted(experiments.KEPT)   # no samples
-    assert experiments.unpack_runs(archive, fresh) == 0                       # all there
-    experiments.run_train(["--lr", "1e-4"], run, threads=1, in_process=True)
+    assert sorted(p.name for p in run.iterdir()) == sorted(KEPT)   # no samples
+    assert unpack_runs(archive, fresh) == 0                       # all there
+    run_train(["--lr", "1e-4"], run, threads=1, in_process=True)
     assert len(calls) == 2                                                    # reused
-    assert experiments.unpack_runs(tmp_path / "none.tar.gz", fresh) == 0
+    assert unpack_runs(tmp_path / "none.tar.gz", fresh) == 0
 
 
 STRESS = {"mu-grpo": "steps", "pnpo": "steps", "headroom-drift": "steps"}   # stress: dev setting
@@ -433,21 +444,21 @@ def test_each_stress_setting_is_at_the_lr_the_rule_gives_on_the_committed_dev_sw
     sweep (the committed summary.json's): the smallest lr above the chosen one where the baseline's
     mean final dev accuracy is STRESS_DROP below; its arms, flags and sweep are the dev setting's,
     so the readings are chosen on the same sweep runs; 10 seeds; the learning gate is its own."""
-    assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.33], 3e-4: [0.1]}) == 3e-4
-    assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.31]}) == 1e-4
-    assert experiments.stress_lr({3e-5: [0.37], 1e-4: [0.35]}) is None
+    assert stress_lr({3e-5: [0.37], 1e-4: [0.33], 3e-4: [0.1]}) == 3e-4
+    assert stress_lr({3e-5: [0.37], 1e-4: [0.31]}) == 1e-4
+    assert stress_lr({3e-5: [0.37], 1e-4: [0.35]}) is None
     for name, dev_label in STRESS.items():
-        settings = {s.label: s for s in experiments.EXPERIMENTS[name](False).settings}
+        settings = {s.label: s for s in EXPERIMENTS[name](False).settings}
         stress, dev = settings["steps-stress"], settings[dev_label]
         assert stress.sweep_of == dev_label
         assert stress.flags == dev.flags and stress.baseline == dev.baseline
         assert {a.name: a.flags for a in stress.arms}.items() <= \
             {a.name: a.flags for a in dev.arms}.items()
-        assert stress.seeds == experiments.STRESS_SEEDS and len(stress.seeds) == 10
+        assert stress.seeds == STRESS_SEEDS and len(stress.seeds) == 10
         committed = ROOT / "bench" / "results" / name / dev_label / "summary.json"
         if committed.exists():
             sweep = json.loads(committed.read_text())["sweep"][dev.baseline]
-            assert stress.shared_lr == experiments.stress_lr(
+            assert stress.shared_lr == stress_lr(
                 {float(lr): accs for lr, accs in sweep.items()}), name
 
 
@@ -455,19 +466,19 @@ def test_r2pos_stress_setting_is_the_head_lr_that_moves_at_every_arms_dev_lr():
     """R²PO's stress is its head's lr, not the policy's: arith's arms at the policy lr every arm
     chose on arith's committed dev sweep, the head at R2PO_MOVES (whose head KL on that sweep left
     the band, > 0.1), no band, no readings to sweep again, 10 seeds."""
-    settings = {s.label: s for s in experiments.r2po_exp(False).settings}
+    settings = {s.label: s for s in EXPERIMENTS["r2po"](False).settings}
     stress, arith = settings["arith-stress"], settings["arith"]
     assert stress.sweep_of == "arith" and stress.band is None
-    assert stress.readings == () and stress.seeds == experiments.STRESS_SEEDS
+    assert stress.readings == () and stress.seeds == STRESS_SEEDS
     assert {a.name: a.flags for a in stress.arms}.items() <= \
         {a.name: a.flags for a in arith.arms}.items()
     (head,) = [a for a in stress.arms if a.name.startswith("r2po")]
-    assert flag([*stress.flags, *head.flags], "--r2po-head-lr") == experiments.R2PO_MOVES
+    assert flag([*stress.flags, *head.flags], "--r2po-head-lr") == R2PO_MOVES
     assert [c.arm for c in stress.claims if c.headline] == [head.name]
     committed = json.loads((ROOT / "bench" / "results" / "r2po" / "arith" / "summary.json")
                            .read_text())
-    assert set(committed["chosen"].values()) == {experiments.R2PO_STRESS_LR}
-    assert committed["band"][head.name] > experiments.R2PO_BAND
+    assert set(committed["chosen"].values()) == {R2PO_STRESS_LR}
+    assert committed["band"][head.name] > R2PO_BAND
 
 
 def test_every_mechanism_diagnostic_is_one_predicate_form():
@@ -483,17 +494,17 @@ def test_every_mechanism_diagnostic_is_one_predicate_form():
     for name, make in experiments.EXPERIMENTS.items():
         for s in make(False).settings:
             for c in s.claims:
-                if c.acted in (experiments.WEIGHTED, experiments.FILTERED):
+                if c.acted in (WEIGHTED, FILTERED):
                     assert s.label == "smollm2-draws"
-                elif c.acted == experiments.AGAINST_NAIVE:
+                elif c.acted == AGAINST_NAIVE:
                     assert name == "headroom-drift" and c.against == "naive-replay"
                 elif c.acted and c.acted[1].startswith("mean / "):     # the priority's lift
-                    assert c.acted == experiments.PRIORITIZED
+                    assert c.acted == PRIORITIZED
                 elif c.acted:
                     agg, op, rhs = c.acted[1].split()
                     assert (agg, op) == ("mean", ">"), (name, c)
                     if c.acted[0] in shares:
-                        assert float(rhs) == experiments.ACTED, (name, c)
+                        assert float(rhs) == ACTED, (name, c)
 
 
 def test_a_bf16_setting_is_refused_where_the_cpu_emulates_bf16():
@@ -501,21 +512,21 @@ def test_a_bf16_setting_is_refused_where_the_cpu_emulates_bf16():
     without bf16 instructions (no avx512_bf16, no amx_bf16 in /proc/cpuinfo) and no CUDA it is not
     run, with the reason; with either flag it runs, and a setting in fp32 (smollm2 now) runs
     anywhere."""
-    (smollm2,) = [s for s in experiments.replay(False).settings if s.label == "smollm2"]
+    (smollm2,) = [s for s in EXPERIMENTS["replay"](False).settings if s.label == "smollm2"]
     bf16 = dataclasses.replace(smollm2, flags=smollm2.flags + ("--precision", "bf16"))
     avx2 = "flags\t\t: fpu sse2 avx avx2 fma"
-    assert "avx512_bf16" in experiments.slow_bf16(bf16, avx2)
-    assert experiments.slow_bf16(bf16, avx2 + " avx512f avx512_bf16") == ""
-    assert experiments.slow_bf16(bf16, avx2 + " amx_bf16 amx_tile") == ""
+    assert "avx512_bf16" in slow_bf16(bf16, avx2)
+    assert slow_bf16(bf16, avx2 + " avx512f avx512_bf16") == ""
+    assert slow_bf16(bf16, avx2 + " amx_bf16 amx_tile") == ""
     assert "--precision" not in smollm2.flags
-    assert experiments.slow_bf16(smollm2, avx2) == ""
+    assert slow_bf16(smollm2, avx2) == ""
 
 
 def test_smollm2_naive_arm_differs_from_prioritized_by_the_draw_alone():
     """The real model's naive-replay arm (issue: priority or reuse) parses to the prioritized arm's
     flags but for the replay draw: the same tau_max, replay ratio, recipe and seed stream."""
     import flags as train_flags
-    (s,) = [s for s in experiments.replay(False).settings if s.label == "smollm2"]
+    (s,) = [s for s in EXPERIMENTS["replay"](False).settings if s.label == "smollm2"]
     arms = {a.name: a for a in s.arms}
     assert set(arms) == {"grpo (replay recipe)", "naive-replay", "rollout-replay"}
     parsed = {name: dataclasses.asdict(train_flags.parse(
@@ -533,13 +544,13 @@ def test_smollm2_naive_arm_differs_from_prioritized_by_the_draw_alone():
 def test_an_own_lr_arm_is_swept_beside_a_shared_lr(monkeypatch, tmp_path):
     """Under shared_lr, an arm of own_lr is swept on the grid (past its edge on the ladder) and
     runs at its own choice; the others run at shared_lr and sweep nothing."""
-    arms = (experiments.Arm("grpo", ()), experiments.Arm("naive", ("--replay", "uniform")))
-    s = experiments.Setting("x", ("--steps", "2"), arms, "grpo", grid=(5e-5, 2e-5),
+    arms = (Arm("grpo", ()), Arm("naive", ("--replay", "uniform")))
+    s = Setting("x", ("--steps", "2"), arms, "grpo", grid=(5e-5, 2e-5),
                             ladder="1-2-5", sweep_seeds=(0,), seeds=(100,), shared_lr=2e-5,
                             own_lr=("naive",))
     dev = {5e-5: 0.1, 2e-5: 0.3, 1e-5: 0.2}       # 2e-5 best at the grid's edge: 1e-5 swept too
     jobs = []
-    monkeypatch.setattr(experiments.Plan, "run_all",
+    monkeypatch.setattr(Plan, "run_all",
                         lambda self, runs, split="report": jobs.extend((split, d) for _, d in runs))
 
     def fake_load(d, metric, *a):
@@ -549,10 +560,10 @@ def test_an_own_lr_arm_is_swept_beside_a_shared_lr(monkeypatch, tmp_path):
     monkeypatch.setattr(protocol, "load", fake_load)
     monkeypatch.setattr(protocol, "stream", lambda argv: None)
     for arm in arms:
-        d = experiments.run_dir(tmp_path / "x", "report", arm.name, 2e-5, 100)
+        d = run_dir(tmp_path / "x", "report", arm.name, 2e-5, 100)
         d.mkdir(parents=True)
         (d / "argv.json").write_text("[]")
-    out = experiments.run_setting(s, experiments.Plan(tmp_path, 1, 1, False))
+    out = run_setting(s, Plan(tmp_path, 1, 1, False))
     swept = sorted(d.parent.name for split, d in jobs if split == "sweep")
     assert swept == ["lr-1e-05", "lr-2e-05", "lr-5e-05"]
     assert all("naive" in d.parts for split, d in jobs if split == "sweep")

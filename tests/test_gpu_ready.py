@@ -18,12 +18,13 @@ import torch
 import checkpoint
 import flags
 import rollout
+import run_setup
 import train
 import vllm_engine
 from conftest import cpu_env
 from make_tiny_model import make_model, make_tokenizer
 from rollout import Rollout
-from tiny import update
+from tiny import setup, update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,10 +44,10 @@ def rollouts(vocab: int, n: int = 12, seed: int = 0) -> list[Rollout]:
 # ---- precision -----------------------------------------------------------------------------------
 
 def test_precision_of_each_configuration():
-    assert train.precision("cuda", distributed=False) == "autocast-bf16"
-    assert train.precision("cuda:0", distributed=True) == "fsdp-bf16"
-    assert train.precision("cpu", distributed=False) == "fp32"
-    assert train.precision("cpu", distributed=True) == "fp32"
+    assert run_setup.precision("cuda", distributed=False) == "autocast-bf16"
+    assert run_setup.precision("cuda:0", distributed=True) == "fsdp-bf16"
+    assert run_setup.precision("cpu", distributed=False) == "fp32"
+    assert run_setup.precision("cpu", distributed=True) == "fp32"
 
 
 @pytest.mark.filterwarnings("ignore:CUDA is not available")       # the wrapper is made, not run
@@ -59,17 +60,17 @@ def test_one_process_cuda_setup_takes_the_bf16_path(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=2 ** 40))
     args = flags.Args(engine="torch", replay="none", eval_size=8)
-    run = train.setup(args, rank=0, world=1, device="cuda")
+    run = setup(args, device="cuda")
     assert run.precision == "autocast-bf16"
     assert "forward" in vars(run.model)             # the autocast wrapper, on the instance
     assert "forward" not in vars(run.engine.model)
-    cpu = train.setup(args, rank=0, world=1, device="cpu")
+    cpu = setup(args)
     assert cpu.precision == "fp32" and "forward" not in vars(cpu.model)
 
 
 def test_autocast_bf16_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
     tok = make_tokenizer()
-    model = train.autocast_bf16(make_model(len(tok), seed=0), "cpu")
+    model = run_setup.autocast_bf16(make_model(len(tok), seed=0), "cpu")
     ids = torch.tensor([[3, 4, 5, 6]])
     logits = model(input_ids=ids).logits
     assert logits.dtype == torch.bfloat16
@@ -84,7 +85,7 @@ def test_canary_floor_is_what_bf16_alone_moves():
     rs = rollouts(len(tok))
     floor = rollout.logprob_floor(model, rs, 1.0, tok.pad_token_id)
     assert 1e-4 < floor < 0.5  # bf16 has 8 bits of mantissa: a visible, small gap
-    wrapped = train.autocast_bf16(copy.deepcopy(model), "cpu")
+    wrapped = run_setup.autocast_bf16(copy.deepcopy(model), "cpu")
     forward = wrapped.forward
     assert (rollout.logprob_floor(wrapped, rs, 1.0, tok.pad_token_id)
             == pytest.approx(floor, rel=1e-6))
@@ -221,7 +222,7 @@ def test_local_rank_past_the_gpus_is_one_error_line(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="LOCAL_RANK 1, but this machine shows 1 GPU"):
-        train.setup_distributed()
+        run_setup.setup_distributed()
     err = io.StringIO()
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
         assert train.main(["--steps", "1", "--out-dir", str(tmp_path / "run")]) == 2
@@ -259,11 +260,11 @@ def test_vllm_wakes_only_after_the_trainer_cache_is_freed(monkeypatch):
 RESHARD = """
 import sys, torch, torch.distributed as dist
 sys.path[:0] = [{root!r}, {assets!r}]
-import parallel, rollout, train
+import parallel, rollout, run_setup, train
 from make_tiny_model import make_model, make_tokenizer
 from torch.distributed.tensor import DTensor
 torch.set_num_threads(1)
-rank, world, device = train.setup_distributed()
+rank, world, device = run_setup.setup_distributed()
 tok = make_tokenizer()
 model = train.shard_model(make_model(len(tok), seed=0), device)
 rs = [rollout.Rollout(0, [3, 4], [5, 6], [-1.0, -1.0])] * (rank + 1)
@@ -301,11 +302,10 @@ def test_cpu_bf16_precision_runs_trainer_and_engine_under_autocast(tmp_path):
     floor (what bf16 alone moves a log-prob) logged beside it."""
     args = flags.Args(precision="bf16", steps=2, eval_size=8, check_every=1,
                       out_dir=str(tmp_path / "run"), prompts_per_step=8, replay="none")
-    run = train.setup(args, rank=0, world=1, device="cpu")
+    run = setup(args)
     assert run.precision == "autocast-bf16"
     assert "forward" in vars(run.model) and "forward" in vars(run.engine.model)
-    assert train.setup(dataclasses.replace(args, precision="auto"), rank=0, world=1,
-                       device="cpu").precision == "fp32"
+    assert setup(dataclasses.replace(args, precision="auto")).precision == "fp32"
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(io.StringIO()):
         assert train.main(["--precision", "bf16", "--steps", "2", "--eval-size", "8",

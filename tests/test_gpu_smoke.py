@@ -1,4 +1,4 @@
-"""bench/gpu_smoke.sh (the wrapper that runs bench/gpu_smoke.py) rehearsed on the CPU:
+"""ops/gpu_smoke.sh (the wrapper that runs ops/gpu_smoke.py) rehearsed on the CPU:
 `SMOKE_TOY=1` runs every step of the first GPU session's script at toy sizes (CUDA hidden, gloo, a
 toy-shaped random model for model_05b), and its summary lists every step with its status, wall
 time and numbers. The test that runs it takes about a minute of CPU time: the same commands as on
@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "bench" / "gpu_smoke.sh"
+SCRIPT = ROOT / "ops" / "gpu_smoke.sh"
 STEPS = ["env", "one_process", "torchrun_one_rank", "fsdp_variants", "model_05b", "suite_on_cuda"]
 
 

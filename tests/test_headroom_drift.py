@@ -17,7 +17,6 @@ import torch
 
 import flags
 import rollout
-import train
 from make_tiny_model import make_model, make_tokenizer
 from methods.headroom_drift import GroupReplay, drift_limit
 from rollout import Rollout
@@ -146,11 +145,12 @@ def test_the_gate_uses_the_limit_just_above_is_skipped_just_below_replayed():
     assert len(replay) == 8                                          # skipped, not deleted
 
 
-def test_train_setup_gives_the_buffer_the_limit_of_the_flags(cpu_only):
+def test_the_door_gives_the_buffer_the_limit_of_the_flags(cpu_only):
+    from tiny import setup
     for eps_low, eps_high, frac in ((0.2, 0.2, 0.5), (0.2, 0.28, 0.75)):
         args = flags.Args(engine="torch", replay="headroom-drift", eps_low=eps_low,
                           eps_high=eps_high, hd_drift_frac=frac, eval_size=8)
-        run = train.setup(args, rank=0, world=1, device="cpu")
+        run = setup(args)
         assert run.replay.drift_max == drift_limit(frac, eps_low, eps_high)
     assert not hasattr(flags.Args(), "hd_drift_max")                 # the absolute flag is gone
     assert flags.PRESETS["headroom-drift"][1]["hd_drift_frac"] == 1.12   # the arith dev choice
@@ -269,9 +269,9 @@ def test_drift_gate_skips_then_replays_when_the_policy_returns_and_candidates_bo
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0).eval()
     a = flags.Args(micro_batch_size=4, hd_drift_frac=0.25)         # one forward pass per group of 4
-    drift_max = drift_limit(a.hd_drift_frac, a.eps_low, a.eps_high)   # as train.setup: 0.056
+    drift_max = drift_limit(a.hd_drift_frac, a.eps_low, a.eps_high)   # as its make: 0.056
 
-    def policy_logprobs(rollouts):                                # as train.setup gives the buffer
+    def policy_logprobs(rollouts):                                # as make gives the buffer
         return rollout.lockstep_logprobs(model, rollouts, a.micro_batch_size, a.temperature,
                                          tok.pad_token_id, 1)
     replay = GroupReplay(tau_max=9, groups=2, candidates=3, drift_max=drift_max,

@@ -35,7 +35,7 @@ def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     return checkpoint.save(str(root), 1, model, opt, tok,
                            dataclasses.asdict(flags.Args(model=SHIPPED)),
-                           guard=parallel.StepGuard(3), replay=None, pos=0, rank=0, world=1)
+                           guard=parallel.StepGuard(3), state={}, pos=0, rank=0, world=1)
 
 
 @pytest.fixture(params=["shipped", "checkpoint"])

@@ -59,7 +59,7 @@ def test_grader_and_answer_form_follow_the_template():
     assert verify.grader("builtin_steps", "instruct") is verify.grade_number
     assert verify.grader("builtin_mixed_train", "instruct") is verify.grade_number
     assert verify.grader("builtin_steps") is verify.grade_integer           # builtin template
-    assert verify.grader("builtin_mixed") is verify.grade
+    assert verify.grader("builtin_mixed") is verify.grade_fast
     assert verify.grader("gsm8k", "chat") is verify.grade
     assert verify.format_rule("builtin", "instruct") is verify.number_form
     assert verify.format_rule("builtin") is verify.integer_form

@@ -1,25 +1,25 @@
 """The house's shape, pinned: imports point one way (each module imports only modules on floors
 below its own; the method files in methods/ above the spine, never the reverse), the spine names
 no other paper, each method file can be removed and the rest still runs, no function below
-train.setup takes or stores train.py's `Args` (the flags are bound at the door), the algorithm's
+run_setup.setup takes or stores train.py's `Args` (the flags are bound at the door), the algorithm's
 modules keep lines to 100 characters and functions to 60 lines, the spine's four algorithm files
 stay under SPINE_LINES together, and rollout.py under 460 lines. A change that breaks one of these
 says so here."""
 import ast
 import dataclasses
 import os
-import sys
 
 import pytest
 
+import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import runs  # noqa: E402  (code_hash's reading of a module: code_without_prose)
 
 # Bottom to top (../shared/DESIGN.md): plain machinery that imports no method (the math, the data,
 # the verifier, collectives, checkpoints, metrics); the record, its batching and the engine
 # (rollout.py); the replay, the vLLM engine and the eval; the method files (methods/, each a wing
-# over the spine, and their registry); flags.py, which composes every owner's flags; train.py.
+# over the spine, and their registry); flags.py, which composes every owner's flags; the door that
+# builds the run (run_setup.py); train.py.
 FLOORS = [
     ("mathparse", "cli", "data", "grpo", "reward_fn"),
     ("mathcheck", "parallel"),
@@ -29,6 +29,7 @@ FLOORS = [
     ("vllm_engine", "buffer", "eval"),
     ("methods",),
     ("flags",),
+    ("run_setup",),
     ("train",),
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
@@ -36,15 +37,15 @@ WINGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "methods"))
                if f.endswith(".py") and f != "__init__.py")
 SPINE = ("train.py", "rollout.py", "grpo.py", "buffer.py")      # the algorithm's four files
 SPINE_LINES = 1900
-ALGORITHM = ("train.py", "grpo.py", "buffer.py", "rollout.py", "metrics.py", "parallel.py",
-             "flags.py", "cli.py", "reward_fn.py", *(f"methods/{w}.py" for w in WINGS),
-             "methods/__init__.py")
-# Where train.py's flags may be taken whole: the door (train.setup, train.main; flags.py's bounds,
-# sizes and memory check; cli.part, which cuts an owner's flags out of them) and
+ALGORITHM = ("train.py", "run_setup.py", "grpo.py", "buffer.py", "rollout.py", "metrics.py",
+             "parallel.py", "flags.py", "cli.py", "reward_fn.py",
+             *(f"methods/{w}.py" for w in WINGS), "methods/__init__.py")
+# Where train.py's flags may be taken whole: the door (run_setup.setup and start, train.main;
+# flags.py's bounds, sizes and memory check; cli.part, which cuts an owner's flags out of them) and
 # the checkpoint's (de)serialiser, which writes them as args.json (it takes them as a dict).
 # eval.py's own CLI has its own Args.
-TAKE_ARGS = {("train", "setup"), ("train", "main"), ("cli", "part"), ("flags", "check_args"),
-             ("flags", "fits_machine"), ("flags", "method_parts"), ("flags", "needs_initial"),
+TAKE_ARGS = {("run_setup", "setup"), ("run_setup", "start"), ("train", "main"), ("cli", "part"),
+             ("flags", "check_args"), ("flags", "fits_machine"), ("flags", "method_parts"), ("flags", "needs_initial"),
              ("flags", "_rules"), ("flags", "sizes"), ("flags", "changed"),
              ("flags", "micro_batch_tokens"), ("flags", "update_memory"),
              ("flags", "check_sizes"), ("eval", "load_inputs"), ("eval", "main")}
@@ -92,14 +93,14 @@ def test_a_method_file_imports_the_spine_alone(wing):
 
 
 def test_the_spine_reaches_the_methods_through_the_registry_alone():
-    """Only flags.py and train.py import `methods` (the registry), and no top-level module names a
-    method file's module."""
+    """Only flags.py, the door (run_setup.py) and train.py import `methods` (the registry), and no
+    top-level module names a method file's module."""
     for f in sorted(os.listdir(ROOT)):
         if not f.endswith(".py"):
             continue
         imports = {ast.unparse(n) for n in ast.walk(ast.parse(source(f)))
                    if isinstance(n, (ast.Import, ast.ImportFrom)) and "methods" in ast.unparse(n)}
-        allowed = {"import methods"} if f in ("flags.py", "train.py") else set()
+        allowed = {"import methods"} if f in ("flags.py", "run_setup.py", "train.py") else set()
         assert imports <= allowed, (f, imports)
 
 
@@ -172,8 +173,9 @@ PAPERS = ("r2po", "r²po", "vigor", "dapo", "gspo", "pnpo", "m2po", "headroom", 
 
 def code_without_prose(path: str) -> str:
     """The module's code as ast.unparse writes it, with every docstring left out (and so every
-    comment, which ast drops): the reading code_hash takes (bench/runs.py)."""
-    return runs.code_without_prose(source(path))
+    comment, which ast drops): the reading the trainer's code hash takes (cli.code_without_prose,
+    bench/runs.py)."""
+    return cli.code_without_prose(source(path))
 
 
 # a method's flag that is an ordinary word the spine uses for its own (a local `adv`): the

@@ -74,11 +74,10 @@ def test_padding_is_ignored_and_zero_masks_nothing():
 # ---- through the loss slot and the loop: the step's mask, the loss, the flags --------------------
 
 def keep_masks(model, mbs, args):
-    """M2PO.prepare's mask of each micro-batch (mb["m2po_keep"]): the loss slot's prepare hook of
-    the run train.setup binds from `args`."""
+    """M2PO.prepare's mask of each micro-batch (the "m2po_keep" of the micro-batches it returns):
+    the loss slot's prepare hook of the run the door builds from `args`."""
     (prepare,) = run_of(args, model).hooks.prepare
-    prepare(model, mbs)
-    return [mb["m2po_keep"] for mb in mbs]
+    return [mb["m2po_keep"] for mb in prepare(model, mbs)]
 
 
 def _policy_and_rollouts(offsets):
@@ -133,7 +132,7 @@ def test_loss_is_the_masked_token_mean_without_clip():
     mb = rollout.micro_batches(rs, 4, tok.pad_token_id, "cpu")[0]
     run = run_of(a, model)
     for prepare in run.hooks.prepare:
-        prepare(model, [mb])
+        (mb,) = prepare(model, [mb])
     m = Metrics()
     loss = train.micro_batch_loss(run, mb, 10.0, m)
     order = rollout.length_buckets(rs, 4)[0]
@@ -201,8 +200,7 @@ def test_a_micro_batch_threshold_would_fail_that_check(monkeypatch):
     _, tok, rs = _policy_and_rollouts(OFFSETS)
 
     def per_micro_batch(self, model, mbs):
-        for mb in mbs:
-            real(self, model, [mb])
+        return [real(self, model, [mb])[0] for mb in mbs]
 
     real = m2po.M2PO.prepare
     monkeypatch.setattr(m2po.M2PO, "prepare", per_micro_batch)
@@ -212,7 +210,7 @@ def test_a_micro_batch_threshold_would_fail_that_check(monkeypatch):
 
 @pytest.mark.parametrize("kw", [{"ratio": "gspo"}, {"dual_clip": 3.0}, {"tis_cap": 2.0}])
 def test_m2po_refuses_what_it_cannot_combine_with(kw):
-    """A rule across owners: methods.m2po.make raises it when train.setup fills the slots."""
+    """A rule across owners: methods.m2po.make raises it when the door fills the slots."""
     with pytest.raises(ValueError, match="--m2po-tau"):
         run_of(flags.Args(m2po_tau=0.04, **kw))
     run_of(flags.Args(m2po_tau=0.04))

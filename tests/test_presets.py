@@ -60,8 +60,8 @@ def test_the_pnpo_preset_is_the_experiments_pnpo_reading():
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.join(root, "bench"))
-    import experiments
-    s = experiments.pnpo(False).settings[0]
+    from papers import EXPERIMENTS
+    s = EXPERIMENTS["pnpo"](False).settings[0]
     arm = next(a for a in s.arms if a.name == "pnpo e4 x 4")
     with open(os.path.join(root, "bench", "results", "pnpo", "steps", "summary.json")) as f:
         lr = json.load(f)["chosen"][arm.name]

@@ -3,7 +3,7 @@ policy answers at eval. A zero head samples exactly the base model's tokens; the
 and moves from its first step, the official init barely; the engine's head log-probs are the
 trainer's; the head phase moves only the head and the policy phase only the base;
 eval ignores the head; the rarity advantage equals its formula by hand; checkpoints load in plain
-transformers with the head beside them, and a resumed run equals a straight one."""
+transformers and keep the head in their rank files, and a resumed run equals a straight one."""
 import copy
 import io
 import json
@@ -14,7 +14,6 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import cli
 import eval as eval_lib
@@ -60,7 +59,7 @@ def head_of(model, rank=8, std=1e-6):
 
 
 def r2po_of(head, args, initial=None):
-    """R2PO of `args` (flags.Args), as train.setup builds it."""
+    """R2PO of `args` (flags.Args), as r2po.make builds it."""
     shared = r2po.Shared(args.eps_low, args.eps_high, args.agg, args.temperature,
                          args.max_new_tokens, args.micro_batch_size, args.micro_batch_tokens,
                          args.max_grad_norm, args.group_size)
@@ -169,7 +168,7 @@ def test_head_changes_sampling_and_the_trainer_scores_it_as_the_engine_did(tiny)
 def test_vllm_engine_refuses_the_head_and_flags_say_so():
     with pytest.raises(ValueError, match="--engine torch"):
         vllm_engine.VLLMEngine.generate(object(), [Prompt(0, [1])], 1, Sampling(use_head=True))
-    # r2po.make refuses an engine without a logits head (vLLM's), at train.setup
+    # r2po.make refuses an engine without a logits head (vLLM's), at the door
     assert not hasattr(vllm_engine.VLLMEngine, "logits_head")
     with pytest.raises(ValueError, match="needs --engine torch"):
         run_of(flags.parse(["--preset", "r2po"]), engine=object())
@@ -211,10 +210,10 @@ def test_head_inits_lora_starts_at_the_base_official_is_the_official_codes(tiny)
     base_logp, head_logp = r2po.head_forward(model, lora, batch, 1.0)
     assert torch.equal(head_logp, base_logp)
 
-    # the flag reaches the head through r2po.make (at train.setup); the default is lora
+    # the flag reaches the head through r2po.make (at the door); the default is lora
     def made(**kw):
         args = flags.Args(r2po_head="residual", r2po_kl_anchor="current", **kw)
-        return run_of(args).slots["phase"].head
+        return run_of(args).slots["step"].head
     assert torch.equal(made().w2.weight, torch.zeros(V, 64))
     assert made(r2po_head_init="official").w2.weight.std().item() == pytest.approx(1e-6, rel=0.05)
     assert flags.parse(["--preset", "r2po"]).r2po_head_init == "lora"
@@ -268,7 +267,7 @@ def test_phases_follow_the_schedule():
 
     args = flags.Args(r2po_head="residual", r2po_schedule="2,3")
     assert [phases(args).phase(s) for s in range(7)] == ["head"] * 2 + ["policy"] * 3 + ["head"] * 2
-    assert r2po.make(r2po.Flags(), None) == {}                      # no head: no slot filled
+    assert r2po.make(r2po.Flags(), None, None) == {}                # no head: no slot filled
     assert phases(flags.Args(r2po_head="residual", r2po_schedule="0,1")).phase(5) == "policy"
 
 
@@ -374,9 +373,9 @@ def test_eval_does_not_depend_on_the_head(tiny):
 @pytest.mark.paths
 def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
     """`--preset r2po` with the schedule '1,1' on the built-in task: the phases alternate in
-    metrics.jsonl; the checkpoint is a plain transformers model with the head file beside it; 4
-    steps straight equal 2 + resume 2, bitwise (the same computations in the same order, every
-    state restored exactly)."""
+    metrics.jsonl; the checkpoint is a plain transformers model, the head and its optimizer in
+    its rank file (the step slot's state); 4 steps straight equal 2 + resume 2, bitwise (the same
+    computations in the same order, every state restored exactly)."""
     a, b = tmp_path / "a", tmp_path / "b"
     argv = SHORT + ["--r2po-schedule", "1,1", "--steps", "4", "--save-every", "2",
                     "--eval-every", "2"]
@@ -393,7 +392,7 @@ def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(str(ckpt))     # no custom code, the head file ignored
     assert ({n for n, _ in hf.named_parameters()}
             == {n for n, _ in load_model(MODEL)[0].named_parameters()})
-    saved = load_file(str(ckpt / r2po.HEAD_FILE))
+    saved = head_saved(ckpt)
     assert set(saved) == {"w1.weight", "w2.weight"} and saved["w2.weight"].shape == (98, 64)
     head = ResidualHead(128, 98, 64, "lora")
     head.load_state_dict(saved)                                    # round-trips into the module
@@ -405,8 +404,14 @@ def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
     assert run(argv + ["--out-dir", str(b), "--resume", "auto"]) == 0
     no_time = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}   # noqa: E731
     assert [no_time(m) for m in ma[3:]] == [no_time(m) for m in metrics(b)]
-    hb = load_file(str(b / "checkpoints" / "step_000004" / r2po.HEAD_FILE))
+    hb = head_saved(b / "checkpoints" / "step_000004")
     assert all(torch.equal(saved[n], hb[n]) for n in saved)
+
+
+def head_saved(ckpt, rank: int = 0) -> dict:
+    """The head's weights a checkpoint keeps in a rank's file (the step slot's state)."""
+    state = torch.load(ckpt / "trainer" / f"rank_{rank:05d}.pt", weights_only=True)
+    return state["step"]["head"]
 
 
 def test_resume_of_a_run_without_head_is_refused(tmp_path):
@@ -416,7 +421,7 @@ def test_resume_of_a_run_without_head_is_refused(tmp_path):
     err = io.StringIO()
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
         rc = train.main(SHORT + ["--steps", "2", "--out-dir", str(a), "--resume", "auto"])
-    assert (rc == 2 and "r2po_head.safetensors" in err.getvalue()
+    assert (rc == 2 and "keeps no step state" in err.getvalue()
             and "Traceback" not in err.getvalue())
 
 
@@ -439,8 +444,8 @@ def test_distinct_chains_by_hand():
 
 def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):
     """A subprocess under torchrun (2 ranks, gloo): the head is replicated, its gradients summed
-    over ranks, the base forward passes in lockstep; both phases run and the checkpoint holds one
-    head."""
+    over ranks, the base forward passes in lockstep; both phases run and the checkpoint's rank
+    files hold one head."""
     import subprocess
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -453,4 +458,5 @@ def test_r2po_runs_under_torchrun_on_two_ranks(tmp_path):
     # seed 3: groups to learn from
     assert rows[1]["r2po/head_groups_used"] > 0 and rows[1]["r2po/head_loss"] != 0
     assert rows[1]["rollout/generated"] == 32                       # 8 prompts x 4 over both ranks
-    assert (out / "checkpoints" / "step_000002" / r2po.HEAD_FILE).is_file()
+    heads = [head_saved(out / "checkpoints" / "step_000002", rank) for rank in (0, 1)]
+    assert all(torch.equal(heads[0][n], heads[1][n]) for n in heads[0])    # replicated

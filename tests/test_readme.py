@@ -43,9 +43,9 @@ def test_readme_and_results_page_headline_tables_are_generated():
     print from the committed bench/results/*/**/summary.json, not written by hand."""
     import sys
     sys.path.insert(0, str(ROOT / "bench"))
-    import experiments
+    from report import headline_table
     for page, every in (("README.md", False), ("docs/results.md", True)):
-        want = experiments.headline_table(ROOT / "bench" / "results", every).strip()
+        want = headline_table(ROOT / "bench" / "results", every).strip()
         text = (ROOT / page).read_text(encoding="utf-8")
         assert HEADLINE[0] in text and HEADLINE[1] in text, f"{page} lost its headline markers"
         got = text.split(HEADLINE[0], 1)[1].split(HEADLINE[1], 1)[0].strip()

@@ -1,5 +1,5 @@
 """The verdict, the shaped reward and the advantage, each set once (train.grade, credit, score, on
-the run train.setup binds: tests/tiny.py); the reward of `--reward correct+format` and the answer
+the run the door builds: tests/tiny.py); the reward of `--reward correct+format` and the answer
 form it pays for (verify.format_rule), on hand-written completions; the format-error rate it is
 reported with."""
 import functools
@@ -20,7 +20,7 @@ from tiny import run_of
 
 @functools.cache
 def run_for(train_data="builtin_steps", **kw):
-    """The run train.setup binds for these flags (--prompt-template builtin): on the long task
+    """The run the door builds for these flags (--prompt-template builtin): on the long task
     (the default) its grader is verify.grade_integer, on the built-in one verify.grade; the form
     verify.integer_form on both."""
     return run_of(flags.Args(train_data=train_data, prompt_template="builtin", **kw))

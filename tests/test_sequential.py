@@ -11,9 +11,13 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(Path(ROOT) / "bench"))
-import experiments  # noqa: E402
 import protocol  # noqa: E402  (where run_setting reads load and stream: patched there)
 import sequential  # noqa: E402
+from design import Arm, Claim, Setting  # noqa: E402
+from papers.replay import draw_gates, replay  # noqa: E402
+from protocol import Plan, Stopped, run_dir, run_setting  # noqa: E402
+from report import write_progress, write_setting  # noqa: E402
+from verdicts import analyse  # noqa: E402
 
 
 def test_obrien_fleming_boundaries_are_the_published_constants():
@@ -32,12 +36,12 @@ def test_obrien_fleming_boundaries_are_the_published_constants():
     assert sequential.crosses(0.04, 1, (10, 20)) and not sequential.crosses(None, 1, (10, 20))
 
 
-ARMS = (experiments.Arm("a", ("--replay", "prioritized")), experiments.Arm("b", ()))
+ARMS = (Arm("a", ("--replay", "prioritized")), Arm("b", ()))
 
 
 def _setting(seeds=(1, 2, 3, 4), looks=(2, 4)):
-    return experiments.Setting("x", ("--steps", "2"), ARMS, "b", seeds=seeds,
-                               claims=(experiments.Claim("a", 1),), shared_lr=1e-4, looks=looks,
+    return Setting("x", ("--steps", "2"), ARMS, "b", seeds=seeds,
+                               claims=(Claim("a", 1),), shared_lr=1e-4, looks=looks,
                                one_machine=True)
 
 
@@ -64,7 +68,7 @@ def _fake(monkeypatch, finals, kind="this cpu", train=True):
         curve = [(0, 0, 0, 0.0, 0.1), (1, 8, 1, 1.0, acc), (2, 16, 2, 2.0, acc)]
         return {"final": acc, "curve": curve, "means": {}, "maxima": {}, "minima": {},
                 "last": {}, "start": 0.1}
-    monkeypatch.setattr(experiments.Plan, "run_all", run_all)
+    monkeypatch.setattr(Plan, "run_all", run_all)
     monkeypatch.setattr(protocol, "load", load)
     monkeypatch.setattr(protocol, "stream", lambda argv: None)
     monkeypatch.setattr(protocol, "cpu_kind", lambda: kind)
@@ -75,32 +79,32 @@ def test_the_runs_stop_at_the_first_look_where_the_primary_crosses(monkeypatch, 
     """A primary far beyond its boundary at 2 seeds (Δ 0.4, SE 0.0005): seeds 3 and 4 never
     run, and the summary reads the look's two seeds; a primary that does not cross runs all four."""
     made = _fake(monkeypatch, {"a": lambda sd: 0.5 + 0.001 * sd, "b": lambda sd: 0.1})
-    out = experiments.run_setting(_setting(), experiments.Plan(tmp_path / "one", 1, 1, False))
+    out = run_setting(_setting(), Plan(tmp_path / "one", 1, 1, False))
     assert sorted(d.name for d in made) == ["seed-1", "seed-1", "seed-2", "seed-2"]
     assert [r["seed"] for r in out["runs"]["a"]] == [1, 2]
     made = _fake(monkeypatch, {"a": lambda sd: 0.3 + 0.05 * (-1) ** sd, "b": lambda sd: 0.3})
-    out = experiments.run_setting(_setting(), experiments.Plan(tmp_path / "two", 1, 1, False))
+    out = run_setting(_setting(), Plan(tmp_path / "two", 1, 1, False))
     assert len(made) == 8 and [r["seed"] for r in out["runs"]["b"]] == [1, 2, 3, 4]
 
 
 def test_nothing_is_read_before_the_first_look(monkeypatch, tmp_path):
     """Analyse only, one seed of the first look's two complete: Stopped, with the count; with the
     first look complete and the second not, the read is the first look's seeds."""
-    plan = experiments.Plan(tmp_path, 1, 1, False)
+    plan = Plan(tmp_path, 1, 1, False)
     _fake(monkeypatch, {"a": lambda sd: 0.3 + 0.05 * (-1) ** sd, "b": lambda sd: 0.3})
-    experiments.run_setting(_setting(seeds=(1,), looks=()), plan)
-    plan = experiments.Plan(tmp_path, 1, 1, False, train=False)
-    with pytest.raises(experiments.Stopped, match="1 of 2 seeds complete before its first look"
+    run_setting(_setting(seeds=(1,), looks=()), plan)
+    plan = Plan(tmp_path, 1, 1, False, train=False)
+    with pytest.raises(Stopped, match="1 of 2 seeds complete before its first look"
                        ) as why:
-        experiments.run_setting(_setting(), plan)
+        run_setting(_setting(), plan)
     progress = why.value.progress
     assert [r["seed"] for r in progress["runs"]["a"]] == [1] and progress["complete"] == 1
-    text = experiments.write_progress(progress, tmp_path / "report", str(why.value))
+    text = write_progress(progress, tmp_path / "report", str(why.value))
     assert "In progress: setting x: 1 of 2 seeds" in text and "accuracy" not in text
     assert not (tmp_path / "report" / "summary.json").exists()
-    experiments.run_setting(_setting(seeds=(1, 2, 3), looks=()),
-                            experiments.Plan(tmp_path, 1, 1, False))
-    out = experiments.run_setting(_setting(), experiments.Plan(tmp_path, 1, 1, False, train=False))
+    run_setting(_setting(seeds=(1, 2, 3), looks=()),
+                            Plan(tmp_path, 1, 1, False))
+    out = run_setting(_setting(), Plan(tmp_path, 1, 1, False, train=False))
     assert [r["seed"] for r in out["runs"]["a"]] == [1, 2]
 
 
@@ -108,7 +112,7 @@ def test_a_seed_s_arms_are_made_on_one_cpu_kind(monkeypatch, tmp_path):
     """one_machine: a seed whose arms finished on another kind is kept whole; a seed with one arm
     finished on another kind and one not yet made has that run made again here."""
     def made_on(arm, seed, kind):
-        d = experiments.run_dir(tmp_path / "x", "report", arm, 1e-4, seed)
+        d = run_dir(tmp_path / "x", "report", arm, 1e-4, seed)
         d.mkdir(parents=True)
         for name, text in (("done", "1.0 s\n"), ("cpu.txt", kind + "\n"), ("argv.json", "[]")):
             (d / name).write_text(text)
@@ -116,8 +120,8 @@ def test_a_seed_s_arms_are_made_on_one_cpu_kind(monkeypatch, tmp_path):
     kept = [made_on("a", 1, "other"), made_on("b", 1, "other")]
     half = made_on("a", 2, "other")
     made = _fake(monkeypatch, {"a": lambda sd: 0.3 + 0.05 * (-1) ** sd, "b": lambda sd: 0.3})
-    experiments.run_setting(_setting(seeds=(1, 2), looks=(2,)),
-                            experiments.Plan(tmp_path, 1, 1, False))
+    run_setting(_setting(seeds=(1, 2), looks=(2,)),
+                            Plan(tmp_path, 1, 1, False))
     assert sorted((d.parent.parent.name, d.name) for d in made) == [("a", "seed-2"),
                                                                     ("b", "seed-2")]
     assert all((d / "cpu.txt").read_text() == "other\n" for d in kept)
@@ -172,7 +176,7 @@ def test_each_draw_gate_holds_on_its_draw_and_fails_on_a_hand_made_one():
     """draw_gates (bench/papers/replay.py): the priority's lift over the stored mean >= 1.05; the
     nonzero draw replays no A = 0 and lifts |A| near 1 over the stored A != 0; naive replay's A != 0
     share near the stored one. Each fails where its draw did not do that."""
-    gates = experiments.draw_gates
+    gates = draw_gates
 
     def holds(arm, means):
         return [g[2] for g in gates(arm, [_run(means)])]
@@ -211,20 +215,20 @@ def test_the_draws_setting_is_read_by_the_rule_and_its_report_says_so(tmp_path):
     """analyse() on the pre-registered setting at its interim look: the primary (prioritized vs
     naive) far past its boundary stops the runs and every claim gets the rule's word; the report
     writes the rule's table, the draw gates and the per-run table."""
-    (s,) = [s for s in experiments.replay(False).settings if s.label == "smollm2-draws"]
+    (s,) = [s for s in replay(False).settings if s.label == "smollm2-draws"]
     runs = _hand_made_runs({"naive-replay": lambda sd: 0.12 + 0.002 * (sd % 3),
                             "rollout-replay": lambda sd: 0.17 + 0.002 * (sd % 2),
                             "nonzero-replay": lambda sd: 0.15 + 0.003 * (sd % 2)}, 10)
     summary = {"setting": s, "runs": runs, "chosen": {a.name: 2e-5 for a in s.arms},
                "sweep": {a.name: {} for a in s.arms}, "grid": s.grid, "sweep_seeds": (0,),
                "picked": {}, "also": {}, "band": {}}
-    a = experiments.analyse(summary)
+    a = analyse(summary)
     q = a["sequential"]
     assert q["look"] == 1 and q["stops"]
     words = {(c["arm"], c["against"]): c["verdict"] for c in a["comparisons"]}
     assert words[("rollout-replay", "naive-replay")] == "reproduced"
     assert words[("rollout-replay", "nonzero-replay")] == "reproduced"
     assert words[("nonzero-replay", "naive-replay")] == "reproduced"
-    text = experiments.write_setting(summary, tmp_path / "smollm2-draws")
+    text = write_setting(summary, tmp_path / "smollm2-draws")
     assert "The group-sequential rule" in text and "| primary |" in text
     assert "What each arm's draw did" in text and "Per run (means over its steps)" in text

@@ -14,6 +14,7 @@ import torch
 import flags
 import parallel
 import rollout
+import run_setup
 import train
 from make_tiny_model import make_model, make_tokenizer
 from methods import vigor
@@ -35,7 +36,7 @@ def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
     seeded shuffles."""
     def mini_batches(n_fresh, n_replayed, a, step, epoch):                # as train.update calls it
         return rollout.mini_batches(n_fresh, n_replayed, a.mini_batches,
-                                    train.shuffle_seed(a.seed, step, epoch) if epoch else None)
+                                    run_setup.shuffle_seed(a.seed, step, epoch) if epoch else None)
     a = flags.Args(mini_batches=3, seed=5)
     for epoch in range(3):
         parts = mini_batches(512, 256, a, step=7, epoch=epoch)
@@ -293,6 +294,8 @@ def test_verifier_errors_are_logged_and_warned(tmp_path, monkeypatch):
     def broken(response, gold):
         raise RuntimeError("a verifier bug")
     monkeypatch.setattr(verify, "_grade", broken)
+    # every answer through the broken full grader, integers too (the task's grade_fast skips it)
+    monkeypatch.setattr(verify, "grade_fast", verify.grade)
     rc, steps, stdout = run_steps(["--steps", "1"], tmp_path)
     assert rc == 0
     m = steps[0]
@@ -357,7 +360,7 @@ def test_the_long_completion_task_trains_on_its_own_splits(tmp_path):
 
 def _graded(train_data, texts, answer, allocation="fixed", monkeypatch=None):
     """r.correct of hand-made rollouts of one prompt, through train.generate_and_score (fixed
-    allocation) or the grade callback the run hands VIGOR's allocate slot (ctx.grade)."""
+    allocation) or the spine's grade step VIGOR's allocate slot calls (methods.Steps)."""
     rs = [_rollout(0, t, answer, 4) for t in texts]
     a = flags.Args(train_data=train_data, prompts_per_step=1, group_size=len(rs),
                    allocation=allocation, vigor_budget=len(rs))

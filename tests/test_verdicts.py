@@ -14,10 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import experiments  # noqa: E402
 import report  # noqa: E402  (where plots lives: patched there)
 import stats  # noqa: E402
-from experiments import Arm, Claim, Setting  # noqa: E402
+import verdicts  # noqa: E402
+from curves import (ToTarget, final_accuracy, ratio_bound, run_final,  # noqa: E402
+                    time_to_target, value_at)
+from design import Arm, Claim, Experiment, Setting  # noqa: E402
 
 
 # ---- the Student-t quantile -------------------------------------------------------------------
@@ -26,6 +28,7 @@ from experiments import Arm, Claim, Setting  # noqa: E402
                                    (10, 2.228), (30, 2.042), (120, 1.980), (math.inf, 1.960)])
 def test_t_quantile_matches_the_table(df, t):
     assert stats.t_quantile(0.975, df) == pytest.approx(t, abs=1e-3)
+from verdicts import DEGRADATION, NO_ARM_LEARNS, analyse  # noqa: E402
 
 
 def test_t_quantile_at_fractional_df_and_other_levels():
@@ -84,9 +87,9 @@ def curve(accs, dx=100):
 
 
 def test_final_accuracy_is_the_mean_of_the_last_two_evaluations():
-    assert experiments.final_accuracy(curve([0.2, 0.4, 0.5, 0.7])) == pytest.approx(0.6)
-    assert experiments.final_accuracy(curve([0.2, 0.4])) == pytest.approx(0.4)   # not step 0
-    assert experiments.final_accuracy(curve([0.2])) == pytest.approx(0.2)
+    assert final_accuracy(curve([0.2, 0.4, 0.5, 0.7])) == pytest.approx(0.6)
+    assert final_accuracy(curve([0.2, 0.4])) == pytest.approx(0.4)   # not step 0
+    assert final_accuracy(curve([0.2])) == pytest.approx(0.2)
 
 
 def test_final_at_fractions_of_the_x_range_interpolates_between_evaluations():
@@ -94,21 +97,21 @@ def test_final_at_fractions_of_the_x_range_interpolates_between_evaluations():
     steps: final_at (0.75, 1.0) takes both at the same points. Evaluations at 0, 1, 2, 3, 4 of x
     0..400: at 75% (x 300) the evaluation there, 0.5; with evaluations at 0, 100, 250, 400 the 75%
     point lies 50/150 of the way from 0.4 (at 250) to 0.7 (at 400): 0.5."""
-    assert experiments.run_final(curve([0.2, 0.3, 0.4, 0.5, 0.7]), (0.75, 1.0)) == \
+    assert run_final(curve([0.2, 0.3, 0.4, 0.5, 0.7]), (0.75, 1.0)) == \
         pytest.approx(0.6)
     sparse = [(0, 0, 0, 0.0, 0.2), (1, 100, 1, 1.0, 0.3), (2, 250, 2, 2.0, 0.4),
               (3, 400, 3, 3.0, 0.7)]
-    assert experiments.run_final(sparse, (0.75, 1.0)) == pytest.approx((0.5 + 0.7) / 2)
-    assert experiments.run_final(sparse) == experiments.final_accuracy(sparse) == \
+    assert run_final(sparse, (0.75, 1.0)) == pytest.approx((0.5 + 0.7) / 2)
+    assert run_final(sparse) == final_accuracy(sparse) == \
         pytest.approx(0.55)
-    assert experiments.run_final(sparse, (0.75,), "updates") == pytest.approx(0.4 + 0.25 * 0.3)
+    assert run_final(sparse, (0.75,), "updates") == pytest.approx(0.4 + 0.25 * 0.3)
 
 
 def test_budget_cells_say_how_many_seeds_they_hold():
     """A run that ends before a budget has no value there: the cell says [k/n seeds]."""
     summary = verdict_summary()
     summary["runs"]["noisy"][0] = run([0.2, 0.3], seed=100, stream=["4", "100"])   # ends at 100
-    text = experiments.table(summary)
+    text = report.table(summary)
     row = next(line for line in text.splitlines() if line.startswith("| noisy |"))
     assert "[4/5 seeds]" in row
 
@@ -120,47 +123,47 @@ def test_aes_of_an_arm_against_the_baseline_by_hand():
     def run(acc, length):
         return {"curve": curve([0.2, acc, acc]), "len_end": length}
     base = [run(0.4, 20.0), run(0.6, 30.0)]
-    assert experiments.arm_aes([run(0.5, 18.0), run(0.6, 22.0)], base) == pytest.approx(0.5)
-    assert experiments.arm_aes(base, base) == pytest.approx(0.0)
+    assert verdicts.arm_aes([run(0.5, 18.0), run(0.6, 22.0)], base) == pytest.approx(0.5)
+    assert verdicts.arm_aes(base, base) == pytest.approx(0.0)
     # 0.45 at 25: -5 x 0.1 = -0.5
-    assert experiments.arm_aes([run(0.45, 25.0)], base) == pytest.approx(-0.5)
-    assert experiments.arm_aes([{"curve": curve([0.2, 0.5]), "len_end": None}], base) is None
+    assert verdicts.arm_aes([run(0.45, 25.0)], base) == pytest.approx(-0.5)
+    assert verdicts.arm_aes([{"curve": curve([0.2, 0.5]), "len_end": None}], base) is None
 
 
 def test_time_to_target_interpolates_and_censors():
     c = curve([0.2, 0.3, 0.5, 0.6])
     # crossing 0.4 between (100, 0.3) and (200, 0.5): 100 + 0.1 / 0.2 x 100 = 150
-    assert experiments.time_to_target(c, 1, 0.4) == (pytest.approx(150), True)
-    assert experiments.time_to_target(c, 1, 0.5) == (pytest.approx(200), True)   # on an eval
-    assert experiments.time_to_target(c, 2, 0.4) == (pytest.approx(1.5), True)   # in updates
-    assert experiments.time_to_target(c, 1, 0.9) == (300, False)       # censored at the budget
+    assert time_to_target(c, 1, 0.4) == (pytest.approx(150), True)
+    assert time_to_target(c, 1, 0.5) == (pytest.approx(200), True)   # on an eval
+    assert time_to_target(c, 2, 0.4) == (pytest.approx(1.5), True)   # in updates
+    assert time_to_target(c, 1, 0.9) == (300, False)       # censored at the budget
     # a dip after the crossing does not matter: the first crossing counts
-    assert experiments.time_to_target(curve([0.2, 0.6, 0.1]), 1, 0.4) == (pytest.approx(50), True)
+    assert time_to_target(curve([0.2, 0.6, 0.1]), 1, 0.4) == (pytest.approx(50), True)
 
 
 def test_value_at_interpolates_and_stops_at_the_run_end():
     c = curve([0.2, 0.3, 0.5, 0.6])
-    assert experiments.value_at(c, 1, 0) == pytest.approx(0.2)
-    assert experiments.value_at(c, 1, 75) == pytest.approx(0.275)       # 0.2 + 0.75 x 0.1
-    assert experiments.value_at(c, 1, 250) == pytest.approx(0.55)
-    assert experiments.value_at(c, 1, 300) == pytest.approx(0.6)
-    assert experiments.value_at(c, 1, 301) is None
+    assert value_at(c, 1, 0) == pytest.approx(0.2)
+    assert value_at(c, 1, 75) == pytest.approx(0.275)       # 0.2 + 0.75 x 0.1
+    assert value_at(c, 1, 250) == pytest.approx(0.55)
+    assert value_at(c, 1, 300) == pytest.approx(0.6)
+    assert value_at(c, 1, 301) is None
 
 
 def test_ratio_to_the_baseline_is_a_bound_where_seeds_are_censored():
-    T = experiments.ToTarget
-    assert experiments.ratio_bound(T(50, 3, 3), T(100, 3, 3)) == (0.5, "=")
-    assert experiments.ratio_bound(T(150, 2, 3), T(100, 3, 3)) == (1.5, ">=")   # arm censored
-    assert experiments.ratio_bound(T(50, 3, 3), T(100, 2, 3)) == (0.5, "<=")    # base censored
-    assert experiments.ratio_bound(T(50, 2, 3), T(100, 2, 3)) == (None, "?")    # both
+    T = ToTarget
+    assert ratio_bound(T(50, 3, 3), T(100, 3, 3)) == (0.5, "=")
+    assert ratio_bound(T(150, 2, 3), T(100, 3, 3)) == (1.5, ">=")   # arm censored
+    assert ratio_bound(T(50, 3, 3), T(100, 2, 3)) == (0.5, "<=")    # base censored
+    assert ratio_bound(T(50, 2, 3), T(100, 2, 3)) == (None, "?")    # both
 
 
 # ---- pairing, diagnostics, verdicts -----------------------------------------------------------
 
 def test_stream_is_the_last_prompts_per_step_and_seed():
     argv = ["--prompts-per-step", "4", "--steps", "2", "--prompts-per-step", "8", "--seed", "3"]
-    assert experiments.stream(argv) == ["8", "3"]
-    assert experiments.stream(["--steps", "2"]) == [None, None]
+    assert verdicts.stream(argv) == ["8", "3"]
+    assert verdicts.stream(["--steps", "2"]) == [None, None]
 
 
 def run(accs, seed=None, dx=100, **extra):
@@ -180,29 +183,29 @@ def test_compare_runs_pairs_arms_that_share_the_prompt_stream():
     runs = {"base": [run([0.2, 0.4, 0.4]), run([0.2, 0.5, 0.5])],
             "same": [run([0.2, 0.5, 0.5]), run([0.2, 0.6, 0.6])],
             "wide": [run([0.2, 0.5, 0.5]), run([0.2, 0.6, 0.6])]}
-    same = experiments.compare_runs(s, runs, "same", "base")        # from the flags: paired
+    same = verdicts.compare_runs(s, runs, "same", "base")        # from the flags: paired
     assert same.paired and same.delta == pytest.approx(0.1) and same.se == 0
-    wide = experiments.compare_runs(s, runs, "wide", "base")        # 4 vs 8 prompts: Welch
+    wide = verdicts.compare_runs(s, runs, "wide", "base")        # 4 vs 8 prompts: Welch
     assert not wide.paired and wide.delta == pytest.approx(0.1)
     # the streams run_setting records (argv.json) win over the flags; seeds matched by seed
     runs["wide"] = [run([0.2, 0.6, 0.6], seed=1, stream=["4", "1"]),
                     run([0.2, 0.5, 0.5], seed=0, stream=["4", "0"])]
     runs["base"] = [run([0.2, 0.4, 0.4], seed=0, stream=["4", "0"]),
                     run([0.2, 0.5, 0.5], seed=1, stream=["4", "1"])]
-    c = experiments.compare_runs(s, runs, "wide", "base")
+    c = verdicts.compare_runs(s, runs, "wide", "base")
     assert c.paired and c.n == 2 and c.se == 0 and c.delta == pytest.approx(0.1)
 
 
 def test_mechanism_acted_reads_a_predicate_over_the_arm_runs():
     rs = [run([0.2], maxima={"loss/veto_frac": 0.0}, means={"h": 0.3, "h_stored": 0.3}),
           run([0.2], maxima={"loss/veto_frac": 0.0}, means={"h": 0.5, "h_stored": 0.3})]
-    assert not experiments.mechanism_acted(rs, "loss/veto_frac", "max > 0")
-    assert experiments.mechanism_acted(rs, "loss/veto_frac", "max >= 0")
-    assert experiments.mechanism_acted(rs, "h", "mean != h_stored")          # 0.4 vs 0.3
-    assert not experiments.mechanism_acted(rs, "h", "min != h_stored")       # 0.3 vs 0.3
-    assert not experiments.mechanism_acted(rs, "never/logged", "max > 0")
-    assert experiments.predicate_keys("h", "mean != h_stored") == ("h", "h_stored")
-    assert experiments.predicate_keys("loss/veto_frac", "max > 0") == ("loss/veto_frac",)
+    assert not verdicts.mechanism_acted(rs, "loss/veto_frac", "max > 0")
+    assert verdicts.mechanism_acted(rs, "loss/veto_frac", "max >= 0")
+    assert verdicts.mechanism_acted(rs, "h", "mean != h_stored")          # 0.4 vs 0.3
+    assert not verdicts.mechanism_acted(rs, "h", "min != h_stored")       # 0.3 vs 0.3
+    assert not verdicts.mechanism_acted(rs, "never/logged", "max > 0")
+    assert verdicts.predicate_keys("h", "mean != h_stored") == ("h", "h_stored")
+    assert verdicts.predicate_keys("loss/veto_frac", "max > 0") == ("loss/veto_frac",)
 
 
 def C(lo, hi):
@@ -210,30 +213,30 @@ def C(lo, hi):
 
 
 def test_the_verdict_rule_gives_each_word():
-    v = experiments.verdict
+    v = verdicts.verdict
     assert v(1, C(0.01, 0.05)) == "reproduced"
     assert v(1, C(-0.05, -0.01)) == "contradicted"
     assert v(1, C(-0.01, 0.05)) == "inconclusive (95% CI [-1.0, +5.0])"
     assert v(1, C(0.0, 0.05)).startswith("inconclusive")               # touching 0: not excluded
     assert v(-1, C(-0.05, -0.01)) == "reproduced"
     assert v(-1, C(0.01, 0.05)) == "contradicted"
-    m = experiments.PAR_MARGIN          # on par: matches or exceeds, one-sided at -margin
+    m = verdicts.PAR_MARGIN          # on par: matches or exceeds, one-sided at -margin
     assert v(0, C(-m / 2, m)) == "reproduced"
     assert v(0, C(m + 0.001, m + 0.03)) == "reproduced"               # much better: not against
     assert v(0, C(-m, 0.01)) == "reproduced"                           # an end on the margin
     assert v(0, C(-m - 0.03, -m - 0.001)) == "contradicted"            # worse by more than m
     assert v(0, C(-1.5 * m, 2 * m)) == "inconclusive (95% CI [-3.0, +4.0])"
     not_acted = "not testable here: the mechanism did not act"
-    assert v(1, C(0.01, 0.05), acted=False) == not_acted == experiments.NOT_ACTED
+    assert v(1, C(0.01, 0.05), acted=False) == not_acted == verdicts.NOT_ACTED
     # runs made before their diagnostic's key was logged: not "did not act", not judged either
-    assert v(1, C(0.01, 0.05), acted=None) == experiments.NOT_LOGGED
+    assert v(1, C(0.01, 0.05), acted=None) == verdicts.NOT_LOGGED
     assert v(0, C(0.01, 0.05), acted=None) == "reproduced"            # on par: not a gate
     assert v(-1, C(-0.05, -0.01), acted=False) == not_acted
     assert v(0, C(-m / 2, m), acted=False) == "reproduced"             # on par: not a gate
     assert v(0, C(-m - 0.03, -m - 0.001), acted=False) == "contradicted"   # a loss is a loss
     no_gain = "not testable here: the baseline does not learn"
     for d, c in ((1, C(0.01, 0.05)), (0, C(-m / 2, m)), (-1, C(-0.05, -0.01))):
-        assert v(d, c, learns=False) == no_gain == experiments.NOT_LEARNING   # checked first
+        assert v(d, c, learns=False) == no_gain == verdicts.NOT_LEARNING   # checked first
     assert v(1, C(0.01, 0.05), acted=False, learns=False) == no_gain
     assert v(1, stats.paired([0.5], [0.4])).startswith("inconclusive (95% CI undefined")
     assert v(None, C(0.01, 0.05)) == "—"
@@ -249,14 +252,14 @@ def test_the_learning_gate_reads_the_baselines_gain_ci():
 
     def gain(points):
         runs = [run([0.2, 0.2 + p / 100, 0.2 + p / 100], seed=i) for i, p in enumerate(points)]
-        return experiments.comparison_json(experiments.baseline_gain(s, runs))
+        return verdicts.comparison_json(verdicts.baseline_gain(s, runs))
     g = gain([1, 2, 3])
     assert g["ci"] == [pytest.approx(0.02 - 0.04303 / 3 ** 0.5, abs=1e-5),
                        pytest.approx(0.02 + 0.04303 / 3 ** 0.5, abs=1e-5)]
-    assert not experiments.learned(g)
-    assert experiments.learned(gain([2, 3, 4]))
-    assert not experiments.learned(gain([-5, -5.1, -4.9]))
-    assert not experiments.learned(None)
+    assert not verdicts.learned(g)
+    assert verdicts.learned(gain([2, 3, 4]))
+    assert not verdicts.learned(gain([-5, -5.1, -4.9]))
+    assert not verdicts.learned(None)
 
 
 def test_holm_adjusts_over_the_settings_testable_claims():
@@ -272,20 +275,20 @@ def test_holm_adjusts_over_the_settings_testable_claims():
         return {"direction": direction, "verdict": verdict, "delta": delta, "se": se, "df": 4,
                 "ci": [delta - t(0.975, 4) * se, delta + t(0.975, 4) * se], "n": 5,
                 "paired": True}
-    m = experiments.PAR_MARGIN
+    m = verdicts.PAR_MARGIN
     claims = [claim(0.01), claim(0.04), claim(0.03, direction=0, null=-m),
-              claim(0.001, verdict=experiments.NOT_ACTED), claim(0.001, direction=None,
+              claim(0.001, verdict=verdicts.NOT_ACTED), claim(0.001, direction=None,
                                                                  verdict="—")]
-    words = experiments.holm_verdicts(claims)
+    words = verdicts.holm_verdicts(claims)
     assert words[0] == "reproduced"
     assert words[1] == "inconclusive (Holm p = 0.06)"
     assert words[2] == "inconclusive (Holm p = 0.06)"
-    assert words[3:] == [experiments.NOT_ACTED, "—"]
+    assert words[3:] == [verdicts.NOT_ACTED, "—"]
     assert stats.holm([0.01, 0.04, None, 0.03]) == [pytest.approx(0.03), pytest.approx(0.06),
                                                     None, pytest.approx(0.06)]
     worse = claim(0.001, direction=1)
     worse["delta"] = -worse["delta"]                        # significant, on the other side
-    assert experiments.holm_verdicts([worse]) == ["contradicted"]
+    assert verdicts.holm_verdicts([worse]) == ["contradicted"]
 
 
 def verdict_setting():
@@ -322,25 +325,25 @@ def test_an_arm_without_a_claim_against_the_baseline_keeps_its_mechanism_diagnos
     s = Setting("x", (), (Arm("base", ()), Arm("ref", ()), Arm("m", ()), Arm("n", ())), "base",
                 claims=(Claim("m", 1, against="ref", acted=moved), Claim("n", None),
                         Claim("n", 1, against="ref")))
-    claims = experiments.claims_of(s, {"base": [], "ref": [], "m": [], "n": []})
+    claims = verdicts.claims_of(s, {"base": [], "ref": [], "m": [], "n": []})
     assert Claim("m", 1, acted=moved) in claims
     assert Claim("m", 1, against="ref", acted=moved) in claims
     assert [c for c in claims if c.arm == "n" and not c.against] == [Claim("n", None)]
     # an arm never judged against itself (a stress setting whose baseline is another's arm)
     s = Setting("x", (), (Arm("base", ()), Arm("m", ())), "base",
                 claims=(Claim("base", None, against="base"), Claim("m", 1)))
-    assert experiments.claims_of(s, {"base": [], "m": []}) == [Claim("m", 1)]
+    assert verdicts.claims_of(s, {"base": [], "m": []}) == [Claim("m", 1)]
 
 
 def test_analyse_gives_each_verdict_on_hand_made_runs():
-    a = experiments.analyse(verdict_summary())
+    a = verdicts.analyse(verdict_summary())
     words = {(c["arm"], c["against"]): c["verdict"] for c in a["comparisons"]}
     assert words == {("better", "base"): "reproduced",       # the default claim: +1, final
                      ("better", "worse"): "reproduced",      # at 50% of the x-range: +0.05
                      ("worse", "base"): "contradicted",
                      ("noisy", "base"): words[("noisy", "base")],
                      ("par", "base"): "reproduced",
-                     ("veto", "base"): experiments.NOT_ACTED}
+                     ("veto", "base"): verdicts.NOT_ACTED}
     assert words[("noisy", "base")].startswith("inconclusive (95% CI [")
     par = next(c for c in a["comparisons"] if c["arm"] == "par")
     assert par["paired"] and par["n"] == 5 and par["df"] == 4
@@ -354,7 +357,7 @@ def test_analyse_gives_each_verdict_on_hand_made_runs():
     assert at["delta"]["delta"] == pytest.approx(0.025) and at["delta"]["paired"]
     assert a["gate"]["learned"] and a["baseline_gain"]["delta"] == pytest.approx(0.22)
     holm = {(c["arm"], c["against"]): c["holm"] for c in a["comparisons"]}
-    assert holm[("veto", "base")] == experiments.NOT_ACTED          # outside the family
+    assert holm[("veto", "base")] == verdicts.NOT_ACTED          # outside the family
     veto = next(c for c in a["comparisons"] if c["arm"] == "veto")
     assert veto["diagnostic"]["value"] == 0.0 and veto["diagnostic"]["gates"]
 
@@ -366,10 +369,10 @@ def test_runs_without_the_diagnostics_key_are_not_logged_not_did_not_act():
     for r in summary["runs"]["veto"]:
         r["maxima"] = {}
         r["means"] = {}
-    a = experiments.analyse(summary)
+    a = verdicts.analyse(summary)
     veto = next(c for c in a["comparisons"] if c["arm"] == "veto")
-    assert veto["diagnostic"]["value"] is None and veto["verdict"] == experiments.NOT_LOGGED
-    assert veto["holm"] == experiments.NOT_LOGGED
+    assert veto["diagnostic"]["value"] is None and veto["verdict"] == verdicts.NOT_LOGGED
+    assert veto["holm"] == verdicts.NOT_LOGGED
 
 
 def course_runs(start, end, wobble=0.0):
@@ -390,33 +393,33 @@ def courses_summary(base, **arms):
 def test_each_arm_has_a_course_and_the_gate_reads_the_settings_own_baseline():
     """An arm learns where its gain over step 0 (paired) has a CI above 0, degrades where below,
     else is flat; the learning gate is this setting's baseline's gain, whatever its lr."""
-    a = experiments.analyse(courses_summary((0.3, 0.2), better=(0.3, 0.4)))
-    assert a["arms"]["base"]["course"] == experiments.DEGRADES
-    assert a["arms"]["better"]["course"] == experiments.LEARNS
+    a = verdicts.analyse(courses_summary((0.3, 0.2), better=(0.3, 0.4)))
+    assert a["arms"]["base"]["course"] == verdicts.DEGRADES
+    assert a["arms"]["better"]["course"] == verdicts.LEARNS
     assert a["gate"] == {"setting": "arith", "gain": a["baseline_gain"], "learned": False}
-    flat = experiments.analyse(courses_summary((0.3, 0.3, 0.01)))
-    assert flat["arms"]["base"]["course"] == experiments.FLAT
-    r = experiments.reading
-    L, F, D = experiments.LEARNS, experiments.FLAT, experiments.DEGRADES
-    assert [r(L, L), r(D, L), r(L, D), r(L, F)] == [experiments.ACCURACY, experiments.ACCURACY,
-                                                    experiments.ONLY_ARM, experiments.ONLY_ARM]
-    assert r(F, D) == r(D, D) == r(D, F) == experiments.DEGRADATION
-    assert r(F, F) == experiments.NOTHING
+    flat = verdicts.analyse(courses_summary((0.3, 0.3, 0.01)))
+    assert flat["arms"]["base"]["course"] == verdicts.FLAT
+    r = verdicts.reading
+    L, F, D = verdicts.LEARNS, verdicts.FLAT, verdicts.DEGRADES
+    assert [r(L, L), r(D, L), r(L, D), r(L, F)] == [verdicts.ACCURACY, verdicts.ACCURACY,
+                                                    verdicts.ONLY_ARM, verdicts.ONLY_ARM]
+    assert r(F, D) == r(D, D) == r(D, F) == verdicts.DEGRADATION
+    assert r(F, F) == verdicts.NOTHING
 
 
 def test_where_nothing_moves_every_claim_is_not_testable():
     """Every arm flat (its final equal to its start up to noise): nothing to compare."""
-    a = experiments.analyse(courses_summary((0.3, 0.3, 0.001)))
+    a = verdicts.analyse(courses_summary((0.3, 0.3, 0.001)))
     assert not a["gate"]["learned"]
-    assert {c["verdict"] for c in a["comparisons"]} == {experiments.NOT_LEARNING}
+    assert {c["verdict"] for c in a["comparisons"]} == {verdicts.NOT_LEARNING}
 
 
 def test_where_the_baseline_collapses_but_the_arm_learns_the_word_says_so():
     """The baseline falls 30% → 20% on every seed, `better` climbs to 40%: reproduced, and the
     word says only the arm learns (not the paper's accuracy claim against a learning GRPO)."""
-    a = experiments.analyse(courses_summary((0.3, 0.2), better=(0.3, 0.4)))
+    a = verdicts.analyse(courses_summary((0.3, 0.2), better=(0.3, 0.4)))
     better = next(c for c in a["comparisons"] if (c["arm"], c["against"]) == ("better", "base"))
-    assert better["shows"] == experiments.ONLY_ARM
+    assert better["shows"] == verdicts.ONLY_ARM
     assert better["verdict"] == "reproduced (only the arm learns)"
     assert better["holm"] == "reproduced (only the arm learns)"
 
@@ -426,10 +429,10 @@ def test_where_no_arm_learns_the_claim_is_not_testable_and_the_finding_is_said()
     `worse` by 15 (degrades more), `noisy` by 10 +- 5 (as much), `par` by 9.5 (on par): each
     accuracy claim is not testable here (its own word, counted neither as a reproduction nor as
     a contradiction), the finding beside it; the Holm word the same (out of the family)."""
-    a = experiments.analyse(courses_summary((0.3, 0.2), better=(0.3, 0.25), worse=(0.3, 0.15),
+    a = analyse(courses_summary((0.3, 0.2), better=(0.3, 0.25), worse=(0.3, 0.15),
                                             noisy=(0.3, 0.2, 0.05), par=(0.3, 0.205)))
     words = {c["arm"]: c["verdict"] for c in a["comparisons"] if c["against"] == "base"}
-    no = experiments.NO_ARM_LEARNS
+    no = NO_ARM_LEARNS
     assert words["better"] == f"{no} (finding: the arm degrades less)"
     assert words["worse"] == f"{no} (finding: the arm degrades more)"
     assert words["noisy"].startswith(f"{no} (finding: the arm degrades as much, 95% CI [")
@@ -437,7 +440,7 @@ def test_where_no_arm_learns_the_claim_is_not_testable_and_the_finding_is_said()
     holm = {c["arm"]: c["holm"] for c in a["comparisons"] if c["against"] == "base"}
     assert holm == words
     assert not any(w.startswith(("reproduced", "contradicted")) for w in words.values())
-    assert all(c["shows"] == experiments.DEGRADATION for c in a["comparisons"])
+    assert all(c["shows"] == DEGRADATION for c in a["comparisons"])
 
 
 def test_a_stress_setting_reads_its_own_gate_and_shows_every_arm_at_every_dev_lr(
@@ -450,7 +453,7 @@ def test_a_stress_setting_reads_its_own_gate_and_shows_every_arm_at_every_dev_lr
     stress = dataclasses.replace(summary["setting"], label="stress", shared_lr=1e-4,
                                  sweep_of="arith")
     dev = {"base": {3e-5: [0.4, 0.42], 1e-4: [0.2, 0.22]}, "better": {3e-5: [0.3], 1e-4: [0.35]}}
-    experiments.write_setting({**summary, "setting": stress, "dev_lrs": dev}, tmp_path)
+    report.write_setting({**summary, "setting": stress, "dev_lrs": dev}, tmp_path)
     data = json.loads((tmp_path / "summary.json").read_text())
     assert data["gate"]["setting"] == "stress" and not data["gate"]["learned"]
     assert data["dev_lrs"]["base"] == {"3e-05": pytest.approx(0.41), "0.0001": pytest.approx(0.21)}
@@ -463,12 +466,12 @@ def test_a_stress_setting_reads_its_own_gate_and_shows_every_arm_at_every_dev_lr
 def test_table_and_summary_json_carry_the_statistics(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(report, "plots", lambda summary, out: False)   # no matplotlib
     summary = verdict_summary()
-    exp = experiments.Experiment("toy", "a toy paper", "it works", "everything",
+    exp = Experiment("toy", "a toy paper", "it works", "everything",
                                  (summary["setting"],))
-    text = experiments.write_setting(summary, tmp_path / "arith", exp)
+    text = report.write_setting(summary, tmp_path / "arith", exp)
     assert "no accuracy.png or sweep.png" in capsys.readouterr().err   # said, not silently lost
     results = (tmp_path / "arith" / "results.md").read_text()
-    assert experiments.VERDICT_RULE in results and experiments.VERDICT_RULE not in text
+    assert verdicts.VERDICT_RULE in results and verdicts.VERDICT_RULE not in text
     header = next(line for line in results.splitlines() if line.startswith("| arm |"))
     for col in ("Δ vs base [95% CI]", "SE", "df", "pairing", "fresh rollouts to target (reached)",
                 "acc at 50% (150)", "verdict"):
@@ -478,7 +481,7 @@ def test_table_and_summary_json_carry_the_statistics(tmp_path, monkeypatch, caps
     assert "| veto vs base | final | better |" in results and "not testable here" in results
     data = json.loads((tmp_path / "arith" / "summary.json").read_text())
     assert data["experiment"] == "toy" and data["paper"] == "a toy paper"
-    assert data["verdict_rule"] == experiments.VERDICT_RULE
+    assert data["verdict_rule"] == verdicts.VERDICT_RULE
     c = next(c for c in data["comparisons"] if c["arm"] == "worse")
     assert set(c) >= {"delta", "se", "df", "ci", "paired", "verdict", "n"}
     assert c["verdict"] == "contradicted" and c["paired"] is True
@@ -509,7 +512,7 @@ def test_headline_table_from_hand_made_summaries(tmp_path):
                               0.003, -0.026, 0.033, False, direction=0, metric="at 50%")])
     (tmp_path / "dapo" / "arith").mkdir(parents=True)
     (tmp_path / "dapo" / "arith" / "summary.json").write_text(json.dumps({"runs": {}}))  # old
-    text = experiments.headline_table(tmp_path)
+    text = report.headline_table(tmp_path)
     lines = text.splitlines()
     assert lines[0] == ("| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | "
                         "paired? | verdict | Holm (setting) |")
@@ -518,7 +521,7 @@ def test_headline_table_from_hand_made_summaries(tmp_path):
         "| reproduced | — |",
         "| mu-GRPO | steps | mu-grpo vs grpo mu=4 (at 50%) | on par (±2) | +0.3 [-2.6, +3.3] | "
         "unpaired (Welch) | inconclusive (95% CI [-2.6, +3.3]) | — |"]
-    rows, skipped = experiments.headline_rows(tmp_path)
+    rows, skipped = report.headline_rows(tmp_path)
     assert skipped == [tmp_path / "dapo" / "arith" / "summary.json"]
     proc = subprocess.run([sys.executable, "bench/experiments.py", "--headline", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -536,11 +539,11 @@ def test_headline_rows_are_the_headline_claims_and_every_claim_on_request(tmp_pa
                   [other, head])
     write_summary(tmp_path / "dapo" / "arith" / "summary.json", "DAPO", "arith",
                   [comparison("dapo", "grpo", "reproduced", 0.04, 0.01, 0.07, True), other])
-    rows, _ = experiments.headline_rows(tmp_path)
+    rows, _ = report.headline_rows(tmp_path)
     assert [r[2] for r in rows] == ["rollout-replay vs grpo", "dapo vs grpo"]
-    rows, _ = experiments.headline_rows(tmp_path, every=True)
+    rows, _ = report.headline_rows(tmp_path, every=True)
     assert [r[2] for r in rows] == ["rollout-replay vs naive-replay", "rollout-replay vs grpo",
                                     "dapo vs grpo", "rollout-replay vs naive-replay"]
     proc = subprocess.run([sys.executable, "bench/experiments.py", "--headline", str(tmp_path),
                            "--every-claim"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout == experiments.headline_table(tmp_path, True)
+    assert proc.returncode == 0 and proc.stdout == report.headline_table(tmp_path, True)

@@ -19,7 +19,7 @@ from metrics import Metrics
 from rollout import Rollout, Sampling
 from tiny import run_of
 
-# the credit under --reward correct, c = v (train.credit, as the run hands it to VIGOR: ctx.credit)
+# the credit under --reward correct, c = v (train.credit, the spine step VIGOR calls: methods.Steps)
 VERDICTS = functools.partial(train.credit, f=flags.RewardFlags())
 
 # prompt -> the verdicts of its successive completions, cycled: 0 always right, 1 half right, 2
@@ -245,7 +245,7 @@ def test_prompt_weights_make_each_prompts_total_weight_equal():
 
 
 def test_score_scales_advantages_by_prompt_weight(monkeypatch):
-    """Through the allocate slot (Vigor.allocate, on the run train.setup binds): the spine scores
+    """Through the allocate slot (Vigor.allocate, on the run the door builds): the spine scores
     VIGOR's groups, then --vigor-weight prompt scales their advantages."""
     rs = [Rollout(prompt_id=q, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], correct=c)
           for q, c in [(7, 1), (7, 0)] + [(9, c) for c in (1, 0, 1, 1, 1, 0)]]
@@ -436,13 +436,13 @@ class ChainEngine:
 
 @functools.cache
 def long_task_run():
-    """The run train.setup binds on the long task (tests/tiny.py): its grader verify.grade_integer,
+    """The run the door builds on the long task (tests/tiny.py): its grader verify.grade_integer,
     its form verify.integer_form."""
     return run_of(flags.Args(train_data="builtin_steps", prompt_template="builtin"))
 
 
 def grade_integer(rollouts):
-    """train.grade on the long task, as its run hands it to VIGOR (ctx.grade)."""
+    """train.grade on the long task, as the spine hands it to VIGOR (methods.Steps)."""
     run = long_task_run()
     assert run.grader is verify.grade_integer
     train.grade(run, rollouts)
@@ -501,7 +501,7 @@ def test_partial_credit_gives_the_budget_to_the_all_wrong_prompt_with_spread(ran
 
 @pytest.mark.parametrize("reward", ["correct", "partial", "partial+format"])
 def test_the_allocation_hands_vigor_the_credit_it_trains_on(reward):
-    """Through train.generate_and_score (the run train.setup binds, tests/tiny.py): VIGOR
+    """Through train.generate_and_score (the run the door builds, tests/tiny.py): VIGOR
     ranks by train.credit of the run's --reward, the reward's own term (with --reward-right
     1, --reward-wrong 0, r.reward is c, plus the form's term under +format): under partial prompt
     0 gets the 2 extra completions, under correct there is no round."""

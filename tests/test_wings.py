@@ -22,8 +22,9 @@ SCRIPT = """
 import json, sys
 result = {}
 for wing in json.loads(sys.argv[1]):
-    for name in [m for m in sys.modules if m.startswith("methods") or m in ("flags", "train")]:
-        del sys.modules[name]                         # flags and train composed afresh
+    for name in [m for m in sys.modules
+                 if m.startswith("methods") or m in ("flags", "run_setup", "train")]:
+        del sys.modules[name]                         # flags, the door and train composed afresh
     sys.modules["methods." + wing] = None             # the method file cannot be imported
     import flags, train
     other = "gspo" if wing != "gspo" else "pnpo"
@@ -47,8 +48,8 @@ def test_every_wing_is_registered_and_has_a_preset():
 
 
 def test_each_method_file_removed_leaves_the_rest_working(tmp_path):
-    """Each wing in turn made unimportable (in one process, flags.py and train.py imported anew
-    each time): its preset, flags and choices are gone, and the default and another method's
+    """Each wing in turn made unimportable (in one process, flags.py, run_setup.py and train.py
+    imported anew each time): its preset, flags and choices are gone, and the default and another method's
     preset (gspo's; pnpo's without gspo) each train a step (exit status 0)."""
     proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(WINGS), json.dumps(TINY),
                            str(tmp_path / "run-")], cwd=ROOT, env=cpu_env(),
@@ -84,10 +85,11 @@ def test_two_methods_may_share_a_list_slot(tiny_model, tmp_path, cpu_only):
 
 
 def test_the_default_fills_no_slot(tmp_path, cpu_only):
-    """With no method flag, no method file fills a slot: the step is the spine's alone."""
+    """With no method flag, no method file fills a slot: the step is the spine's alone, and the
+    checkpoints keep the replay buffer's state alone."""
     import flags
-    import train
-    run = train.setup(flags.parse([*TINY, "--out-dir", str(tmp_path)]), rank=0, world=1,
-                      device="cpu")
+    from tiny import setup
+    run = setup(flags.parse([*TINY, "--out-dir", str(tmp_path)]))
     assert run.slots == {"reward": [], "loss": []}
-    assert run.hooks == train.LossHooks([], [], [], [], None, [])
+    assert run.hooks == methods.LossHooks([], [], [], [], None, [])
+    assert run.state == {"replay": run.replay}

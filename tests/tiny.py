@@ -77,22 +77,31 @@ def decided_prefix(model, prompt_ids: list[int], completion_ids: list[int],
     return close.index(True) if True in close else len(completion_ids)
 
 
-# ---- the run from a flat Args, as train.setup binds it (for tests of one piece) ------------------
+# ---- the run from a flat Args, as the door builds it (for tests of one piece) --------------------
 
-def run_of(args, model=None, *, opt=None, ref_model=None, engine=None, rank: int = 0,
+def setup(args, *, rank: int = 0, world: int = 1, device: str = "cpu", shard=None):
+    """run_setup.setup(args) with what train.main hands it (train.Run, train.shard_model or
+    `shard`, train.STEPS): the train.Run every step function takes."""
+    import run_setup
+    import train
+    return run_setup.setup(args, rank=rank, world=world, device=device, make_run=train.Run,
+                           shard=shard or train.shard_model, steps=train.STEPS)
+
+
+def run_of(args, model=None, *, opt=None, initial=None, engine=None, rank: int = 0,
            world: int = 1, device: str = "cpu"):
-    """train.setup(args) (flags.Args; the model and data of args.model, the tiny one by default,
-    its first screen swallowed): the train.Run every step function takes, the method files'
-    slots filled from `args`. With `model`, that policy in place of the one loaded, used as given
-    (not sharded here: the caller shards it if it must, dist_update.py), with `opt` (AdamW at
-    --lr over it by default, as setup makes it) and `ref_model` (the KL reference; by default the
-    model as loaded when --kl-coef > 0); with `engine`, that engine in place of TorchEngine, also
-    the one the slots are made with (methods.Context)."""
+    """The run the door builds from `args` (flags.Args; the model and data of args.model, the tiny
+    one by default, its first screen swallowed): the train.Run every step function takes, the
+    method files' slots filled from `args`. With `model`, that policy in place of the one loaded,
+    used as given (not sharded here: the caller shards it if it must, dist_update.py), with `opt`
+    (AdamW at --lr over it by default, as the door makes it) and `initial` (the KL reference; by
+    default the model as loaded when --kl-coef > 0); with `engine`, that engine in place of
+    TorchEngine, also the one the slots are made with."""
     import contextlib
     import io
     from unittest import mock
-    import train
-    real_load = train.load_inputs
+    import run_setup
+    real_load = run_setup.load_inputs
 
     def load_inputs(*a, **kw):
         resume, loaded, tok, prompts = real_load(*a, **kw)
@@ -100,29 +109,28 @@ def run_of(args, model=None, *, opt=None, ref_model=None, engine=None, rank: int
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-        stack.enter_context(mock.patch.object(train, "load_inputs", load_inputs))
-        if model is not None:
-            stack.enter_context(mock.patch.object(train, "shard_model", lambda m, device: m))
+        stack.enter_context(mock.patch.object(run_setup, "load_inputs", load_inputs))
         if engine is not None:
-            stack.enter_context(mock.patch.object(train, "TorchEngine", lambda m, tok: engine))
-        run = train.setup(args, rank=rank, world=world, device=device)
+            stack.enter_context(mock.patch.object(run_setup, "TorchEngine", lambda m, tok: engine))
+        run = setup(args, rank=rank, world=world, device=device,
+                    shard=None if model is None else (lambda m, device: m))
     if opt is not None:
         run.opt = opt
-    if ref_model is not None:
-        run.ref_model = ref_model
+    if initial is not None:
+        run.initial = initial
     return run
 
 
-def update(model, ref_model, opt, fresh, replayed, args, *, step: int, pad_id: int,
+def update(model, initial, opt, fresh, replayed, args, *, step: int, pad_id: int,
            world: int = 1, guard=None, per_update=None):
-    """train.update of `model` with `opt` (and `ref_model`, the KL reference) under the flags of
-    `args` (flags.Args), on a run train.setup binds (run_of) with an engine that never generates
+    """train.update of `model` with `opt` (and `initial`, the KL reference) under the flags of
+    `args` (flags.Args), on a run the door builds (run_of) with an engine that never generates
     (it takes a head: R²PO's make hands it one; its sleep does nothing); `guard` a fresh
     parallel.StepGuard by default."""
     import types
     import parallel
     import train
-    run = run_of(args, model, opt=opt, ref_model=ref_model,
+    run = run_of(args, model, opt=opt, initial=initial,
                  engine=types.SimpleNamespace(logits_head=None, sleep=lambda: None),
                  world=world)
     if pad_id != run.tok.pad_token_id:           # another tokenizer than args.model's: its pad

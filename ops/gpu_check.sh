@@ -11,8 +11,8 @@
 #      one JSON line.
 #
 #   pip install -r requirements.txt 'vllm>=0.32,<0.33'    # vllm brings its own CUDA torch
-#   bash bench/gpu_check.sh                                # on the GPU machine, from anywhere
-#   bash bench/gpu_check.sh --dry-run                      # CPU, toy sizes: checks that the
+#   bash ops/gpu_check.sh                                # on the GPU machine, from anywhere
+#   bash ops/gpu_check.sh --dry-run                      # CPU, toy sizes: checks that the
 #                                                          # script itself runs (needs vllm,
 #                                                          # e.g. the CPU build of .ci/run)
 set -euo pipefail
@@ -31,7 +31,7 @@ print("torch", torch.__version__, "| cuda", torch.version.cuda, "| GPUs", torch.
       "|", problem or "vllm ok")
 if problem:
     raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}' "
-                     f"(this script checks the vLLM engine; without vLLM, bench/gpu_smoke.sh "
+                     f"(this script checks the vLLM engine; without vLLM, ops/gpu_smoke.sh "
                      f"checks the rest)")
 EOF
 

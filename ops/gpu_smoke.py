@@ -2,10 +2,10 @@
 step, each command under its own timeout; a failing step is recorded and the next one runs. About
 5 minutes on one H200, capped at SMOKE_BUDGET seconds (default 520) for all steps together.
 
-    bash bench/gpu_smoke.sh              # on the GPU machine; then read runs/gpu_smoke/summary.md
-    bash bench/gpu_smoke.sh --toy        # = SMOKE_TOY=1: CPU rehearsal at toy sizes (gloo)
-    ONLY=env,model_05b bash bench/gpu_smoke.sh      # only these steps (the others are listed SKIP)
-    python3 bench/gpu_smoke.py --toy     # the same: gpu_smoke.sh only finds $PYTHON and runs this
+    bash ops/gpu_smoke.sh              # on the GPU machine; then read runs/gpu_smoke/summary.md
+    bash ops/gpu_smoke.sh --toy        # = SMOKE_TOY=1: CPU rehearsal at toy sizes (gloo)
+    ONLY=env,model_05b bash ops/gpu_smoke.sh      # only these steps (the others are listed SKIP)
+    python3 ops/gpu_smoke.py --toy     # the same: gpu_smoke.sh only finds $PYTHON and runs this
 
 The steps, a function each (PASS / FAIL / SKIP, wall time and numbers go into the summary):
   env                nvidia-smi's GPUs; python, torch, CUDA, transformers, the device and a matmul
@@ -36,7 +36,7 @@ each step. Exit status: 0 when no step failed, 1 when one did, 2 for bad argumen
 This process imports only the standard library (and bench/same_metrics.py). The commands import
 torch: train.py, and this file's `--probe` (env's numbers) and `--job JSON` (train.main once per
 run in one process, so that its peak GPU memory can be read; make_model, compare), each result a
-JSON line. The vLLM engine's checks are bench/gpu_check.sh.
+JSON line. The vLLM engine's checks are ops/gpu_check.sh.
 """
 import argparse
 import contextlib
@@ -56,14 +56,15 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from same_metrics import rows        # a run's metrics.jsonl (bench/ is this file's folder)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from same_metrics import rows  # noqa: E402  (bench/same_metrics.py: a run's metrics.jsonl)
 
 ROOT = Path(__file__).resolve().parent.parent
 SELF = str(Path(__file__).resolve())
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1")
 CANARY_MAX = 0.1                     # train.py's default --max-logprob-diff
 RESULT = "gpu_smoke result: "        # how a --job result's line starts
-# train.py's flags as JSON, then its sizes, each wrapped at 100 characters (train.setup)
+# train.py's flags as JSON, then its sizes, each wrapped at 100 characters (run_setup.setup)
 WORLD = re.compile(r'"out_dir": "([^"]*)"(?:.*\n)*?world size (\d+) \|(?:.*\n)*?.*?\bdevice (\S+) '
                    r'\| (\S+)')
 # every run: TorchEngine (no vLLM), the canary every step, built-in data only (nothing of
@@ -432,7 +433,7 @@ def fmt(v) -> str:
 def markdown(doc: dict) -> str:
     """summary.md: a table of the steps, then each step's failed checks, notes and numbers."""
     counts = doc["counts"]
-    md = [f"# bench/gpu_smoke.py: {doc['mode']}, {doc['date']}, {doc['host']}", "",
+    md = [f"# ops/gpu_smoke.py: {doc['mode']}, {doc['date']}, {doc['host']}", "",
           f"{counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP in "
           f"{doc['seconds']:.1f} s. Logs: logs.tar.gz (STEP/NAME.log, each run's metrics.jsonl).",
           "", "| step | status | seconds | failed checks / notes |", "|---|---|---|---|"]

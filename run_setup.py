@@ -1,0 +1,268 @@
+"""The door: what binds the flags and builds a run before train.py's loop starts.
+
+    run = run_setup.setup(args, rank=rank, world=world, device=device,
+                          make_run=train.Run, shard=train.shard_model, steps=train.STEPS)
+
+`setup()` binds the flags once: it resolves and checks them, loads the model, the prompts and the
+eval sets, prints the first screen, then `build` hands each owner its own flags: the engine, the
+optimizer, the replay buffer, and the slots the method files fill (methods/__init__.py). The loop
+sits a floor above this module (imports point one way), so train.py hands in what the run is made
+of there: its record (`make_run`, train.Run), its FSDP2 wrapping (`shard`, train.shard_model) and
+the step functions a method file may call (`steps`, methods.Steps). No function below `setup`
+takes the flags whole.
+
+Also here: every seed of a run (from --seed, nowhere else), the process group
+(`setup_distributed`) and how the trainer's forward computes (`precision`).
+"""
+import dataclasses
+import os
+import random
+import sys
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+import buffer
+import checkpoint
+import cli
+import data
+import eval as eval_lib  # the module eval.py, not the builtin
+import flags
+import methods
+import metrics as metrics_lib
+import parallel
+import reward_fn
+import verify
+import vllm_engine
+from flags import Args
+from rollout import TorchEngine
+
+# ---- seeds: every random stream of a run comes from --seed here, and nowhere else ----------------
+
+
+def torch_seed(seed: int) -> int:
+    return seed                                    # the global torch RNG (a method's own weights)
+
+
+def order_seed(seed: int) -> int:
+    return seed                                    # the order of the training prompts
+
+
+def replay_seed(seed: int, rank: int) -> int:
+    return seed + 7_919 * rank     # each rank's replay buffer draws its own sample (and vLLM's)
+
+
+def sampling_seed(seed: int, rank: int, step: int, round_: int) -> int:
+    # its own stream per (rank, step, round)
+    return seed * 1_000_003 + step * 1_009 + round_ + rank * 1_000_000_007
+
+
+def shuffle_seed(seed: int, step: int, epoch: int) -> int:
+    return seed * 1_000_003 + step * 101 + epoch   # the same on every rank
+
+
+def eval_seed(seed: int) -> int:
+    return seed                                    # the eval's sampling (greedy by default)
+
+
+# ---- the out dir, the process group and the precision --------------------------------------------
+
+def start(args: Args) -> tuple[int, int, str] | None:
+    """(rank, world_size, device) once out_dir is claimed (checkpoint.claim_out_dir, before the
+    process group: every rank reads out_dir before any rank can write to it) and the process group
+    is up (setup_distributed); None after one "error:" line (rank 0's alone for out_dir, which
+    every rank refuses alike)."""
+    try:
+        checkpoint.claim_out_dir(args.out_dir, resume=args.resume, overwrite=args.overwrite)
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        return None
+    try:
+        return setup_distributed()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def setup_distributed() -> tuple[int, int, str]:
+    """(rank, world_size, device). Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK in the environment):
+    a process group, nccl with one GPU per process (cuda:LOCAL_RANK) when CUDA is there, gloo on CPU
+    otherwise. Under plain `python`: (0, 1, cuda or cpu) and no process group; nothing in the loop
+    needs one at world size 1."""
+    if "RANK" not in os.environ:
+        return 0, 1, "cuda" if torch.cuda.is_available() else "cpu"
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        if local >= torch.cuda.device_count():
+            raise ValueError(f"LOCAL_RANK {local}, but this machine shows "
+                             f"{torch.cuda.device_count()} GPU(s): start at most that many "
+                             f"processes per node (--nproc-per-node), or check "
+                             f"CUDA_VISIBLE_DEVICES")
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        return rank, world, f"cuda:{local}"
+    dist.init_process_group("gloo")
+    return rank, world, "cpu"
+
+
+def precision(device: str, distributed: bool, choice: str = "auto") -> str:
+    """How the trainer's forward computes: "fsdp-bf16" under torchrun on CUDA (train.shard_model's
+    policy), "autocast-bf16" in one process on CUDA (bf16 matmuls, fp32 weights and AdamW: the same
+    precision without a process group), "fp32" on CPU; --precision bf16 on the CPU:
+    "autocast-bf16" there too (and TorchEngine's copy under the same autocast: build)."""
+    if torch.device(device).type != "cuda":
+        return "autocast-bf16" if choice == "bf16" else "fp32"
+    return "fsdp-bf16" if distributed else "autocast-bf16"
+
+
+def autocast_bf16(model, device_type: str = "cuda"):
+    """The model's forward under bf16 autocast (in place; returns the model)."""
+    model.forward = torch.autocast(device_type, dtype=torch.bfloat16)(model.forward)
+    return model
+
+
+# ---- the run's parts -----------------------------------------------------------------------------
+
+class Settings(NamedTuple):
+    """The flags the loop and the method files read, each owner's own part (no `Args` past the
+    door)."""
+    run: flags.RunFlags
+    optim: flags.OptimFlags
+    reward: flags.RewardFlags
+    loss: flags.LossFlags
+    replay: buffer.Flags
+    engine: vllm_engine.Flags
+    eval: eval_lib.TrainFlags
+    log: metrics_lib.LogFlags
+
+
+def load_inputs(run: flags.RunFlags, data_dir: str, *, world: int, device: str):
+    """What a run trains from: (resume checkpoint or None, model, tokenizer, training prompts).
+    ValueError / OSError for bad input."""
+    resume = checkpoint.resolve(run.resume, run.out_dir, world)
+    model, tok = checkpoint.load_model(resume or run.model, device)   # resuming: its weights
+    name = data.train_split(run.train_data)  # the built-in tasks: their train splits
+    examples = data.load_benchmark(name, data_dir, run.question_key or None, run.answer_key or None)
+    prompts = data.make_prompts(examples, train_template(run, tok), tok)
+    return resume, model, tok, prompts
+
+
+def train_template(run: flags.RunFlags, tok) -> str:
+    """The template the training prompts are written in (--prompt-template; auto: data.template_for
+    of the train split with this tokenizer), which the task's grader and answer form follow."""
+    return data.template_for(data.train_split(run.train_data), run.prompt_template, tok)
+
+
+def load_evals(run: flags.RunFlags, evals: eval_lib.TrainFlags, tok, prompts: list):
+    """(the eval sets, vLLM's max_model_len: the longest prompt, training or eval, plus
+    --max-new-tokens)."""
+    eval_sets = eval_lib.train_eval_sets(evals.eval_size, evals.eval_benchmarks, evals.eval_k,
+                                         evals.eval_temperature, run.prompt_template,
+                                         evals.data_dir, run.train_data, evals.dev_size, tok,
+                                         keys=(run.question_key, run.answer_key))
+    eval_prompts = [q for examples, template, *_ in eval_sets.values()
+                    for q in data.make_prompts(examples, template, tok)]
+    max_len = run.max_new_tokens + max(len(p.ids) for p in prompts + eval_prompts)
+    return eval_sets, max_len
+
+
+def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
+          steps: methods.Steps):
+    """Binds the flags once: resolves and checks them, loads what the run reads, prints the first
+    screen (the flags that differ from the defaults or the preset, the sizes they derive), then
+    hands each owner its own flags (`build`); with --overwrite, the inputs being good, deletes the
+    earlier run in out_dir (checkpoint.start_over). Returns the run (`make_run`'s, train.Run).
+    ValueError / OSError for bad input."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()        # no bars for loading and saving weights in a run's log
+    changed = flags.changed(args)                  # as given, before anything is resolved
+    args = dataclasses.replace(args, engine=vllm_engine.engine_kind(args.engine))  # auto resolved
+    flags.check_args(args, world)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run_flags, eval_flags = cli.part(args, flags.RunFlags), cli.part(args, eval_lib.TrainFlags)
+    resume, model, tok, prompts = load_inputs(run_flags, args.data_dir, world=world, device=device)
+    forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
+    value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
+    budget = flags.activation_budget(device)
+    sizes = flags.sizes(args, model, world, value_bytes, budget)
+    args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens)   # 0 resolved
+    flags.check_sizes(args, model, prompts, sizes)
+    need, warning = flags.fits_machine(args, model, prompts, world=world, device=device,
+                                       value_bytes=value_bytes, budget=budget)
+    if warning:
+        parallel.print0(f"warning: {warning}")
+    eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
+    parallel.print0(metrics_lib.wrap(["flags:", *flags.shown(changed),
+                                      "(every flag: args.json in each checkpoint)"],
+                                     sep=" ", go_on=" " * len("flags: ")))
+    parallel.print0(metrics_lib.wrap([*sizes.fields(), f"device {device}", forward,
+                                      f"memory about {need.total / flags.GiB:.1f} GiB a rank"]))
+    torch.manual_seed(torch_seed(args.seed))
+    order = list(range(len(prompts)))
+    random.Random(order_seed(args.seed)).shuffle(order)
+    parts = {owner: cli.part(args, owner) for owner in flags.OWNERS}
+    template = train_template(run_flags, tok)
+    given = dict(prompts=prompts, mine=order[rank::world], eval_sets=eval_sets, resume=resume,
+                 grader=verify.grader(run_flags.train_data, template),
+                 form=verify.format_rule(run_flags.train_data, template),
+                 flags=dataclasses.asdict(args))
+    run = build(parts, model, tok, sizes, forward=forward, max_len=max_len, rank=rank,
+                world=world, device=device, initial=flags.needs_initial(args),
+                make_run=make_run, shard=shard, steps=steps, **given)
+    if args.overwrite:                             # the inputs are good: only now delete
+        checkpoint.start_over(args.out_dir, rank)
+    if args.resume and not resume:
+        where = os.path.join(args.out_dir, "checkpoints")
+        parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting at step 0")
+    return run
+
+
+def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
+          world: int, device: str, initial: bool, make_run, shard, steps: methods.Steps,
+          **given):
+    """The run's objects, each from its owner's flags (`parts`: {owner class: its flags}), then
+    the slots the method files fill (methods.build, handed the run and `steps`). TorchEngine copies
+    the model before `shard` wraps it; vLLM starts after (in one process it initialises
+    torch.distributed itself) and takes the gathered weights. The model as loaded from --model is
+    loaded once more, frozen, when the KL term or a method needs it (`initial`). Resuming, the
+    checkpoint must keep the state of every object that has one (checkpoint.check_state)."""
+    s = Settings(*(parts[o] for o in (flags.RunFlags, flags.OptimFlags, flags.RewardFlags,
+                                      flags.LossFlags, buffer.Flags, vllm_engine.Flags,
+                                      eval_lib.TrainFlags, metrics_lib.LogFlags)))
+    own_reward = reward_fn.make(s.reward.reward_fn, tok)  # --reward-fn, checked before all else
+    frozen = None                         # the model as loaded: the KL reference, a method's
+    if s.loss.kl_coef > 0 or initial:
+        frozen = checkpoint.load_model(s.run.model, device)[0].eval().requires_grad_(False)
+    engine = TorchEngine(model, tok) if s.engine.engine == "torch" else None
+    if s.optim.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = shard(model, device).train()
+    if forward == "autocast-bf16":                 # one GPU: bf16, as torchrun's policy gives
+        model = autocast_bf16(model, torch.device(device).type)
+        if torch.device(device).type == "cpu" and engine is not None:
+            autocast_bf16(engine.model, "cpu")     # --precision bf16: sample as the trainer scores
+    if engine is None:
+        engine = vllm_engine.start_vllm(model, tok, s.run.model, device,
+                                        seed=replay_seed(s.run.seed, rank), max_model_len=max_len,
+                                        distributed=world > 1,
+                                        gpu_memory_utilization=s.engine.gpu_memory_utilization)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.optim.lr, weight_decay=s.optim.weight_decay)
+    replay = buffer.make(s.replay, seed=replay_seed(s.run.seed, rank))
+    run = make_run(settings=s, engine=engine, model=model, opt=opt, replay=replay, initial=frozen,
+                   precision=forward, tok=tok, per_rank=sizes.prompts,
+                   completions=sizes.completions,
+                   micro_batch=(s.optim.micro_batch_size, sizes.micro_batch_tokens),
+                   own_reward=own_reward, rank=rank, world=world, device=device, **given)
+    run.slots = methods.build(parts, run, steps)
+    run.replay = run.slots.get("replay", run.replay)
+    run.hooks = methods.loss_hooks(run.slots["loss"])
+    run.state = {name: obj for name, obj in {**run.slots, "replay": run.replay}.items()
+                 if hasattr(obj, "state_dict")}
+    if run.resume:
+        checkpoint.check_state(run.resume, run.state)
+    return run
