@@ -455,24 +455,82 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
+class MissingField(KeyError):
+    """A key that names no field: `key` as given, `at` the dotted path walked before the part that
+    is missing ('' at the top), and `fields` the fields at that depth (None: not an object)."""
+
+    def __init__(self, key: str, at: str, fields: list | None):
+        super().__init__(key)
+        self.key, self.at, self.fields = key, at, fields
+
+    def describe(self) -> str:
+        """"missing field 'a.x' (fields of a: p, q)"; at the top, "(fields: ...)"."""
+        if self.fields is None:
+            return f"missing field {self.key!r} ({self.at} is not an object)"
+        of = f" of {self.at}" if self.at else ""
+        return (f"missing field {self.key!r} (fields{of}: "
+                f"{', '.join(map(str, self.fields)) or 'none'})")
+
+
+class FieldError(ValueError):
+    """A row's field that is there but holds no question or answer (an object, a list)."""
+
+
 def _get(row: dict, key: str):
-    """row[key], where a dotted key walks nested objects."""
+    """row[key], where a dotted key walks nested objects; MissingField names the depth where the
+    walk stopped and the fields there (a typo in "item.qestion" lists item's fields)."""
     if key in row:
         return row[key]
+    node, walked = row, []
     for part in key.split("."):
-        if not isinstance(row, dict) or part not in row:
-            raise KeyError(key)
-        row = row[part]
-    return row
+        if not isinstance(node, dict):
+            raise MissingField(key, ".".join(walked), None)
+        if part not in node:
+            raise MissingField(key, ".".join(walked), list(node))
+        node = node[part]
+        walked.append(part)
+    return node
+
+
+def _is_chat(value) -> bool:
+    """A list of chat messages ({"role": ..., "content": ...} objects)."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and "content" in m for m in value))
 
 
 def _question_text(value) -> str:
     """A question as text; a list of chat messages gives its last user message."""
-    if (isinstance(value, list) and value
-            and all(isinstance(m, dict) and "content" in m for m in value)):
+    if _is_chat(value):
         users = [m["content"] for m in value if m.get("role") == "user"]
         return (users or [value[-1]["content"]])[-1]
     return answer_text(value)
+
+
+def _shown(value, width: int = 60) -> str:
+    """A value as JSON, cut to `width` characters: what an error line quotes of a user's row."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _value(value, key: str, what: str):
+    """`value`, the row's field `key`, when it can be the question or the gold answer (`what`):
+    text or a number; a question also a list of chat messages, an answer also a list of plain
+    values (the published multi-answer form, OlympiadBench's: joined by ", "). An object, or any
+    other list, is a FieldError naming the key and what it holds (an object: the keys inside it),
+    never its repr taken as text: that would put the gold answer into the prompt, or make every
+    gold a repr that nothing can match."""
+    if isinstance(value, dict):
+        inside = ", ".join(f"{key}.{k}" for k in list(value)[:4]) or "it is empty"
+        raise FieldError(f"--{what}-key {key} names an object, not a value: {_shown(value)}; "
+                         f"name a field inside it ({inside})")
+    if not isinstance(value, (list, tuple)):
+        return value
+    if what == "question" and _is_chat(value):
+        return value
+    if what == "question" or any(isinstance(v, (dict, list, tuple)) for v in value):
+        raise FieldError(f"--{what}-key {key} names a list of {len(value)}, not a value: "
+                         f"{_shown(value)}")
+    return value
 
 
 def _guess_key(row: dict, candidates: tuple[str, ...], what: str, path: Path) -> str:
@@ -506,10 +564,13 @@ def _field(read, row: dict, what: str, keyed: bool, where: str) -> str:
     names the fields the row has (and with `keyed` the flag --question-key / --answer-key)."""
     try:
         return read(row)
+    except FieldError as e:
+        raise ValueError(f"{where}: {e}") from None
     except KeyError as e:
         hint = f"; name the {what} field with --{what}-key" if keyed else ""
-        raise ValueError(f"{where}: missing field {e.args[0]!r} (fields: "
-                         f"{', '.join(map(str, row)) or 'none'}){hint}") from None
+        missing = (e.describe() if isinstance(e, MissingField) else
+                   f"missing field {e.args[0]!r} (fields: {', '.join(map(str, row)) or 'none'})")
+        raise ValueError(f"{where}: {missing}{hint}") from None
 
 
 def resolve_data_dir(data_dir: str) -> Path:
@@ -547,8 +608,9 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
         file, qkey, answer_of = BENCHMARKS[name_or_path]
         path = resolve_data_dir(data_dir) / file
         if not path.is_file():
-            raise FileNotFoundError(f"benchmark {name_or_path!r}: {path} not found "
-                                    "(set --data-dir)")
+            raise FileNotFoundError(f"benchmark {name_or_path!r}: {path} not found: set "
+                                    f"--data-dir to the folder that holds {file} (README.md "
+                                    "says where the benchmark files come from)")
         return _examples(path, read_records(path), lambda r: _question_text(r[qkey]), answer_of)
     path = Path(name_or_path)
     if path.suffix.lower() not in (".jsonl", ".json", ".parquet"):
@@ -563,8 +625,9 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
     qkey = question_key or _guess_key(first, ("question", "problem", "prompt"), "question", path)
     akey = answer_key or _guess_key(first, ("answer", "final_answer", "ground_truth"),
                                     "answer", path)
-    return _examples(path, rows, lambda r: _question_text(_get(r, qkey)),
-                     lambda r: answer_text(_get(r, akey)), keyed=True)
+    return _examples(path, rows,
+                     lambda r: _question_text(_value(_get(r, qkey), qkey, "question")),
+                     lambda r: answer_text(_value(_get(r, akey), akey, "answer")), keyed=True)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ Outputs in --out: `<bench>.jsonl` (one line per problem: question, gold, prompt,
 extracted answers, correct flags, lengths, truncated flags), `summary.json` (every metric and the
 flags), `summary.md` (the table, also printed).
 """
-import argparse
 import dataclasses
 import json
 import math
@@ -272,7 +271,7 @@ class Args:
 
 
 def parse_args(argv=None) -> Args:
-    return cli.parse(Args, argv, __doc__.split("\n\n")[0], formatter=argparse.RawTextHelpFormatter)
+    return cli.parse(Args, argv, __doc__.split("\n\n")[0])
 
 
 def _repo_relative(path: str) -> str:
@@ -302,7 +301,9 @@ def load_inputs(args: Args):
     model_dir = _repo_relative(args.model)
     if not os.path.isdir(model_dir):   # before importing torch: a typo answers at once
         raise FileNotFoundError(f"model directory not found: {args.model}")
+    from transformers.utils import logging as hf_logging
     from checkpoint import load_model
+    hf_logging.disable_progress_bar()     # no bar for loading the weights, as in train.py's runs
     model, tokenizer = load_model(model_dir, device=args.device)
     for label, (exs, name) in benches.items():       # templates need the tokenizer (auto)
         template = data.template_for(name, args.prompt_template, tokenizer)
@@ -374,9 +375,11 @@ def main(args: Args, benches, baseline, model, tokenizer) -> dict:
 
 if __name__ == "__main__":
     args = parse_args()
-    # bad input ends in one line and exit status 1; a bug past this point still shows its traceback
+    # bad input ends in one line and exit status 2, as train.py's; a bug past this point still
+    # shows its traceback
     try:
         inputs = load_inputs(args)
     except (ValueError, OSError, ImportError, KeyError) as e:
-        sys.exit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     main(args, *inputs)

@@ -647,14 +647,15 @@ def main(argv=None) -> int:
     try:     # before the process group: every rank reads out_dir before any rank can write to it
         checkpoint.claim_out_dir(args.out_dir, resume=args.resume, overwrite=args.overwrite)
     except ValueError as e:
+        # no process group yet: rank 0 by its environment says it, every rank records it
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr)
+        parallel.record_error(f"error: {e}")
         return 2
     try:
         rank, world, device = setup_distributed()
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return parallel.fail(f"error: {e}", 2, every_rank=True)
     try:
         # bad input ends in one line and exit status 2; a bug past this point shows its traceback
         try:
@@ -662,8 +663,7 @@ def main(argv=None) -> int:
             if args.overwrite:                         # the inputs are good: only now delete
                 checkpoint.start_over(args.out_dir, rank)
         except (ValueError, OSError) as e:
-            parallel.print0(f"error: {e}", file=sys.stderr)
-            return 2
+            return parallel.fail(f"error: {e}", 2)
         if args.resume and not run.resume:
             where = os.path.join(args.out_dir, "checkpoints")
             parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting at step 0")
@@ -673,11 +673,11 @@ def main(argv=None) -> int:
                 # gloo torn down while another rank still has work in flight can abort
                 dist.barrier()
         except (parallel.NonFiniteError, rollout.EngineMismatchError) as e:
-            parallel.print0(f"error: {e}", file=sys.stderr)
-            return 1
+            return parallel.fail(f"error: {e}", 1)
+        except parallel.RanksStopped as e:           # bad input found mid-run, every rank stops
+            return parallel.fail(f"error: {e}", 2)
         except reward_fn.RewardFnError as e:         # bad input found mid-run, on this rank
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return parallel.fail(f"error: {e}", 2, every_rank=True)
         return 0
     finally:
         if dist.is_initialized():
