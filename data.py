@@ -282,6 +282,15 @@ def builtin_dev(train_data: str, n: int | None = None) -> list[Example]:
     return builtin_split(train_data, "dev", n)
 
 
+def held_out(examples: list[Example], split: str) -> list[Example]:
+    """The examples of a file (or any non-built-in prompt set) in `split`, by the built-in tasks'
+    rule on the question's text (_split: crc32 % 10 == 0 test, == 1 dev, else train), in the file's
+    order: disjoint by construction (a question repeated in the file is on one side only), about a
+    tenth each for test and dev, and a row keeps its side when the file grows."""
+    _check_split(split)
+    return [ex for ex in examples if _split(ex.question) == split]
+
+
 def train_split(name: str) -> str:
     """The train split of a built-in prompt set ("builtin" -> "builtin_train"); any other name is
     itself."""
@@ -289,8 +298,11 @@ def train_split(name: str) -> str:
 
 
 def builtin_prompt(question: str) -> str:
-    """The built-in task's template: the expression and '='; the model answers with the number."""
-    return f"{question}="
+    """The built-in task's template: the expression and '=' ("3+4*2" -> "3+4*2="); the model
+    answers with the number. A question that ends in '=' already (a file's "8*7=") is kept as it is,
+    never doubled into "8*7==". """
+    q = question.rstrip()
+    return q if q.endswith("=") else f"{q}="
 
 
 # ---- prompt templates ----------------------------------------------------------------------------
@@ -326,15 +338,33 @@ def has_chat_template(tokenizer) -> bool:
     return bool(tokenizer is not None and getattr(tokenizer, "chat_template", None))
 
 
+def model_template(tokenizer) -> str | None:
+    """The template a model names as its own: "prompt_template" in its tokenizer_config.json (kept
+    in tokenizer.init_kwargs, and written again by save_pretrained, so a checkpoint keeps it); the
+    built-in tiny models name builtin, the only form they were trained on. None when it names none;
+    ValueError for a name that is not a template."""
+    named = (getattr(tokenizer, "init_kwargs", None) or {}).get("prompt_template")
+    if named is not None and named not in TEMPLATES:
+        raise ValueError(f"the model's tokenizer_config.json names prompt_template {named!r}, "
+                         f"not one of {', '.join(TEMPLATES)}")
+    return named
+
+
 def template_for(name: str, choice: str = "auto", tokenizer=None) -> str:
     """The template of prompt set `name` (the one rule for training and evaluation): `choice` unless
-    it is auto; auto = for the built-in tasks' splits instruct when the tokenizer has a chat
-    template (an instruct model) and builtin otherwise, plain for every other set."""
+    it is auto. auto = the template the model names as its own (model_template: builtin for the
+    built-in tiny models) when it names one; else for the built-in tasks' splits instruct when the
+    tokenizer has a chat template (an instruct model) and builtin otherwise; for every other set
+    (a benchmark, a file) chat when the tokenizer has a chat template, plain (the base-model
+    template of the RLVR papers) otherwise."""
     if choice != "auto":
         return choice
+    own = model_template(tokenizer)
+    if own is not None:
+        return own
     if name in BUILTIN_NAMES:
         return "instruct" if has_chat_template(tokenizer) else "builtin"
-    return "plain"
+    return "chat" if has_chat_template(tokenizer) else "plain"
 
 
 def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prompt]:

@@ -253,7 +253,8 @@ def check_args(args, world: int = 1) -> None:
 def _rules(args, world: int) -> list[tuple[bool, str]]:
     """(is it broken, the sentence that says so) for each rule between the run's flags and across
     owners."""
-    named = [args.train_data, *filter(None, map(str.strip, args.eval_benchmarks.split(",")))]
+    named = [args.train_data, *filter(None, map(str.strip, args.eval_benchmarks.split(","))),
+             *([args.eval_data] if args.eval_data != "auto" else [])]
     files = [name for name in named if name not in data.BENCHMARK_NAMES]
     return [
         (args.prompts_per_step % world,
@@ -278,8 +279,8 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.reward_fn and args.reward.startswith("partial"),
          "--reward-fn replaces the verdict's term, --reward partial another: choose one"),
         ((args.question_key or args.answer_key) and not files,
-         "--question-key / --answer-key name the fields of a data file, but --train-data and "
-         "--eval-benchmarks name no file"),
+         "--question-key / --answer-key name the fields of a data file, but --train-data, "
+         "--eval-data and --eval-benchmarks name no file"),
     ]
 
 
@@ -498,6 +499,10 @@ def check_sizes(args, model, prompts: list, sizes: Sizes) -> None:
                          f"training prompts (at most {len(prompts) // world * world} on {world} "
                          f"rank(s))")
     for name, split in (("eval_size", "test"), ("dev_size", "dev")):
+        if args.train_data not in data.BUILTIN_NAMES:
+            break                       # a file's held-out rows: as many as there are (eval.py)
+        if name == "eval_size" and args.eval_data != "auto":
+            continue                    # another set: its first --eval-size rows
         n = len(data.builtin_split(args.train_data, split))
         if getattr(args, name) > n:
             raise ValueError(f"{flag(name)} ({getattr(args, name)}) exceeds the {n} prompts of "
