@@ -28,7 +28,11 @@ template over a direct instruction, "What is 4*5-7+1? Reply with only the number
 
 Benchmarks (`load_benchmark(name)`; files read in place from `data_dir`, default ../shared/data, in
 the layouts they are published in; a row without a gold answer is an error naming the file and line,
-never a silent skip), each as name: file | question | gold answer:
+never a silent skip; a missing file, one naming the file and --data-dir). The five of the RLVR
+papers come as the evaluation data of QwenLM/Qwen2.5-Math publishes them (on GitHub, its
+evaluation/data/NAME/test.jsonl for NAME = aime24, amc23, math500, minerva_math, olympiadbench),
+GSM8K as openai/grade-school-math's test.jsonl and train.jsonl: each saved in data_dir under the
+file name below, unchanged. Each as name: file | question | gold answer:
 
 - builtin: (generated) | expression | its value; the test split, BUILTIN_TEST_SIZE examples, seed 0
 - builtin_dev: (generated) | expression | BUILTIN_DEV_SIZE dev examples, seed 0

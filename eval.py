@@ -230,13 +230,15 @@ def _own_rows(train_data: str, split: str, n: int, data_dir: str, keys) -> list:
 def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float, template: str,
                     data_dir: str, train_data: str = data.BUILTIN, dev_size: int = 0,
                     tokenizer=None, keys: tuple[str, str] = ("", ""),
-                    eval_data: str = "auto") -> dict:
+                    eval_data: str | None = None) -> dict:
     """train.py's periodic eval: {key: (examples, template, k, temperature, grader)} for
     "accuracy" (greedy; none when eval_size is 0): the first eval_size prompts of the built-in
     task's test split (data.builtin_test) or of a file's held-out rows (data.held_out, as many as
     there are), both in the template and grader the run trains with, or of the set `eval_data`
     names, in its own; "dev_accuracy" (greedy; none when dev_size is 0), the same from the dev
-    split; and each comma-separated benchmark ("<bench>/mean@k"). Templates from `template`
+    split; and each comma-separated benchmark ("<bench>/mean@k"). `eval_data` None: "accuracy" and
+    "dev_accuracy" from the built-in task's splits whatever `train_data` is (for a caller that does
+    not hold a file's rows out of training: training_examples). Templates from `template`
     (--prompt-template; auto: data.template_for with `tokenizer`), each set graded by its rule under
     its template (verify.grader); a file is read with `keys` (--question-key, --answer-key; '' =
     data.py's guess). What each set is: eval_sets_about."""
@@ -244,8 +246,8 @@ def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float,
     sets = {}
     own = data.template_for(data.train_split(train_data), template, tokenizer)
     grade_own = verify.grader(train_data, own)
-    builtin = train_data in data.BUILTIN_NAMES
-    if eval_size and eval_data != "auto":
+    builtin = train_data in data.BUILTIN_NAMES or eval_data is None
+    if eval_size and eval_data not in ("auto", None):
         theirs = data.template_for(eval_data, template, tokenizer)
         sets["accuracy"] = (data.load_benchmark(eval_data, data_dir, keys[0] or None,
                                                 keys[1] or None)[:eval_size], theirs, 1, 0.0,
@@ -267,20 +269,21 @@ def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float,
     return sets
 
 
-def eval_sets_about(sets: dict, train_data: str, eval_data: str = "auto") -> dict[str, str]:
+def eval_sets_about(sets: dict, train_data: str, eval_data: str | None = None) -> dict[str, str]:
     """What each of train_eval_sets' "accuracy" and "dev_accuracy" is measured on, in words: the
     first screen's line and step 0's "eval_on" in metrics.jsonl. {key: "500 prompts of the built-in
     test split (builtin)"}; a file's: "47 held-out rows of my.jsonl (crc32(question) % 10 == 0,
-    not trained on)"."""
+    not trained on)". `eval_data` as train_eval_sets was given it."""
     about = {}
     for key, split in (("accuracy", "test"), ("dev_accuracy", "dev")):
         if key not in sets:
             continue
         n = len(sets[key][0])
-        if key == "accuracy" and eval_data != "auto":
+        if key == "accuracy" and eval_data not in ("auto", None):
             about[key] = f"{n} prompts of {eval_data} (--eval-data)"
-        elif train_data in data.BUILTIN_NAMES:
-            about[key] = f"{n} prompts of the built-in {split} split ({train_data})"
+        elif train_data in data.BUILTIN_NAMES or eval_data is None:   # (train_eval_sets' rule)
+            task = train_data if train_data in data.BUILTIN_NAMES else data.BUILTIN
+            about[key] = f"{n} prompts of the built-in {split} split ({task})"
         else:
             rule = 0 if split == "test" else 1
             about[key] = (f"{n} held-out rows of {train_data} (crc32(question) % 10 == {rule}, "

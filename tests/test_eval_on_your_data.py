@@ -45,13 +45,15 @@ def test_a_files_held_out_rows_are_disjoint_from_what_it_trains_on(tmp_path):
 def test_the_accuracy_of_a_file_run_is_on_its_held_out_rows_and_says_so(tmp_path):
     examples = data.arithmetic_examples("train", 300) + data.arithmetic_examples("test", 40)
     mine = write_file(tmp_path, examples)
-    sets = ev.train_eval_sets(500, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, mine)
+    sets = ev.train_eval_sets(500, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, mine,
+                              eval_data="auto")
     held, template, k, temperature, _ = sets["accuracy"]
     assert held == examples[300:] and (template, k, temperature) == ("plain", 1, 0.0)
-    assert ev.eval_sets_about(sets, mine) == {
+    assert ev.eval_sets_about(sets, mine, "auto") == {
         "accuracy": f"40 held-out rows of {mine} (crc32(question) % 10 == 0, not trained on)"}
-    builtin = ev.train_eval_sets(500, "", 1, 0.0, "builtin", data.DEFAULT_DATA_DIR, dev_size=8)
-    assert ev.eval_sets_about(builtin, "builtin") == {
+    builtin = ev.train_eval_sets(500, "", 1, 0.0, "builtin", data.DEFAULT_DATA_DIR, dev_size=8,
+                                 eval_data="auto")
+    assert ev.eval_sets_about(builtin, "builtin", "auto") == {
         "accuracy": "500 prompts of the built-in test split (builtin)",
         "dev_accuracy": "8 prompts of the built-in dev split (builtin)"}
     other = write_file(tmp_path, examples[:5], "other.jsonl")
@@ -60,9 +62,13 @@ def test_the_accuracy_of_a_file_run_is_on_its_held_out_rows_and_says_so(tmp_path
     assert sets["accuracy"][0] == examples[:5]
     assert ev.eval_sets_about(sets, mine, other) == {
         "accuracy": f"5 prompts of {other} (--eval-data)"}
+    before = ev.train_eval_sets(500, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, mine)
+    assert before["accuracy"][0] == data.builtin_test("builtin", 500)   # eval_data None: as before
+    assert ev.eval_sets_about(before, mine) == {
+        "accuracy": "500 prompts of the built-in test split (builtin)"}
     few = write_file(tmp_path, data.arithmetic_examples("train", 5), "few.jsonl")
     with pytest.raises(ValueError, match="no row is in its test split.*--eval-data"):
-        ev.train_eval_sets(500, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, few)
+        ev.train_eval_sets(500, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, few, eval_data="auto")
 
 
 def test_a_file_gets_a_template_the_model_reads_and_builtin_never_doubles_the_equals():
