@@ -643,7 +643,7 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
         path = resolve_data_dir(data_dir) / file
         if not path.is_file():
             raise FileNotFoundError(f"benchmark {name_or_path!r}: {path} not found: set "
-                                    f"--data-dir to the folder that holds {file} (README.md "
+                                    f"--data-dir to the folder that holds {file} (data.py "
                                     "says where the benchmark files come from)")
         return _examples(path, read_records(path), lambda r: _question_text(r[qkey]), answer_of)
     path = Path(name_or_path)

@@ -319,7 +319,7 @@ def test_cli_reads_values_not_objects_and_names_a_missing_benchmark_file(model_d
                 "--data-dir", str(tmp_path / "nowhere"))
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         f"error: benchmark 'aime24': {tmp_path / 'nowhere' / 'aime24.jsonl'} not found: set "
-        "--data-dir to the folder that holds aime24.jsonl (README.md says where the benchmark "
+        "--data-dir to the folder that holds aime24.jsonl (data.py says where the benchmark "
         "files come from)"]
     p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), "--limit", "2")
     assert p.returncode == 0 and "Loading" not in p.stderr and "it/s" not in p.stderr, p.stderr
