@@ -221,9 +221,10 @@ def _own_rows(train_data: str, split: str, n: int, data_dir: str, keys) -> list:
     rows = data.held_out(data.load_benchmark(train_data, data_dir, keys[0] or None,
                                              keys[1] or None), split)
     if not rows:
+        rule, flag = (0, "--eval-size") if split == "test" else (1, "--dev-size")
         raise ValueError(f"{train_data}: no row is in its {split} split (crc32(question) % 10 == "
-                         f"{0 if split == 'test' else 1}, about one in ten): name an eval set "
-                         f"with --eval-data, or set --{'eval' if split == 'test' else 'dev'}-size 0")
+                         f"{rule}, about one in ten): name an eval set with --eval-data, or set "
+                         f"{flag} 0")
     return rows[:n]
 
 
