@@ -52,6 +52,7 @@ insertion order; eviction compacts all three with one boolean mask and sampling 
 neither loops over rollouts in Python. The buffer holds references to the caller's `Rollout` objects
 and never writes to them; callers must treat what `sample` returns as read-only.
 """
+import textwrap
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -322,4 +323,5 @@ if __name__ == "__main__":
                          advantage=a, version=step)
                  for p in range(2) for a in (-1.0, 0.0, 0.5, 0.5)]
         replay.add(fresh, step)
-        print("   ", replay.stats())
+        stats = ", ".join(f"{k.removeprefix('replay/')} {v:.3g}" for k, v in replay.stats().items())
+        print(textwrap.fill(stats, 100, initial_indent="    ", subsequent_indent="    "))

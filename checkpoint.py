@@ -120,6 +120,19 @@ def save_hf(model, tokenizer, path: str, state_dict=None) -> None:
                 setattr(cfg, name, value)
     model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(path)
+    readable(path)
+
+
+def readable(path: str) -> None:
+    """The files directly in `path` get the mode a file written with open() gets, 0666 less the
+    umask (0644 under the usual 022): transformers writes model.safetensors through a temporary
+    file, mode 0600, which the group could not read."""
+    mask = os.umask(0)
+    os.umask(mask)                               # read, and put back: there is no getter
+    for name in os.listdir(path):
+        file = os.path.join(path, name)
+        if os.path.isfile(file) and not os.path.islink(file):
+            os.chmod(file, 0o666 & ~mask)
 
 
 def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, state: dict,

@@ -24,13 +24,34 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import os
 import re
+import shutil
 import textwrap
 import typing
 
 GROUP_HEADER = re.compile(r"^\s*# -+ (.+?) -*$")
 LONG_CHOICES = 60        # a longer list of a flag's values is shown in its help, not beside it
 FIELD = re.compile(r"^\s*(\w+)\s*:")
+HELP_WIDTH = 100         # --help's lines at most, however wide the terminal
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def capped(formatter):
+    """`formatter` (an argparse HelpFormatter class) wrapping at the terminal's width, but never
+    past HELP_WIDTH characters."""
+    def make(prog):
+        columns = shutil.get_terminal_size().columns - 2       # argparse's own default
+        return formatter(prog, width=min(columns, HELP_WIDTH))
+    return make
+
+
+def shown_default(value):
+    """A default as --help shows it: a path inside the repository relative to it (the default
+    --model is the checkout's absolute path, which tells a reader nothing), anything else as is."""
+    if isinstance(value, str) and os.path.isabs(value) and value.startswith(ROOT + os.sep):
+        return os.path.relpath(value, ROOT)
+    return value
 
 
 def compose(name: str, owners: tuple, module: str, more_choices: dict | None = None) -> type:
@@ -127,22 +148,22 @@ def choices(cls, name: str) -> tuple | None:
 def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHelpFormatter,
                  presets: dict | None = None, usage: str | None = None) -> argparse.ArgumentParser:
     """The parser of `parse`: one argument per field, in argparse groups by the class's headers;
-    `usage` (None: argparse's own, every flag) the first line of --help; the presets' lines
-    wrapped at 100 characters."""
+    `usage` (None: argparse's own, every flag) the first line of --help; every line wrapped at
+    HELP_WIDTH characters at most (the presets' too), the defaults as shown_default shows them."""
     epilog = None
     if presets:
-        lines = [textwrap.fill(text, 100, initial_indent=f"  {name:15s} ",
+        lines = [textwrap.fill(text, HELP_WIDTH, initial_indent=f"  {name:15s} ",
                                subsequent_indent=" " * 18) for name, (text, _) in presets.items()]
         epilog = "presets (--preset NAME):\n" + "\n".join(lines)
-    ap = argparse.ArgumentParser(description=description, formatter_class=formatter, epilog=epilog,
-                                 usage=usage)
+    ap = argparse.ArgumentParser(description=description, formatter_class=capped(formatter),
+                                 epilog=epilog, usage=usage)
     docs, groups, sections = field_docs(cls), field_groups(cls), {}
     for f in dataclasses.fields(cls):
         title = groups.get(f.name, "")
         if title not in sections:
             sections[title] = ap.add_argument_group(title) if title else ap
         # argparse %-formats help strings: a literal % must be doubled
-        help_text = f"{docs[f.name]} (default: {f.default!r})".replace("%", "%%")
+        help_text = f"{docs[f.name]} (default: {shown_default(f.default)!r})".replace("%", "%%")
         kw = dict(default=f.default, help=help_text, choices=choices(cls, f.name))
         if kw["choices"] and len(",".join(map(str, kw["choices"]))) > LONG_CHOICES:
             kw["metavar"] = "NAME"                  # the list goes into the help, wrapped

@@ -28,7 +28,11 @@ template over a direct instruction, "What is 4*5-7+1? Reply with only the number
 
 Benchmarks (`load_benchmark(name)`; files read in place from `data_dir`, default ../shared/data, in
 the layouts they are published in; a row without a gold answer is an error naming the file and line,
-never a silent skip), each as name: file | question | gold answer:
+never a silent skip; a missing file, one naming the file and --data-dir). The five of the RLVR
+papers come as the evaluation data of QwenLM/Qwen2.5-Math publishes them (on GitHub, its
+evaluation/data/NAME/test.jsonl for NAME = aime24, amc23, math500, minerva_math, olympiadbench),
+GSM8K as openai/grade-school-math's test.jsonl and train.jsonl: each saved in data_dir under the
+file name below, unchanged. Each as name: file | question | gold answer:
 
 - builtin: (generated) | expression | its value; the test split, BUILTIN_TEST_SIZE examples, seed 0
 - builtin_dev: (generated) | expression | BUILTIN_DEV_SIZE dev examples, seed 0
@@ -282,6 +286,15 @@ def builtin_dev(train_data: str, n: int | None = None) -> list[Example]:
     return builtin_split(train_data, "dev", n)
 
 
+def held_out(examples: list[Example], split: str) -> list[Example]:
+    """The examples of a file (or any non-built-in prompt set) in `split`, by the built-in tasks'
+    rule on the question's text (_split: crc32 % 10 == 0 test, == 1 dev, else train), in the file's
+    order: disjoint by construction (a question repeated in the file is on one side only), about a
+    tenth each for test and dev, and a row keeps its side when the file grows."""
+    _check_split(split)
+    return [ex for ex in examples if _split(ex.question) == split]
+
+
 def train_split(name: str) -> str:
     """The train split of a built-in prompt set ("builtin" -> "builtin_train"); any other name is
     itself."""
@@ -289,8 +302,11 @@ def train_split(name: str) -> str:
 
 
 def builtin_prompt(question: str) -> str:
-    """The built-in task's template: the expression and '='; the model answers with the number."""
-    return f"{question}="
+    """The built-in task's template: the expression and '=' ("3+4*2" -> "3+4*2="); the model
+    answers with the number. A question that ends in '=' already (a file's "8*7=") is kept as it is,
+    never doubled into "8*7==". """
+    q = question.rstrip()
+    return q if q.endswith("=") else f"{q}="
 
 
 # ---- prompt templates ----------------------------------------------------------------------------
@@ -326,15 +342,33 @@ def has_chat_template(tokenizer) -> bool:
     return bool(tokenizer is not None and getattr(tokenizer, "chat_template", None))
 
 
+def model_template(tokenizer) -> str | None:
+    """The template a model names as its own: "prompt_template" in its tokenizer_config.json (kept
+    in tokenizer.init_kwargs, and written again by save_pretrained, so a checkpoint keeps it); the
+    built-in tiny models name builtin, the only form they were trained on. None when it names none;
+    ValueError for a name that is not a template."""
+    named = (getattr(tokenizer, "init_kwargs", None) or {}).get("prompt_template")
+    if named is not None and named not in TEMPLATES:
+        raise ValueError(f"the model's tokenizer_config.json names prompt_template {named!r}, "
+                         f"not one of {', '.join(TEMPLATES)}")
+    return named
+
+
 def template_for(name: str, choice: str = "auto", tokenizer=None) -> str:
     """The template of prompt set `name` (the one rule for training and evaluation): `choice` unless
-    it is auto; auto = for the built-in tasks' splits instruct when the tokenizer has a chat
-    template (an instruct model) and builtin otherwise, plain for every other set."""
+    it is auto. auto = the template the model names as its own (model_template: builtin for the
+    built-in tiny models) when it names one; else for the built-in tasks' splits instruct when the
+    tokenizer has a chat template (an instruct model) and builtin otherwise; for every other set
+    (a benchmark, a file) chat when the tokenizer has a chat template, plain (the base-model
+    template of the RLVR papers) otherwise."""
     if choice != "auto":
         return choice
+    own = model_template(tokenizer)
+    if own is not None:
+        return own
     if name in BUILTIN_NAMES:
         return "instruct" if has_chat_template(tokenizer) else "builtin"
-    return "plain"
+    return "chat" if has_chat_template(tokenizer) else "plain"
 
 
 def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prompt]:
@@ -455,24 +489,82 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
+class MissingField(KeyError):
+    """A key that names no field: `key` as given, `at` the dotted path walked before the part that
+    is missing ('' at the top), and `fields` the fields at that depth (None: not an object)."""
+
+    def __init__(self, key: str, at: str, fields: list | None):
+        super().__init__(key)
+        self.key, self.at, self.fields = key, at, fields
+
+    def describe(self) -> str:
+        """"missing field 'a.x' (fields of a: p, q)"; at the top, "(fields: ...)"."""
+        if self.fields is None:
+            return f"missing field {self.key!r} ({self.at} is not an object)"
+        of = f" of {self.at}" if self.at else ""
+        return (f"missing field {self.key!r} (fields{of}: "
+                f"{', '.join(map(str, self.fields)) or 'none'})")
+
+
+class FieldError(ValueError):
+    """A row's field that is there but holds no question or answer (an object, a list)."""
+
+
 def _get(row: dict, key: str):
-    """row[key], where a dotted key walks nested objects."""
+    """row[key], where a dotted key walks nested objects; MissingField names the depth where the
+    walk stopped and the fields there (a typo in "item.qestion" lists item's fields)."""
     if key in row:
         return row[key]
+    node, walked = row, []
     for part in key.split("."):
-        if not isinstance(row, dict) or part not in row:
-            raise KeyError(key)
-        row = row[part]
-    return row
+        if not isinstance(node, dict):
+            raise MissingField(key, ".".join(walked), None)
+        if part not in node:
+            raise MissingField(key, ".".join(walked), list(node))
+        node = node[part]
+        walked.append(part)
+    return node
+
+
+def _is_chat(value) -> bool:
+    """A list of chat messages ({"role": ..., "content": ...} objects)."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and "content" in m for m in value))
 
 
 def _question_text(value) -> str:
     """A question as text; a list of chat messages gives its last user message."""
-    if (isinstance(value, list) and value
-            and all(isinstance(m, dict) and "content" in m for m in value)):
+    if _is_chat(value):
         users = [m["content"] for m in value if m.get("role") == "user"]
         return (users or [value[-1]["content"]])[-1]
     return answer_text(value)
+
+
+def _shown(value, width: int = 60) -> str:
+    """A value as JSON, cut to `width` characters: what an error line quotes of a user's row."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _value(value, key: str, what: str):
+    """`value`, the row's field `key`, when it can be the question or the gold answer (`what`):
+    text or a number; a question also a list of chat messages, an answer also a list of plain
+    values (the published multi-answer form, OlympiadBench's: joined by ", "). An object, or any
+    other list, is a FieldError naming the key and what it holds (an object: the keys inside it),
+    never its repr taken as text: that would put the gold answer into the prompt, or make every
+    gold a repr that nothing can match."""
+    if isinstance(value, dict):
+        inside = ", ".join(f"{key}.{k}" for k in list(value)[:4]) or "it is empty"
+        raise FieldError(f"--{what}-key {key} names an object, not a value: {_shown(value)}; "
+                         f"name a field inside it ({inside})")
+    if not isinstance(value, (list, tuple)):
+        return value
+    if what == "question" and _is_chat(value):
+        return value
+    if what == "question" or any(isinstance(v, (dict, list, tuple)) for v in value):
+        raise FieldError(f"--{what}-key {key} names a list of {len(value)}, not a value: "
+                         f"{_shown(value)}")
+    return value
 
 
 def _guess_key(row: dict, candidates: tuple[str, ...], what: str, path: Path) -> str:
@@ -506,10 +598,13 @@ def _field(read, row: dict, what: str, keyed: bool, where: str) -> str:
     names the fields the row has (and with `keyed` the flag --question-key / --answer-key)."""
     try:
         return read(row)
+    except FieldError as e:
+        raise ValueError(f"{where}: {e}") from None
     except KeyError as e:
         hint = f"; name the {what} field with --{what}-key" if keyed else ""
-        raise ValueError(f"{where}: missing field {e.args[0]!r} (fields: "
-                         f"{', '.join(map(str, row)) or 'none'}){hint}") from None
+        missing = (e.describe() if isinstance(e, MissingField) else
+                   f"missing field {e.args[0]!r} (fields: {', '.join(map(str, row)) or 'none'})")
+        raise ValueError(f"{where}: {missing}{hint}") from None
 
 
 def resolve_data_dir(data_dir: str) -> Path:
@@ -547,8 +642,9 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
         file, qkey, answer_of = BENCHMARKS[name_or_path]
         path = resolve_data_dir(data_dir) / file
         if not path.is_file():
-            raise FileNotFoundError(f"benchmark {name_or_path!r}: {path} not found "
-                                    "(set --data-dir)")
+            raise FileNotFoundError(f"benchmark {name_or_path!r}: {path} not found: set "
+                                    f"--data-dir to the folder that holds {file} (data.py "
+                                    "says where the benchmark files come from)")
         return _examples(path, read_records(path), lambda r: _question_text(r[qkey]), answer_of)
     path = Path(name_or_path)
     if path.suffix.lower() not in (".jsonl", ".json", ".parquet"):
@@ -563,8 +659,9 @@ def load_benchmark(name_or_path: str, data_dir: str = DEFAULT_DATA_DIR,
     qkey = question_key or _guess_key(first, ("question", "problem", "prompt"), "question", path)
     akey = answer_key or _guess_key(first, ("answer", "final_answer", "ground_truth"),
                                     "answer", path)
-    return _examples(path, rows, lambda r: _question_text(_get(r, qkey)),
-                     lambda r: answer_text(_get(r, akey)), keyed=True)
+    return _examples(path, rows,
+                     lambda r: _question_text(_value(_get(r, qkey), qkey, "question")),
+                     lambda r: answer_text(_value(_get(r, akey), akey, "answer")), keyed=True)
 
 
 if __name__ == "__main__":

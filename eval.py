@@ -39,7 +39,6 @@ Outputs in --out: `<bench>.jsonl` (one line per problem: question, gold, prompt,
 extracted answers, correct flags, lengths, truncated flags), `summary.json` (every metric and the
 flags), `summary.md` (the table, also printed).
 """
-import argparse
 import dataclasses
 import json
 import math
@@ -162,11 +161,16 @@ class TrainFlags:
     eval_every: int = 20
     """evaluate every N steps and at the end (0 = only at the end)"""
     eval_size: int = 500
-    """held-out prompts of the built-in task trained on, greedy (eval/accuracy; builtin_steps: its
-    own test split); 0 = no test eval"""
+    """held-out prompts evaluated greedy as eval/accuracy (--eval-data says which: the built-in
+    task's test split, a file's held-out rows, all of them when fewer); 0 = no test eval"""
     dev_size: int = 0
-    """prompts of the built-in task's dev split evaluated greedy as eval/dev_accuracy (0 = none):
-    what learning rates are chosen on (bench/compare.py --experiment)"""
+    """prompts of the dev split evaluated greedy as eval/dev_accuracy (0 = none): what learning
+    rates are chosen on (bench/compare.py --experiment); a file's: its dev rows (--eval-data)"""
+    eval_data: str = "auto"
+    """what eval/accuracy is on: auto = a built-in --train-data's own test split, or a file's
+    held-out rows (a question is held out iff crc32(question) % 10 == 0, as in the built-in
+    splits: about a tenth, not trained on; --dev-size's: == 1); or a benchmark name or a file,
+    evaluated whole (--train-data then trained on whole, less its dev rows under --dev-size)"""
     eval_benchmarks: str = ""
     """comma-separated benchmarks (names from data.py or files) also evaluated at each eval:
     eval/<bench>/mean@<k>"""
@@ -191,24 +195,77 @@ def log_fields(row: dict) -> list[str]:
     return [f"{k[5:]} {v:.3f}" for k, v in row.items() if k.startswith("eval/")]
 
 
+def held_out_splits(train_data: str, eval_data: str = "auto", eval_size: int = 500,
+                    dev_size: int = 0) -> tuple[str, ...]:
+    """The splits of --train-data (data.held_out) that the periodic eval holds out of training:
+    none for a built-in task (its train split is apart already), else "test" when eval/accuracy is
+    on the file's own held-out rows (--eval-data auto, --eval-size > 0) and "dev" under
+    --dev-size: a row is never both trained on and evaluated."""
+    if train_data in data.BUILTIN_NAMES:
+        return ()
+    return (("test",) if eval_data == "auto" and eval_size else ()) + (("dev",) if dev_size
+                                                                       else ())
+
+
+def training_examples(examples: list, train_data: str, eval_data: str = "auto",
+                      eval_size: int = 500, dev_size: int = 0) -> list:
+    """The examples a run trains on: --train-data's (`examples`, as data.load_benchmark read them)
+    less the rows the eval holds out (held_out_splits). ValueError when none is left."""
+    held = {id(ex) for split in held_out_splits(train_data, eval_data, eval_size, dev_size)
+            for ex in data.held_out(examples, split)}
+    kept = [ex for ex in examples if id(ex) not in held]
+    if not kept:
+        raise ValueError(f"{train_data}: every row is held out for the eval (--eval-data "
+                         f"{eval_data}): name an eval set with --eval-data, or set --eval-size 0")
+    return kept
+
+
+def _own_rows(train_data: str, split: str, n: int, data_dir: str, keys) -> list:
+    """The first n rows of --train-data's `split` (data.held_out), the file read with `keys`;
+    ValueError when it has none."""
+    rows = data.held_out(data.load_benchmark(train_data, data_dir, keys[0] or None,
+                                             keys[1] or None), split)
+    if not rows:
+        rule, flag = (0, "--eval-size") if split == "test" else (1, "--dev-size")
+        raise ValueError(f"{train_data}: no row is in its {split} split (crc32(question) % 10 == "
+                         f"{rule}, about one in ten): name an eval set with --eval-data, or set "
+                         f"{flag} 0")
+    return rows[:n]
+
+
 def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float, template: str,
                     data_dir: str, train_data: str = data.BUILTIN, dev_size: int = 0,
-                    tokenizer=None, keys: tuple[str, str] = ("", "")) -> dict:
-    """train.py's periodic eval: {key: (examples, template, k, temperature, grader)} for the first
-    eval_size prompts of the built-in task's test split ("accuracy", greedy; data.builtin_test;
-    none when 0), the first dev_size of its dev split ("dev_accuracy", greedy; data.builtin_dev;
-    none when 0), both in the template the run trains with, and each comma-separated benchmark
-    ("<bench>/mean@k"); templates from `template` (--prompt-template; auto: data.template_for with
-    `tokenizer`), each set graded by its rule under its template (verify.grader); a benchmark
-    given as a file is read with `keys` (--question-key, --answer-key; '' = data.py's guess)."""
+                    tokenizer=None, keys: tuple[str, str] = ("", ""),
+                    eval_data: str | None = None) -> dict:
+    """train.py's periodic eval: {key: (examples, template, k, temperature, grader)} for
+    "accuracy" (greedy; none when eval_size is 0): the first eval_size prompts of the built-in
+    task's test split (data.builtin_test) or of a file's held-out rows (data.held_out, as many as
+    there are), both in the template and grader the run trains with, or of the set `eval_data`
+    names, in its own; "dev_accuracy" (greedy; none when dev_size is 0), the same from the dev
+    split; and each comma-separated benchmark ("<bench>/mean@k"). `eval_data` None: "accuracy" and
+    "dev_accuracy" from the built-in task's splits whatever `train_data` is (for a caller that does
+    not hold a file's rows out of training: training_examples). Templates from `template`
+    (--prompt-template; auto: data.template_for with `tokenizer`), each set graded by its rule under
+    its template (verify.grader); a file is read with `keys` (--question-key, --answer-key; '' =
+    data.py's guess). What each set is: eval_sets_about."""
     import verify
     sets = {}
     own = data.template_for(data.train_split(train_data), template, tokenizer)
-    builtin = verify.grader(train_data, own)
-    if eval_size:
-        sets["accuracy"] = (data.builtin_test(train_data, eval_size), own, 1, 0.0, builtin)
+    grade_own = verify.grader(train_data, own)
+    builtin = train_data in data.BUILTIN_NAMES or eval_data is None
+    if eval_size and eval_data not in ("auto", None):
+        theirs = data.template_for(eval_data, template, tokenizer)
+        sets["accuracy"] = (data.load_benchmark(eval_data, data_dir, keys[0] or None,
+                                                keys[1] or None)[:eval_size], theirs, 1, 0.0,
+                            verify.grader(eval_data, theirs))
+    elif eval_size:
+        examples = (data.builtin_test(train_data, eval_size) if builtin
+                    else _own_rows(train_data, "test", eval_size, data_dir, keys))
+        sets["accuracy"] = (examples, own, 1, 0.0, grade_own)
     if dev_size:
-        sets["dev_accuracy"] = (data.builtin_dev(train_data, dev_size), own, 1, 0.0, builtin)
+        examples = (data.builtin_dev(train_data, dev_size) if builtin
+                    else _own_rows(train_data, "dev", dev_size, data_dir, keys))
+        sets["dev_accuracy"] = (examples, own, 1, 0.0, grade_own)
     for name in filter(None, (n.strip() for n in benchmarks.split(","))):
         bench_template = data.template_for(name, template, tokenizer)
         sets[f"{data.bench_label(name)}/mean@{k}"] = (
@@ -216,6 +273,28 @@ def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float,
             bench_template, k, temperature,
             verify.grader(name, bench_template))
     return sets
+
+
+def eval_sets_about(sets: dict, train_data: str, eval_data: str | None = None) -> dict[str, str]:
+    """What each of train_eval_sets' "accuracy" and "dev_accuracy" is measured on, in words: the
+    first screen's line and step 0's "eval_on" in metrics.jsonl. {key: "500 prompts of the built-in
+    test split (builtin)"}; a file's: "47 held-out rows of my.jsonl (crc32(question) % 10 == 0,
+    not trained on)". `eval_data` as train_eval_sets was given it."""
+    about = {}
+    for key, split in (("accuracy", "test"), ("dev_accuracy", "dev")):
+        if key not in sets:
+            continue
+        n = len(sets[key][0])
+        if key == "accuracy" and eval_data not in ("auto", None):
+            about[key] = f"{n} prompts of {eval_data} (--eval-data)"
+        elif train_data in data.BUILTIN_NAMES or eval_data is None:   # (train_eval_sets' rule)
+            task = train_data if train_data in data.BUILTIN_NAMES else data.BUILTIN
+            about[key] = f"{n} prompts of the built-in {split} split ({task})"
+        else:
+            rule = 0 if split == "test" else 1
+            about[key] = (f"{n} held-out rows of {train_data} (crc32(question) % 10 == {rule}, "
+                          "not trained on)")
+    return about
 
 
 def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_new_tokens: int,
@@ -277,7 +356,7 @@ class Args:
 
 
 def parse_args(argv=None) -> Args:
-    return cli.parse(Args, argv, __doc__.split("\n\n")[0], formatter=argparse.RawTextHelpFormatter)
+    return cli.parse(Args, argv, __doc__.split("\n\n")[0])
 
 
 def _repo_relative(path: str) -> str:
@@ -307,7 +386,9 @@ def load_inputs(args: Args):
     model_dir = _repo_relative(args.model)
     if not os.path.isdir(model_dir):   # before importing torch: a typo answers at once
         raise FileNotFoundError(f"model directory not found: {args.model}")
+    from transformers.utils import logging as hf_logging
     from checkpoint import load_model
+    hf_logging.disable_progress_bar()     # no bar for loading the weights, as in train.py's runs
     model, tokenizer = load_model(model_dir, device=args.device)
     for label, (exs, name) in benches.items():       # templates need the tokenizer (auto)
         template = data.template_for(name, args.prompt_template, tokenizer)
@@ -379,9 +460,11 @@ def main(args: Args, benches, baseline, model, tokenizer) -> dict:
 
 if __name__ == "__main__":
     args = parse_args()
-    # bad input ends in one line and exit status 1; a bug past this point still shows its traceback
+    # bad input ends in one line and exit status 2, as train.py's; a bug past this point still
+    # shows its traceback
     try:
         inputs = load_inputs(args)
     except (ValueError, OSError, ImportError, KeyError) as e:
-        sys.exit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     main(args, *inputs)

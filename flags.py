@@ -126,8 +126,10 @@ class OptimFlags:
     precision: Literal["auto", "bf16"] = "auto"
     """the forward's precision: auto = bf16 on CUDA (autocast in one process, FSDP2's policy under
     torchrun), fp32 on the CPU; bf16 = bf16 autocast on the CPU too, for the trainer and
-    TorchEngine alike (fp32 weights, gradients and AdamW; SmolLM2-135M's forward + backward 2.4x
-    faster on AVX-512 BF16, its log-probs moved by ~0.05: docs/smollm2.md)"""
+    TorchEngine alike (fp32 weights, gradients and AdamW; SmolLM2-135M's log-probs moved by
+    ~0.05). On a CPU with AMX a SmolLM2 step took 0.83x fp32's time (update 0.76x, generation
+    1.09x); on one without bf16 units (avx512_bf16, amx_bf16) bf16 is emulated, several times
+    slower, and a run warns (docs/smollm2.md)"""
     epochs: int = 1
     """passes over each step's batch"""
     mini_batches: int = 1
@@ -225,6 +227,32 @@ def parse(argv=None, description: str = "") -> Args:
 
 # ---- the bounds ----------------------------------------------------------------------------------
 
+BF16_CPU = ("avx512_bf16", "amx_bf16")     # /proc/cpuinfo flags: bf16 matmuls in hardware
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU has bf16 matmul units (a flag of BF16_CPU in `cpuinfo`, /proc/cpuinfo's
+    text when None); None where there is no /proc/cpuinfo to tell."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    return bool(set(cpuinfo.split()) & set(BF16_CPU))
+
+
+def bf16_cpu_warning(choice: str, device: str, cpuinfo: str | None = None) -> str | None:
+    """The warning for --precision `choice` on `device`: bf16 asked for on a CPU without bf16
+    units (cpu_has_bf16 False), where torch emulates bf16 autocast's matmuls (on an AVX2-only AMD
+    EPYC a SmolLM2 greedy batch took 4.6x fp32's time); None otherwise (fp32, a GPU, a CPU with
+    them, or one that cannot tell)."""
+    if choice != "bf16" or device.split(":")[0] != "cpu" or cpu_has_bf16(cpuinfo) is not False:
+        return None
+    return (f"--precision bf16 on a CPU without bf16 units (none of {', '.join(BF16_CPU)} in "
+            "/proc/cpuinfo): torch emulates them, several times slower than fp32 here "
+            "(4.6x measured on an AVX2-only CPU); drop --precision bf16 for fp32")
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -253,7 +281,8 @@ def check_args(args, world: int = 1) -> None:
 def _rules(args, world: int) -> list[tuple[bool, str]]:
     """(is it broken, the sentence that says so) for each rule between the run's flags and across
     owners."""
-    named = [args.train_data, *filter(None, map(str.strip, args.eval_benchmarks.split(",")))]
+    named = [args.train_data, *filter(None, map(str.strip, args.eval_benchmarks.split(","))),
+             *([args.eval_data] if args.eval_data != "auto" else [])]
     files = [name for name in named if name not in data.BENCHMARK_NAMES]
     return [
         (args.prompts_per_step % world,
@@ -278,8 +307,8 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.reward_fn and args.reward.startswith("partial"),
          "--reward-fn replaces the verdict's term, --reward partial another: choose one"),
         ((args.question_key or args.answer_key) and not files,
-         "--question-key / --answer-key name the fields of a data file, but --train-data and "
-         "--eval-benchmarks name no file"),
+         "--question-key / --answer-key name the fields of a data file, but --train-data, "
+         "--eval-data and --eval-benchmarks name no file"),
     ]
 
 
@@ -356,10 +385,29 @@ def token_bytes(config, bytes_per_value: int = 4, checkpointing: bool = False) -
     norms, the residual), half in bf16; with --grad-checkpointing each layer keeps only its input
     (d values) and one layer is recomputed at a time; plus the logits, their log-softmax and
     gradient (12 V bytes, fp32 whatever the forward's precision: grpo.token_logprobs)."""
+    return activation_bytes(config, bytes_per_value, checkpointing) + 12 * config.vocab_size
+
+
+def activation_bytes(config, bytes_per_value: int = 4, checkpointing: bool = False) -> int:
+    """token_bytes without the logits: what the decoder layers keep of one token."""
     d, layers = config.hidden_size, config.num_hidden_layers
     per_layer = 25 * d * bytes_per_value
-    kept = layers * d * bytes_per_value + per_layer if checkpointing else layers * per_layer
-    return kept + 12 * config.vocab_size
+    return layers * d * bytes_per_value + per_layer if checkpointing else layers * per_layer
+
+
+# Above a micro-batch's kept activations, measured (peak resident memory, the README's your-data
+# run on the tiny model, 1.03 GiB of activations a micro-batch): its backward's gradients of them,
+# and what the allocator keeps of an earlier micro-batch's (the layers' tensors are small enough,
+# under glibc's 32 MiB mmap threshold, to be served from a heap that fragments; the logits' are
+# not): the peak was 1.85 GiB after the first update, 2.29 after the third and 2.4 over 100 steps.
+ACTIVATION_SLACK = 0.75
+
+
+def peak_token_bytes(config, bytes_per_value: int = 4, checkpointing: bool = False) -> int:
+    """What one padded token of a micro-batch costs at the run's peak: token_bytes plus
+    ACTIVATION_SLACK of its activations."""
+    return (token_bytes(config, bytes_per_value, checkpointing)
+            + int(ACTIVATION_SLACK * activation_bytes(config, bytes_per_value, checkpointing)))
 
 
 def micro_batch_tokens(args, model, bytes_per_value: int = 4,
@@ -389,9 +437,11 @@ class Memory(NamedTuple):
     """What a run holds at its peak on one rank, in bytes (update_memory): the parts of the
     message when it does not fit."""
     training: int         # the policy's weights, gradients and AdamW's two moments
-    copies: int           # the engine's copy of the weights, the frozen reference / a method's
+    copies: int           # the engine's copy of the weights, the frozen reference / a method's;
+    #                       under bf16 the weights cast to bf16 for the forward and backward
     micro_batch: int      # one micro-batch's activations and logits (token_bytes)
     runtime: int          # the interpreter, torch and transformers themselves
+    slack: int = 0        # the backward's gradients and the allocator's keep (ACTIVATION_SLACK)
 
     @property
     def total(self) -> int:
@@ -400,7 +450,8 @@ class Memory(NamedTuple):
     def line(self) -> str:
         return (f"{self.total / GiB:.1f} GiB (weights, gradients and AdamW "
                 f"{self.training / GiB:.1f}, copies of the weights {self.copies / GiB:.1f}, one "
-                f"micro-batch {self.micro_batch / GiB:.1f}, the runtime {self.runtime / GiB:.1f})")
+                f"micro-batch {self.micro_batch / GiB:.1f} and its backward "
+                f"{self.slack / GiB:.1f}, the runtime {self.runtime / GiB:.1f})")
 
 
 RUNTIME_BYTES = 700 * 2 ** 20   # python, torch, transformers and a tokenizer, resident (measured)
@@ -410,18 +461,24 @@ def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_co
                   bytes_per_value: int = 4, budget: int = AUTO_ACTIVATIONS) -> Memory:
     """The run's peak memory on one rank, roughly (Memory): 16 bytes a parameter for the
     weights, gradients and AdamW's two moments in fp32 (sharded over `world` ranks by FSDP2), 4 for
-    each full copy (TorchEngine's; the frozen reference of --kl-coef or a method's anchor), one
-    micro-batch's tokens (the fewer of --micro-batch-tokens and --micro-batch-size rows of the
-    longest prompt + --max-new-tokens) at token_bytes each, and the runtime."""
+    each full copy (TorchEngine's; the frozen reference of --kl-coef or a method's anchor) and in
+    bf16 (`bytes_per_value` 2) 2 more, the weights cast to bf16 that autocast keeps from the forward
+    to the backward; one micro-batch's tokens (the fewer of --micro-batch-tokens and
+    --micro-batch-size rows of the longest prompt + --max-new-tokens) at token_bytes each, and
+    ACTIVATION_SLACK of their activations again (its backward, the allocator); the runtime. Held at
+    or above the measured peaks of the README's runs (tests/test_gpu_ready.py)."""
     c = model.config
     n_params = sum(p.numel() for p in model.parameters())
     rows = args.micro_batch_size * (longest_prompt + args.max_new_tokens)
     tokens = min(micro_batch_tokens(args, model, bytes_per_value, budget), rows)
     frozen = args.kl_coef > 0 or needs_initial(args)
     copies = 4 * n_params * (int(engine_copy) + int(frozen))
-    return Memory(16 * n_params // world, copies,
+    cast = 2 * n_params if bytes_per_value == 2 else 0
+    return Memory(16 * n_params // world, copies + cast,
                   tokens * token_bytes(c, bytes_per_value, args.grad_checkpointing),
-                  RUNTIME_BYTES)
+                  RUNTIME_BYTES,
+                  int(tokens * ACTIVATION_SLACK * activation_bytes(c, bytes_per_value,
+                                                                   args.grad_checkpointing)))
 
 
 def machine_memory(device: str) -> tuple[int, int, str]:
@@ -446,14 +503,14 @@ def check_memory(need: Memory, per_token: int, *, checkpointing: bool, total: in
     """The run against the machine, at start: a ValueError naming the flag that fixes it when
     `ranks_here` ranks of `need` exceed the `total` memory (a run that cannot fit is killed
     mid-step, or takes the machine down with it); a warning when they exceed what is `available`
-    now (other processes hold the rest); else None. `per_token`: token_bytes of the run;
+    now (other processes hold the rest); else None. `per_token`: peak_token_bytes of the run;
     `checkpointing`: --grad-checkpointing is on already."""
     if ranks_here * need.total <= total:
         if ranks_here * need.total > available:
             return (f"the run may need about {ranks_here} x {need.line()}, more than the "
                     f"{available / GiB:.1f} GiB of {what} available now")
         return None
-    room = (0.9 * total / ranks_here - (need.total - need.micro_batch)) // per_token
+    room = (0.9 * total / ranks_here - (need.total - need.micro_batch - need.slack)) // per_token
     if room < 64:
         fix = ("the weights and the optimizer alone do not fit: a machine with more memory, or "
                "more ranks (FSDP2 shards them)")
@@ -478,7 +535,7 @@ def fits_machine(args, model, prompts: list, *, world: int, device: str, value_b
     cuda = torch.device(device).type == "cuda"
     ranks_here = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", world))
     total, available, what = machine_memory(device)
-    per_token = token_bytes(model.config, value_bytes, args.grad_checkpointing)
+    per_token = peak_token_bytes(model.config, value_bytes, args.grad_checkpointing)
     return need, check_memory(need, per_token, checkpointing=args.grad_checkpointing,
                               total=total, available=available, what=what,
                               ranks_here=ranks_here)
@@ -498,6 +555,10 @@ def check_sizes(args, model, prompts: list, sizes: Sizes) -> None:
                          f"training prompts (at most {len(prompts) // world * world} on {world} "
                          f"rank(s))")
     for name, split in (("eval_size", "test"), ("dev_size", "dev")):
+        if args.train_data not in data.BUILTIN_NAMES:
+            break                       # a file's held-out rows: as many as there are (eval.py)
+        if name == "eval_size" and args.eval_data != "auto":
+            continue                    # another set: its first --eval-size rows
         n = len(data.builtin_split(args.train_data, split))
         if getattr(args, name) > n:
             raise ValueError(f"{flag(name)} ({getattr(args, name)}) exceeds the {n} prompts of "

@@ -6,7 +6,11 @@ Every function works at world size 1 without a process group (plain `python trai
 collective is the identity. Under torchrun every rank must call the collectives here equally often
 and in the same order.
 """
+import json
 import math
+import os
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -40,6 +44,53 @@ def all_gather_cat(t: torch.Tensor, world: int) -> torch.Tensor:
     parts = [None] * world
     dist.all_gather_object(parts, t.cpu())
     return torch.cat(parts)
+
+
+# ---- bad input found mid-run: every rank stops at once, the cause said once ----------------------
+
+class RanksStopped(ValueError):
+    """Bad input found mid-run on some rank (its own error's message, and which rank): raised on
+    every rank at once by stop_together, so main prints it on rank 0 only and every rank exits 2."""
+
+
+def stop_together(error: Exception | None, world: int) -> None:
+    """Every rank calls this at the same point of the step, with the bad-input error its own work
+    there ended in (held, not raised: a rank that raised alone would leave the others waiting in
+    the step's next collective, which gloo ends in a traceback), or None. When no rank has one it
+    returns; otherwise every rank raises RanksStopped with the first failing rank's message. One
+    rank, no process group: `error` itself is raised."""
+    if world == 1:
+        if error is not None:
+            raise error
+        return
+    if not all_reduce([float(error is not None)], world, op=dist.ReduceOp.MAX)[0]:
+        return                                     # the usual case: one small collective
+    messages = [None] * world
+    dist.all_gather_object(messages, None if error is None else str(error))
+    rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
+    raise RanksStopped(f"{message} (rank {rank} of {world}; every rank stopped)")
+
+
+def record_error(message: str) -> None:
+    """Under torchrun, `message` (one line) as this process's elastic error record, so torchrun's
+    failure summary shows it in place of "error_file: <N/A>" and a link about tracebacks; nothing
+    without torchrun (no TORCHELASTIC_ERROR_FILE)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"message": message, "timestamp": int(time.time())}, f)
+
+
+def fail(message: str, code: int, *, every_rank: bool = False) -> int:
+    """A run that ends on an error: `message` (one line) to stderr, on rank 0 only (the same on
+    every rank) or with `every_rank` on this one (found by this rank alone), recorded for torchrun
+    (record_error, on every rank); returns the exit status `code`."""
+    if every_rank:
+        print(message, file=sys.stderr)
+    else:
+        print0(message, file=sys.stderr)
+    record_error(message)
+    return code
 
 
 # ---- lockstep forward/backward passes ------------------------------------------------------------

@@ -18,10 +18,13 @@ ranking read it, not this reward. The function runs on every rank for that rank'
 pure (no state between calls).
 
 Checked before training (`make`, a ValueError of one line): the spec's form, the file, that it
-imports, that it defines a function `name` and that the function takes (completion, gold_answer).
-Checked at every call (`RewardFnError`, a ValueError that train.main prints as one line): the value
-is a finite real number. An exception raised inside the function itself is the function's own and
-propagates as it is, with its traceback.
+imports (any exception its import raises is named with the line of the file it came from), that it
+defines a function `name` and that the function takes (completion, gold_answer). Checked at every
+call (`RewardFnError`, a ValueError that train.main prints as one line, exit status 2): the value is
+a finite real number, and the call returns; an exception raised inside the function is named with
+its type, message and the line of the user's file it came from, and the completion it was called
+on. Under torchrun the rank whose reward failed is not alone: `parallel.stop_together` makes every
+rank stop at the same step, the cause shown once.
 """
 import importlib.util
 import inspect
@@ -29,10 +32,27 @@ import math
 import numbers
 import os
 import sys
+import traceback
 
 
 class RewardFnError(ValueError):
-    """The user's reward function returned something that is not a finite real number."""
+    """The user's reward function raised, or returned something that is not a finite real number:
+    bad input found mid-run (one line, exit status 2)."""
+
+
+def raised_at(e: BaseException, path: str) -> str:
+    """Where in the user's file `path` the exception `e` was raised (" (mine.py, line 3)", from the
+    last frame of its traceback in that file), or "" when no frame is in it."""
+    here = os.path.abspath(path)
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
+             if os.path.abspath(f.filename) == here]
+    return f" ({os.path.basename(path)}, line {lines[-1]})" if lines else ""
+
+
+def what_raised(e: BaseException, path: str) -> str:
+    """An exception as one line: "ZeroDivisionError: division by zero (mine.py, line 3)"."""
+    message = " ".join(str(e).split())[:200]
+    return f"{type(e).__name__}{': ' + message if message else ''}{raised_at(e, path)}"
 
 
 def load(spec: str):
@@ -54,6 +74,8 @@ def load(spec: str):
         module_spec.loader.exec_module(module)
     except SyntaxError as e:
         raise ValueError(f"--reward-fn: {path}, line {e.lineno}: {e.msg}") from None
+    except Exception as e:       # the user's module-level code: ImportError, NameError, anything
+        raise ValueError(f"--reward-fn: importing {path} failed: {what_raised(e, path)}") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         defined = [n for n, v in vars(module).items() if inspect.isfunction(v)
@@ -98,24 +120,47 @@ def checked(value, spec: str, completion: str) -> float:
     return float(value)
 
 
-def make(spec: str, tokenizer):
-    """The rollouts' rewards under --reward-fn `spec`: a function rollouts -> [float] (one value
-    per rollout, from r.text, r.answer and, when asked for, the decoded r.prompt_ids), or None
+class OwnReward:
+    """The rollouts' rewards under --reward-fn `spec`: called on rollouts, one value each (from
+    r.text, r.answer and, when the function asks for it, the decoded r.prompt_ids). A bad value or
+    an exception of the function is a RewardFnError, raised at once, or with `hold` kept in
+    `error` (the first one) while that call's rollouts get 0.0, for the caller to stop every rank
+    at the same point (parallel.stop_together(own_reward.error, world))."""
+
+    def __init__(self, fn, spec: str, tokenizer, hold: bool = False):
+        self.fn, self.spec, self.tokenizer, self.hold = fn, spec, tokenizer, hold
+        self.prompt = wants_prompt(fn)
+        self.error: RewardFnError | None = None
+
+    def __call__(self, rollouts) -> list[float]:
+        try:
+            return [self.one(r) for r in rollouts]
+        except RewardFnError as e:
+            if not self.hold:
+                raise
+            self.error = self.error or e
+            return [0.0] * len(rollouts)
+
+    def one(self, r) -> float:
+        kw = {"prompt": self.tokenizer.decode(r.prompt_ids)} if self.prompt else {}
+        return checked(call(self.fn, self.spec, r.text, r.answer, **kw), self.spec, r.text)
+
+
+def make(spec: str, tokenizer, hold: bool = False) -> OwnReward | None:
+    """--reward-fn `spec`'s rewards (OwnReward; `hold`: its errors kept for the caller), or None
     when `spec` is "" (the shaped reward's own verdict term). Loads and checks the function now
     (`load`)."""
-    if not spec:
-        return None
-    fn = load(spec)
-    prompt = wants_prompt(fn)
+    return OwnReward(load(spec), spec, tokenizer, hold) if spec else None
 
-    def rewards(rollouts) -> list[float]:
-        out = []
-        for r in rollouts:
-            kw = {"prompt": tokenizer.decode(r.prompt_ids)} if prompt else {}
-            out.append(checked(fn(r.text, r.answer, **kw), spec, r.text))
-        return out
 
-    return rewards
+def call(fn, spec: str, completion: str, gold: str, **kw):
+    """fn(completion, gold, **kw): the user's reward function called once; an exception it raises
+    is a RewardFnError of one line naming it, where it was raised and the completion."""
+    try:
+        return fn(completion, gold, **kw)
+    except Exception as e:
+        raise RewardFnError(f"--reward-fn {spec} raised {what_raised(e, spec.rpartition(':')[0])} "
+                            f"on the completion {completion[:40]!r} (gold {gold[:40]!r})") from None
 
 
 if __name__ == "__main__":
@@ -125,6 +170,8 @@ if __name__ == "__main__":
     try:
         fn = load(sys.argv[1])
         kw = {"prompt": ""} if wants_prompt(fn) else {}
-        print(checked(fn(sys.argv[2], sys.argv[3], **kw), sys.argv[1], sys.argv[2]))
+        print(checked(call(fn, sys.argv[1], sys.argv[2], sys.argv[3], **kw), sys.argv[1],
+                      sys.argv[2]))
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -445,6 +445,8 @@ def logprob_floor(model, rollouts: list[Rollout], temperature: float, pad_id: in
 if __name__ == "__main__":
     import data
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()           # no bar for loading the weights
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "tiny-arith")
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     engine = TorchEngine(model, tok)

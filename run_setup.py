@@ -72,17 +72,19 @@ def start(args: Args) -> tuple[int, int, str] | None:
     """(rank, world_size, device) once out_dir is claimed (checkpoint.claim_out_dir, before the
     process group: every rank reads out_dir before any rank can write to it) and the process group
     is up (setup_distributed); None after one "error:" line (rank 0's alone for out_dir, which
-    every rank refuses alike)."""
+    every rank refuses alike), also written where torchrun's summary reads it
+    (parallel.record_error)."""
     try:
         checkpoint.claim_out_dir(args.out_dir, resume=args.resume, overwrite=args.overwrite)
     except ValueError as e:
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr)
+        parallel.record_error(f"error: {e}")      # torchrun's summary shows the one line
         return None
     try:
         return setup_distributed()
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        parallel.fail(f"error: {e}", 2, every_rank=True)
         return None
 
 
@@ -140,13 +142,17 @@ class Settings(NamedTuple):
     log: metrics_lib.LogFlags
 
 
-def load_inputs(run: flags.RunFlags, data_dir: str, *, world: int, device: str):
-    """What a run trains from: (resume checkpoint or None, model, tokenizer, training prompts).
+def load_inputs(run: flags.RunFlags, evals: eval_lib.TrainFlags, *, world: int, device: str):
+    """What a run trains from: (resume checkpoint or None, model, tokenizer, training prompts);
+    a file's rows that the eval holds out are not trained on (eval.training_examples).
     ValueError / OSError for bad input."""
     resume = checkpoint.resolve(run.resume, run.out_dir, world)
     model, tok = checkpoint.load_model(resume or run.model, device)   # resuming: its weights
     name = data.train_split(run.train_data)  # the built-in tasks: their train splits
-    examples = data.load_benchmark(name, data_dir, run.question_key or None, run.answer_key or None)
+    examples = data.load_benchmark(name, evals.data_dir, run.question_key or None,
+                                   run.answer_key or None)
+    examples = eval_lib.training_examples(examples, run.train_data, evals.eval_data,
+                                          evals.eval_size, evals.dev_size)
     prompts = data.make_prompts(examples, train_template(run, tok), tok)
     return resume, model, tok, prompts
 
@@ -163,7 +169,8 @@ def load_evals(run: flags.RunFlags, evals: eval_lib.TrainFlags, tok, prompts: li
     eval_sets = eval_lib.train_eval_sets(evals.eval_size, evals.eval_benchmarks, evals.eval_k,
                                          evals.eval_temperature, run.prompt_template,
                                          evals.data_dir, run.train_data, evals.dev_size, tok,
-                                         keys=(run.question_key, run.answer_key))
+                                         keys=(run.question_key, run.answer_key),
+                                         eval_data=evals.eval_data)
     eval_prompts = [q for examples, template, *_ in eval_sets.values()
                     for q in data.make_prompts(examples, template, tok)]
     max_len = run.max_new_tokens + max(len(p.ids) for p in prompts + eval_prompts)
@@ -185,8 +192,10 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     if args.threads:
         torch.set_num_threads(args.threads)
     run_flags, eval_flags = cli.part(args, flags.RunFlags), cli.part(args, eval_lib.TrainFlags)
-    resume, model, tok, prompts = load_inputs(run_flags, args.data_dir, world=world, device=device)
+    resume, model, tok, prompts = load_inputs(run_flags, eval_flags, world=world, device=device)
     forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
+    if (slow := flags.bf16_cpu_warning(args.precision, device)):
+        parallel.print0(f"warning: {slow}")
     value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
     budget = flags.activation_budget(device)
     sizes = flags.sizes(args, model, world, value_bytes, budget)
@@ -202,6 +211,9 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
                                      sep=" ", go_on=" " * len("flags: ")))
     parallel.print0(metrics_lib.wrap([*sizes.fields(), f"device {device}", forward,
                                       f"memory about {need.total / flags.GiB:.1f} GiB a rank"]))
+    for key, what in eval_lib.eval_sets_about(eval_sets, run_flags.train_data,
+                                              eval_flags.eval_data).items():
+        parallel.print0(f"eval/{key}: {what}")
     torch.manual_seed(torch_seed(args.seed))
     order = list(range(len(prompts)))
     random.Random(order_seed(args.seed)).shuffle(order)
@@ -234,7 +246,8 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
     s = Settings(*(parts[o] for o in (flags.RunFlags, flags.OptimFlags, flags.RewardFlags,
                                       flags.LossFlags, buffer.Flags, vllm_engine.Flags,
                                       eval_lib.TrainFlags, metrics_lib.LogFlags)))
-    own_reward = reward_fn.make(s.reward.reward_fn, tok)  # --reward-fn, checked before all else
+    # --reward-fn, checked before all else; a call that raises is held, so the ranks stop together
+    own_reward = reward_fn.make(s.reward.reward_fn, tok, hold=True)
     frozen = None                         # the model as loaded: the KL reference, a method's
     if s.loss.kl_coef > 0 or initial:
         frozen = checkpoint.load_model(s.run.model, device)[0].eval().requires_grad_(False)

@@ -286,6 +286,8 @@ def train_step(run: Run, pos: int, m: Metrics, *, step: int, guard: parallel.Ste
     fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
     metrics)."""
     fresh, generated, pos = generate_and_score(run, pos, step, m)                # 1. and 2.
+    if run.own_reward is not None:     # a --reward-fn that raised on a rank: every rank stops
+        parallel.stop_together(run.own_reward.error, run.world)
     t1 = time.perf_counter()
     replay = run.replay
     replayed = replay.sample(step, len(fresh)) if replay is not None else []      # 3. sample
@@ -342,7 +344,8 @@ def train(run: Run) -> dict:
     if start == 0:                                     # step 0: the model before training
         m = Metrics()
         evaluate(m)
-        row = {"step": 0, **m.reduce(world)}
+        about = eval_lib.eval_sets_about(run.eval_sets, s.run.train_data, s.eval.eval_data)
+        row = {"step": 0, **m.reduce(world), "eval_on": about}   # what each accuracy reads
         metrics_lib.write_logs(logs, row, metrics_lib.log_line(row, (eval_lib.log_fields,)))
     row, ckpt = {}, run.resume
     for step in range(start, s.run.steps):
@@ -412,19 +415,18 @@ def main(argv=None) -> int:
             run = run_setup.setup(args, rank=rank, world=world, device=device, make_run=Run,
                                   shard=shard_model, steps=STEPS)
         except (ValueError, OSError) as e:
-            parallel.print0(f"error: {e}", file=sys.stderr)
-            return 2
+            return parallel.fail(f"error: {e}", 2)
         try:
             train(run)
             if dist.is_initialized():
                 # gloo torn down while another rank still has work in flight can abort
                 dist.barrier()
         except (parallel.NonFiniteError, rollout.EngineMismatchError) as e:
-            parallel.print0(f"error: {e}", file=sys.stderr)
-            return 1
+            return parallel.fail(f"error: {e}", 1)
+        except parallel.RanksStopped as e:           # bad input found mid-run, every rank stops
+            return parallel.fail(f"error: {e}", 2)
         except reward_fn.RewardFnError as e:         # bad input found mid-run, on this rank
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return parallel.fail(f"error: {e}", 2, every_rank=True)
         return 0
     finally:
         if dist.is_initialized():

@@ -75,8 +75,10 @@ def make_tokenizer():
     byte_level = {" ": "\u0120", "\n": "\u010a"}
     chars = [chr(i) for i in range(32, 127)] + ["\n"]
     vocab = {byte_level.get(c, c): i for i, c in enumerate(chars)}
+    # prompt_template: the form the model is trained on, named in its tokenizer_config.json, so
+    # that --prompt-template auto gives it "3+4*2=" on any prompt set (data.model_template)
     return Qwen2Tokenizer(vocab=vocab, merges=[], eos_token=EOS, pad_token=PAD,
-                          model_max_length=256)
+                          model_max_length=256, prompt_template="builtin")
 
 
 def make_model(vocab_size: int, seed: int):

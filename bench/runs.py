@@ -249,9 +249,6 @@ def missing_model(s: Setting) -> str:
     return model if model and not (ROOT / model / "config.json").exists() else ""
 
 
-BF16_CPU = ("avx512_bf16", "amx_bf16")     # /proc/cpuinfo flags: bf16 matmuls in hardware
-
-
 def slow_bf16(s: Setting, cpuinfo: str | None = None) -> str:
     """Why a setting's --precision bf16 would crawl on this machine, else "": no CUDA device and
     a CPU without bf16 instructions (BF16_CPU), where torch emulates bf16 autocast's matmuls.
@@ -261,14 +258,12 @@ def slow_bf16(s: Setting, cpuinfo: str | None = None) -> str:
     argv = list(s.flags)
     if "--precision" not in argv or argv[argv.index("--precision") + 1] != "bf16":
         return ""
+    from flags import BF16_CPU, cpu_has_bf16       # (imports torch: only for such a setting)
     if cpuinfo is None:
         import torch
         if torch.cuda.is_available():
             return ""
-        path = Path("/proc/cpuinfo")
-        cpuinfo = path.read_text() if path.exists() else ""
-    have = set(cpuinfo.split())
-    if any(f in have for f in BF16_CPU):
+    if cpu_has_bf16(cpuinfo):                      # None (cannot tell): refused, as without
         return ""
     return (f"setting {s.label} trains under --precision bf16, and this CPU has none of "
             f"{', '.join(BF16_CPU)}: bf16 is emulated here, 4.6x fp32's time (slow_bf16); run it "

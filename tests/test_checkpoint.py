@@ -257,3 +257,17 @@ def test_non_finite_steps_are_skipped_then_end_the_run(task, tmp_path, monkeypat
     m = metrics(out)
     assert [x["step"] for x in m] == [0, 1, 2, 3]
     assert [x["train/skipped_steps"] for x in m[1:]] == [0, 0, 1]
+
+
+def test_a_checkpoints_files_are_readable_by_the_group(tmp_path):
+    """model.safetensors came out 0600 (transformers writes it through a temporary file): every
+    file of the Hugging Face directory now gets 0666 less the umask, 0644 under 022."""
+    model, tok = checkpoint.load_model(os.path.join(os.path.dirname(checkpoint.__file__),
+                                                    "assets", "tiny-arith"))
+    old = os.umask(0o022)
+    try:
+        checkpoint.save_hf(model, tok, str(tmp_path / "ckpt"))
+    finally:
+        os.umask(old)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "ckpt").iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes

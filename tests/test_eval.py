@@ -298,10 +298,31 @@ def test_cli_bad_input_is_one_line(model_dir, tmp_path, flags, message):
         flags = [str(bad) if f == "BAD" else f for f in flags]
         message = message.replace("BAD", str(bad))
     p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), *flags)
-    assert p.returncode != 0
+    assert p.returncode == 2                      # bad input: exit 2, as train.py's
     assert "Traceback" not in p.stderr
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], p.stderr
+
+
+def test_cli_reads_values_not_objects_and_names_a_missing_benchmark_file(model_dir, tmp_path):
+    """A key naming an object is one line (the gold would otherwise sit in the prompt); a named
+    benchmark whose file is not in --data-dir says which file and where to look; both exit 2,
+    without a weight-loading bar."""
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text('{"item": {"q": "8*7=", "a": "56"}}\n')
+    p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), "--benchmarks",
+                str(nested), "--question-key", "item", "--answer-key", "item.a")
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        f'error: {nested}:1: --question-key item names an object, not a value: '
+        '{"q": "8*7=", "a": "56"}; name a field inside it (item.q, item.a)']
+    p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), "--benchmarks", "aime24",
+                "--data-dir", str(tmp_path / "nowhere"))
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        f"error: benchmark 'aime24': {tmp_path / 'nowhere' / 'aime24.jsonl'} not found: set "
+        "--data-dir to the folder that holds aime24.jsonl (data.py says where the benchmark "
+        "files come from)"]
+    p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), "--limit", "2")
+    assert p.returncode == 0 and "Loading" not in p.stderr and "it/s" not in p.stderr, p.stderr
 
 
 def test_help_text_comes_from_field_docstrings():
@@ -311,6 +332,16 @@ def test_help_text_comes_from_field_docstrings():
     p = run_cli("--help")
     assert (p.returncode == 0 and "--max-new-tokens" in p.stdout
             and "sampling temperature; 0 is greedy" in p.stdout)
+
+
+def test_help_lines_fit_100_characters_on_a_wide_terminal():
+    """argparse wraps at the terminal's width: capped at 100 (cli.HELP_WIDTH), eval.py's and
+    train.py's --help alike, the default --model relative to the repository."""
+    for script in ("eval.py", "train.py"):
+        p = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120, env={**ONE_THREAD, "COLUMNS": "250"})
+        assert p.returncode == 0 and max(map(len, p.stdout.splitlines())) <= 100, script
+        assert str(ROOT) not in p.stdout and "(default: 'assets/tiny-arith')" in p.stdout
 
 
 def test_help_and_import_do_not_import_torch():

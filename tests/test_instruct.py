@@ -41,7 +41,8 @@ def test_auto_gives_chat_models_the_instruct_template(chat_tok):
         assert data.template_for(name, "auto", chat_tok) == "instruct"
         assert data.template_for(name, "auto", plain_tok) == "builtin"
         assert data.template_for(name) == "builtin"                   # no tokenizer: builtin
-    assert data.template_for("gsm8k", "auto", chat_tok) == "plain"    # benchmarks: unchanged
+    assert data.template_for("gsm8k", "auto", chat_tok) == "chat"     # any other set: chat
+    assert data.template_for("my.jsonl", "auto", chat_tok) == "chat"
     assert data.template_for("builtin", "chat", chat_tok) == "chat"   # a choice is kept
     text = data.apply_template("3+4*2", "instruct", chat_tok)
     assert text.endswith("<|im_start|>user\nWhat is 3+4*2? Reply with only the number."

@@ -175,3 +175,136 @@ def test_reward_fn_and_partial_credit_are_two_verdict_terms(tmp_path):
 def test_the_flag_is_in_the_reward_group():
     import flags
     assert Args().reward_fn == "" and "reward_fn" in flags.RewardFlags.__dataclass_fields__
+
+
+# ---- keys read values, not containers (a gold answer never leaks into a prompt) ------------------
+
+NESTED = [{"item": {"q": "8*7=", "a": "56"}}, {"item": {"q": "2+3=", "a": "5"}}]
+
+
+@pytest.mark.parametrize("question, answer, message", [
+    ("item", "item.a", "--question-key item names an object, not a value: "
+                       '{"q": "8*7=", "a": "56"}; name a field inside it (item.q, item.a)'),
+    ("item.q", "item", "--answer-key item names an object, not a value"),
+    ("item.qq", "item.a", "missing field 'item.qq' (fields of item: q, a); name the question "
+                          "field with --question-key"),
+    ("item.q.x", "item.a", "missing field 'item.q.x' (item.q is not an object)"),
+])
+def test_a_key_that_names_an_object_or_misses_is_one_line(tmp_path, question, answer, message):
+    """The issue's file: --question-key item once trained on "{'q': '8*7=', 'a': '56'}" (the gold
+    in the prompt); now it, an object as the answer and a typo at depth 2 (the fields there listed)
+    are one line, exit 2, before step 0."""
+    path = write_rows(tmp_path / "nested.jsonl", NESTED)
+    with pytest.raises(ValueError, match="nested.jsonl:1: "):
+        data.load_benchmark(path, question_key=question, answer_key=answer)
+    rc, err = main_error(["--train-data", path, "--question-key", question,
+                          "--answer-key", answer], tmp_path)
+    assert rc == 2 and message in one_error_line(err)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert data.load_benchmark(path, question_key="item.q", answer_key="item.a") == [
+        data.Example("8*7=", "56"), data.Example("2+3=", "5")]
+
+
+def test_a_list_of_objects_is_no_value_but_chat_messages_are_a_question(tmp_path):
+    """A list holding objects is refused as a question or an answer; a question's list of chat
+    messages is its last user message, an answer's list of plain values the published multi-answer
+    form ("5, 7"); a question's list of plain values is refused (nothing says which is asked)."""
+    rows = [{"messages": [{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": "2+3="}], "golds": [{"v": "5"}],
+             "two": [5, 7], "parts": ["2+3=", "3+2="]}]
+    path = write_rows(tmp_path / "chat.jsonl", rows)
+    with pytest.raises(ValueError, match=r"chat.jsonl:1: --answer-key golds names a list of 1, "
+                                         r'not a value: \[\{"v": "5"\}\]'):
+        data.load_benchmark(path, question_key="messages", answer_key="golds")
+    with pytest.raises(ValueError, match=r"--question-key parts names a list of 2"):
+        data.load_benchmark(path, question_key="parts", answer_key="two")
+    assert data.load_benchmark(path, question_key="messages", answer_key="two") == [
+        data.Example("2+3=", "5, 7")]
+
+
+# ---- every bad reward is one line, exit 2 --------------------------------------------------------
+
+def test_a_reward_file_whose_import_fails_is_one_line_before_training(tmp_path):
+    spec = reward_file(tmp_path, "import no_such_module_here\n"
+                                 "def f(completion, gold_answer):\n    return 1.0\n") + ":f"
+    with pytest.raises(ValueError, match=r"importing .*mine.py failed: ModuleNotFoundError: No "
+                                         r"module named 'no_such_module_here' \(mine.py, line 1\)"):
+        reward_fn.make(spec, tokenizer=None)
+    rc, err = main_error(["--reward-fn", spec], tmp_path)
+    assert rc == 2 and "ModuleNotFoundError" in one_error_line(err)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+RAISES = ("def f(completion, gold_answer):\n"
+          "    table = {}\n"
+          "    return table[completion]\n")
+
+
+def test_a_reward_function_that_raises_mid_run_is_one_line_naming_it(tmp_path):
+    """It raised KeyError at its line 3: one line with the exception, the line and the completion,
+    exit 2 (it was 33 lines of traceback, exit 1)."""
+    spec = reward_file(tmp_path, RAISES) + ":f"
+    with pytest.raises(reward_fn.RewardFnError, match=r"raised KeyError: '5' \(mine.py, line 3\) "
+                                                      r"on the completion '5' \(gold '5'\)"):
+        reward_fn.make(spec, tokenizer=None)(rollouts(["5"]))
+    rc, err = main_error(["--reward-fn", spec], tmp_path)
+    line = one_error_line(err)
+    assert rc == 2 and "raised KeyError" in line and "(mine.py, line 3)" in line
+
+
+def test_a_held_reward_error_gives_zeros_and_is_kept_for_every_rank_to_stop(tmp_path):
+    """hold=True (train.py under torchrun): the failing call's rollouts get 0.0 and the first error
+    is kept; parallel.stop_together raises it (one rank: the error itself)."""
+    import parallel
+    own = reward_fn.make(reward_file(tmp_path, RAISES) + ":f", tokenizer=None, hold=True)
+    assert own(rollouts(["5", "6"])) == [0.0, 0.0] and "KeyError: '5'" in str(own.error)
+    own(rollouts(["7"]))
+    assert "KeyError: '5'" in str(own.error)                  # the first one stays
+    parallel.stop_together(None, 1)
+    with pytest.raises(reward_fn.RewardFnError, match="KeyError"):
+        parallel.stop_together(own.error, 1)
+
+
+def _stop_on_two_ranks(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    import parallel
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        parallel.stop_together(None, 2)                       # nobody failed: both go on
+        error = reward_fn.RewardFnError("bad value") if rank == 1 else None
+        parallel.stop_together(error, 2)
+        result = "went on"
+    except parallel.RanksStopped as e:
+        result = str(e)
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(result)
+
+
+def test_under_two_ranks_both_stop_with_the_failing_ranks_cause(tmp_path):
+    """Rank 1's reward failed: both ranks raise RanksStopped at the same call, with rank 1's
+    message (main prints it on rank 0 once; neither is left waiting in a collective)."""
+    import torch.multiprocessing as mp
+    out = str(tmp_path / "result")
+    mp.spawn(_stop_on_two_ranks, args=(f"file://{tmp_path / 'store'}", out), nprocs=2)
+    results = {open(f"{out}.{r}").read() for r in (0, 1)}
+    assert results == {"bad value (rank 1 of 2; every rank stopped)"}
+
+
+def test_the_error_record_is_what_torchruns_summary_shows(tmp_path, monkeypatch):
+    """parallel.record_error writes torch's elastic error file: torchrun's ProcessFailure reads our
+    one line as the failure's message (in place of "To enable traceback see: ...")."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    import parallel
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    assert parallel.fail("error: runs/x already holds a run", 2) == 2
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(path))
+    assert failure.message == "error: runs/x already holds a run"
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
+    path.unlink()
+    parallel.record_error("error: nothing to record")
+    assert not path.exists()
