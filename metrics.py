@@ -19,6 +19,7 @@ same numbers as TensorBoard scalars.
 """
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -210,6 +211,16 @@ def log_line(row: dict, parts=()) -> str:
     return wrap([head, *fields(row, parts)], go_on=" " * len(head) + " | ")
 
 
+def status(text: str, rank: int = 0, stream=None) -> None:
+    """What a long step is doing now, on a terminal only: `text` on one line of stderr that the
+    next status or log line overwrites ("\r", cleared to the end); nothing where stderr is not a
+    terminal (a log file, a pipe, a test), and nothing on ranks other than 0."""
+    stream = sys.stderr if stream is None else stream
+    if rank == 0 and stream.isatty():
+        stream.write(f"\r\x1b[K{text}" if text else "\r\x1b[K")
+        stream.flush()
+
+
 # updates: one line per optimizer step
 LOG_FILES = ("metrics.jsonl", "samples.jsonl", "updates.jsonl")
 
@@ -242,6 +253,7 @@ def write_logs(files, row: dict, line: str, rollouts: list = (), tokenizer=None,
     metrics_f, samples_f, updates_f, tb = files
     if metrics_f is None:                              # not rank 0 (open_logs)
         return
+    status("")                                         # the step's status line, cleared
     print(line, flush=True)
     metrics_f.write(json.dumps(row) + "\n")
     metrics_f.flush()

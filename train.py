@@ -285,6 +285,7 @@ def train_step(run: Run, pos: int, m: Metrics, *, step: int, guard: parallel.Ste
     """One pass of the loop, 1. to 6. of the module docstring, its metrics into `m`. Returns (the
     fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
     metrics)."""
+    metrics_lib.status(f"step {step + 1}: generating and scoring", run.rank)  # a terminal only
     fresh, generated, pos = generate_and_score(run, pos, step, m)                # 1. and 2.
     if run.own_reward is not None:     # a --reward-fn that raised on a rank: every rank stops
         parallel.stop_together(run.own_reward.error, run.world)
@@ -294,6 +295,8 @@ def train_step(run: Run, pos: int, m: Metrics, *, step: int, guard: parallel.Ste
     if replay is not None:                                                         # 4. store
         replay.add([r for r in fresh if all(k(r) for k in run.hooks.keeps)], step)
     per_update = []
+    metrics_lib.status(f"step {step + 1}: updating on {len(fresh) + len(replayed)} rollouts",
+                       run.rank)
     m.merge(update(run, fresh, replayed, step=step, guard=guard,                   # 5. update
                    per_update=per_update))
     run.engine.load_weights(parallel.full_parameters(run.model))                  # 6. sync

@@ -59,3 +59,22 @@ def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path):
         expected = {k: v for k, v in r.items() if k != "step"}
         assert logged[r["step"]] == pytest.approx(expected, rel=1e-6, abs=1e-6), r["step"]
     assert "eval/accuracy" in logged[0] and "loss/policy" in logged[2]
+
+
+def test_a_long_steps_status_shows_on_a_terminal_only():
+    """metrics.status: on a terminal one line that the next overwrites ("\\r", cleared); nothing
+    in a log file or a pipe, nothing on a rank other than 0."""
+    import io
+
+    import metrics
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    tty, pipe = Terminal(), io.StringIO()
+    metrics.status("step 3: updating on 96 rollouts", 0, tty)
+    metrics.status("step 3: updating on 96 rollouts", 0, pipe)
+    metrics.status("step 3: generating", 1, tty)
+    assert tty.getvalue() == "\r\x1b[Kstep 3: updating on 96 rollouts" and pipe.getvalue() == ""
+    metrics.status("", 0, tty)
+    assert tty.getvalue().endswith("\r\x1b[K")
