@@ -43,7 +43,9 @@ def tiny_model():
 
 # ---- ../shared: next to the repository, not in it ----------------------------------------------
 
-SHARED = Path(ROOT).parent / "shared"
+# SHARED_DIR (a path) stands in for it: SHARED_DIR=/nonexistent runs the suite as a fresh clone
+# without ../shared does
+SHARED = Path(os.environ.get("SHARED_DIR") or Path(ROOT).parent / "shared")
 
 
 def require_shared(*parts: str) -> Path:
