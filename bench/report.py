@@ -369,7 +369,7 @@ def sweep_table(summary: dict) -> str:
             accs = mine[lr]
             cell = (f"{100 * statistics.mean(accs):.1f} ("
                     f"{', '.join(f'{100 * x:.1f}' for x in accs)})")
-            if lr == summary["chosen"][a.name]:
+            if lr == summary["chosen"].get(a.name):
                 edge = " (edge)" if lr in (min(mine), max(mine)) else ""
                 cell = f"**{cell}**{edge}"
             cells.append(cell)
