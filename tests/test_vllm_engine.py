@@ -220,7 +220,7 @@ def test_vllm_unchanged_push_and_sleep_keep_greedy_output(tiny, engine):
     assert _max_diff(model, before, 0.0, tok.pad_token_id) <= TOL
     engine.load_weights((n, p.detach().clone()) for n, p in model.named_parameters())
     after = engine.generate(prompts, 2, g)
-    engine.sleep()
+    engine.sleep(push_follows=True)                   # level 2 on CUDA: the push restores
     engine.load_weights(model.named_parameters())
     slept = engine.generate(prompts, 2, g)
     engine.sleep()
