@@ -208,20 +208,8 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
     if (slow := flags.bf16_cpu_warning(args.precision, device)):
         parallel.print0(f"warning: {slow}")
-    value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
-    frozen_bytes = frozen_dtype(device).itemsize
-    plan = flags.plan_memory(args, model, prompts, world=world, device=device,
-                             value_bytes=value_bytes, frozen_bytes=frozen_bytes)
-    logits = flags.AUTO_LOGITS_CUDA if torch.device(device).type == "cuda" else flags.AUTO_LOGITS
-    sizes = flags.sizes(args, model, world, value_bytes, plan.budget, logits)
-    args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens,   # 0 resolved
-                               gpu_memory_utilization=plan.engine_share)
-    flags.check_sizes(args, model, prompts, sizes)
-    need, warning = flags.fits_machine(args, model, prompts, world=world, device=device,
-                                       value_bytes=value_bytes, budget=plan.budget,
-                                       frozen_bytes=frozen_bytes, engine_asleep=plan.engine_asleep)
-    if warning:
-        parallel.print0(f"warning: {warning}")
+    args, sizes, need = size_run(args, model, prompts, world=world, device=device,
+                                 forward=forward)
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
     parallel.print0(metrics_lib.wrap(["flags:", *flags.shown(changed),
                                       "(every flag: args.json in each checkpoint)"],
@@ -252,6 +240,29 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     return run
 
 
+def size_run(args: Args, model, prompts: list, *, world: int, device: str, forward: str):
+    """(args with --micro-batch-tokens 0 and --gpu-memory-utilization 0 resolved, the sizes, the
+    memory estimate): the device's memory divided (flags.plan_memory: on CUDA the micro-batch's
+    budget is what the trainer's resident state and vLLM's leave), the sizes checked
+    (flags.check_sizes) and the run against the machine (flags.fits_machine: a ValueError when
+    it cannot fit, a warning printed when it may not fit what is free now)."""
+    value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
+    frozen_bytes = frozen_dtype(device).itemsize
+    plan = flags.plan_memory(args, model, prompts, world=world, device=device,
+                             value_bytes=value_bytes, frozen_bytes=frozen_bytes)
+    logits = flags.AUTO_LOGITS_CUDA if torch.device(device).type == "cuda" else flags.AUTO_LOGITS
+    sizes = flags.sizes(args, model, world, value_bytes, plan.budget, logits)
+    args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens,   # 0 resolved
+                               gpu_memory_utilization=plan.engine_share)
+    flags.check_sizes(args, model, prompts, sizes)
+    need, warning = flags.fits_machine(args, model, prompts, world=world, device=device,
+                                       value_bytes=value_bytes, budget=plan.budget,
+                                       frozen_bytes=frozen_bytes, engine_asleep=plan.engine_asleep)
+    if warning:
+        parallel.print0(f"warning: {warning}")
+    return args, sizes, need
+
+
 def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
           world: int, device: str, initial: bool, make_run, shard, steps: methods.Steps,
           **given):
@@ -260,8 +271,9 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
     the model before `shard` wraps it; vLLM starts after (in one process it initialises
     torch.distributed itself) and takes the gathered weights. The model as loaded from --model is
     loaded once more, frozen, when the KL term or a method needs it (`initial`): in bf16 on CUDA
-    (frozen_dtype) and sharded as the policy is (its forwards join the lockstep passes). Resuming, the
-    checkpoint must keep the state of every object that has one (checkpoint.check_state)."""
+    (frozen_dtype) and sharded as the policy is (its forwards join the lockstep passes).
+    Resuming, the checkpoint must keep the state of every object that has one
+    (checkpoint.check_state)."""
     s = Settings(*(parts[o] for o in (flags.RunFlags, flags.OptimFlags, flags.RewardFlags,
                                       flags.LossFlags, buffer.Flags, vllm_engine.Flags,
                                       eval_lib.TrainFlags, metrics_lib.LogFlags)))

@@ -99,7 +99,8 @@ def test_r2po_with_vllm_is_refused_before_vllm_is_touched(monkeypatch):
 
 
 def test_auto_picks_the_engine_a_method_needs(monkeypatch):
-    """On CUDA with a tested vllm, auto is vLLM, except for R²PO (or --top-p < 1): torch, and why."""
+    """On CUDA with a tested vllm, auto is vLLM, except for R²PO (or --top-p < 1): torch, and
+    why."""
     monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.32.0")
     monkeypatch.setattr(vllm_engine, "_vllm_module", lambda: (object(), None))
     r2po = flags.parse(["--preset", "r2po"])
