@@ -102,19 +102,20 @@ def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool
     rank must join equally often, so a rank with fewer micro-batches than another runs padding
     passes (a one-token forward, and a backward of 0 * logits when `backward`: its gradient is
     exactly 0). `followers`: frozen models the caller runs a no-grad forward of on every
-    micro-batch (a sharded KL reference): each joins the padding passes too, and is resharded at
-    the end."""
+    micro-batch, after the model's forward and before its backward (a sharded KL reference): each
+    joins the padding passes too, in that order (the collectives of every rank must pair up), and
+    is resharded at the end."""
     n = int(all_reduce([float(len(micro_batches))], world, op=dist.ReduceOp.MAX)[0])
     yield from micro_batches
     device = next(model.parameters()).device
     for _ in range(n - len(micro_batches)):
         ids = torch.full((1, 1), pad_id, device=device)
         logits = model(input_ids=ids).logits
-        if backward:
-            (logits.float().sum() * 0.0).backward()
-        with torch.no_grad():
+        with torch.no_grad():            # where the caller's pass runs them: before the backward
             for frozen in followers:
                 frozen(input_ids=ids)
+        if backward:
+            (logits.float().sum() * 0.0).backward()
     for frozen in followers:
         reshard(frozen)
 

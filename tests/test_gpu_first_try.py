@@ -127,6 +127,28 @@ def test_frozen_copies_are_bf16_on_cuda_and_fp32_on_the_cpu(monkeypatch):
     assert cuda.model.model.embed_tokens.weight.dtype == torch.float32    # the policy: fp32
 
 
+def test_a_sharded_kl_reference_keeps_the_ranks_in_lockstep(tmp_path):
+    """Under torchrun the KL reference is sharded as the policy: its forwards are collectives, so a
+    rank with fewer micro-batches (replay and a small --micro-batch-tokens make them uneven from
+    step 2) runs it in its padding passes too, between the policy's forward and backward as the
+    loss does. Before that order was kept, step 2 hung."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import cpu_env
+    out = tmp_path / "kl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(ROOT, "train.py"), "--threads", "1", "--steps", "3", "--prompts-per-step",
+           "8", "--eval-size", "8", "--kl-coef", "0.05", "--micro-batch-tokens", "40",
+           "--save-every", "0", "--out-dir", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=cpu_env(OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["kl"] > 0
+
+
 # ---- 4. vLLM's sleep level -----------------------------------------------------------------------
 
 class FakeLLM:
