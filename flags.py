@@ -138,8 +138,9 @@ class OptimFlags:
     """rollouts per forward/backward (memory only: does not change the gradient)"""
     micro_batch_tokens: int = 0
     """padded tokens (rows x longest row) per forward/backward at most, beside --micro-batch-size
-    (memory only); 0 = auto: what fits 2 GiB of activations and logits on the CPU (an eighth of
-    the GPU's memory on CUDA), at most 2^28 / vocabulary size (flags.micro_batch_tokens)"""
+    (memory only); 0 = auto: what fits 2 GiB of activations and logits on the CPU (on CUDA what
+    the GPU's memory leaves beside the trainer's state and vLLM's, flags.plan_memory), at most
+    2^28 / vocabulary size (2^30 on CUDA; flags.micro_batch_tokens)"""
 
     AT_LEAST_1 = ("micro_batch_size", "epochs", "mini_batches", "max_bad_steps")
     AT_LEAST_0 = ("micro_batch_tokens", "lr", "weight_decay", "max_grad_norm")
@@ -284,6 +285,7 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
     named = [args.train_data, *filter(None, map(str.strip, args.eval_benchmarks.split(","))),
              *([args.eval_data] if args.eval_data != "auto" else [])]
     files = [name for name in named if name not in data.BENCHMARK_NAMES]
+    torch_needed = torch_engine_needed(args)
     return [
         (args.prompts_per_step % world,
          f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world size "
@@ -296,9 +298,8 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.temperature <= 0,
          "--temperature must be > 0: greedy decoding gives a group of identical completions"),
         (not 0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
-        (args.engine == "vllm" and args.top_p < 1,
-         "--top-p < 1 needs --engine torch: vLLM returns log-probs renormalised over the nucleus, "
-         "not the full-vocabulary ones"),
+        (args.engine == "vllm" and torch_needed,
+         f"--engine vllm: {torch_needed}; use --engine torch (or auto, which picks it)"),
         (args.tensorboard and importlib.util.find_spec("tensorboard") is None,
          "--tensorboard needs the tensorboard package: pip install -r requirements-bench.txt"),
         (not os.path.isdir(args.model), f"--model: no such directory: {args.model}"),
@@ -315,6 +316,9 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
 # ---- what the flags derive: computed once, checked, printed at start -----------------------------
 
 AUTO_LOGITS = 2 ** 28        # --micro-batch-tokens 0: logits per micro-batch (1 GiB in fp32)
+# on CUDA, where the budget is the GPU's free memory: 4 GiB of fp32 logits, half of int32's
+# index range (a kernel that indexes the logits with int32 stays within it)
+AUTO_LOGITS_CUDA = 2 ** 30
 AUTO_ACTIVATIONS = 2 ** 31   # --micro-batch-tokens 0: a micro-batch's activations and logits
 GiB = 2 ** 30
 
@@ -349,18 +353,31 @@ def shown(changed: dict) -> list[str]:
 
 
 def sizes(args, model, world: int, bytes_per_value: int = 4,
-          memory_budget: int = AUTO_ACTIVATIONS) -> Sizes:
+          memory_budget: int = AUTO_ACTIVATIONS, logits: int = AUTO_LOGITS) -> Sizes:
     """The per-rank sizes of `args` for `model` at `world` ranks (activations kept in
-    `bytes_per_value`: 4 in fp32, 2 in bf16; a micro-batch's `memory_budget`: activation_budget)."""
+    `bytes_per_value`: 4 in fp32, 2 in bf16; a micro-batch's `memory_budget`: activation_budget;
+    at most `logits` logits a micro-batch: AUTO_LOGITS, AUTO_LOGITS_CUDA on CUDA)."""
     budget = max((part.completions(args.prompts_per_step, args.group_size)
                   for part in method_parts(args) if hasattr(part, "completions")), default=0)
     return Sizes(world, args.prompts_per_step // world, args.group_size, budget // world,
-                 micro_batch_tokens(args, model, bytes_per_value, memory_budget))
+                 micro_batch_tokens(args, model, bytes_per_value, memory_budget, logits))
 
 
 def method_parts(args) -> list:
     """Each method file's flags, as that file's own dataclass."""
     return [cli.part(args, owner) for owner in methods.owners()]
+
+
+def torch_engine_needed(args) -> str:
+    """Why these flags need --engine torch (the rule that says so when --engine vllm is asked for,
+    the reason --engine auto gives for choosing it: vllm_engine.choose_engine), or "" when either
+    engine will do: --top-p < 1, or a method's `needs_torch_engine`."""
+    reasons = [part.needs_torch_engine for part in method_parts(args)
+               if getattr(part, "needs_torch_engine", "")]
+    if args.top_p < 1:
+        reasons.insert(0, "--top-p < 1 needs the torch engine (vLLM returns log-probs "
+                          "renormalised over the nucleus, not the full-vocabulary ones)")
+    return "; ".join(reasons)
 
 
 def needs_initial(args) -> bool:
@@ -411,74 +428,166 @@ def peak_token_bytes(config, bytes_per_value: int = 4, checkpointing: bool = Fal
 
 
 def micro_batch_tokens(args, model, bytes_per_value: int = 4,
-                       budget: int = AUTO_ACTIVATIONS) -> int:
+                       budget: int = AUTO_ACTIVATIONS, logits: int = AUTO_LOGITS) -> int:
     """--micro-batch-tokens, with 0 resolved to what fits `budget` bytes (token_bytes) and
-    AUTO_LOGITS / the vocabulary size, whichever is fewer (SmolLM2-135M in fp32 on the CPU, 2 GiB:
+    `logits` / the vocabulary size, whichever is fewer (SmolLM2-135M in fp32 on the CPU, 2 GiB:
     926 tokens; the built-in tiny model: 41,001, no bound in practice). The budget: AUTO_ACTIVATIONS
-    on the CPU, an eighth of the GPU's memory on CUDA (activation_budget)."""
+    on the CPU, what the GPU's memory leaves on CUDA (activation_budget)."""
     if args.micro_batch_tokens:
         return args.micro_batch_tokens
     c = model.config
     per_token = token_bytes(c, bytes_per_value, args.grad_checkpointing)
-    return max(min(AUTO_LOGITS // c.vocab_size, budget // per_token), 1)
+    return max(min(logits // c.vocab_size, budget // per_token), 1)
 
 
-def activation_budget(device: str) -> int:
+def activation_budget(device: str, beside: int = 0) -> int:
     """The bytes one micro-batch may hold under --micro-batch-tokens 0: AUTO_ACTIVATIONS on the CPU
     (the same on every machine, so a run's micro-batches, and its rounding, do not depend on the
-    RAM), max(AUTO_ACTIVATIONS, an eighth of the GPU's memory) on CUDA (an H200: 17.6 GB)."""
+    RAM); on CUDA what is left of GPU_USABLE of the GPU's memory after `beside` bytes (the
+    trainer's resident state and what vLLM keeps asleep: Memory.beside_micro_batch), over 1 +
+    ACTIVATION_SLACK, so that the micro-batch and its backward fit what is left (0 when nothing
+    is: fits_machine then says what to change)."""
     import torch
     if torch.device(device).type != "cuda":
         return AUTO_ACTIVATIONS
-    return max(AUTO_ACTIVATIONS, torch.cuda.get_device_properties(device).total_memory // 8)
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(int((GPU_USABLE * total - beside) / (1 + ACTIVATION_SLACK)), 0)
+
+
+GPU_USABLE = 0.9         # of a GPU's memory planned for; the rest: the CUDA context, fragmentation
+VLLM_SHARE_MAX = 0.85    # --gpu-memory-utilization 0 (auto): vLLM's share at most
+VLLM_ASLEEP_SHARE = 0.05  # what vLLM keeps while it sleeps (CUDA graphs' pools, NCCL and cuBLAS
+#                           workspaces): an estimate until a GPU run measures it (ops/gpu_check.sh)
+
+
+def engine_share(asked: float, *, total: int, trainer: int, engine_weights: int) -> float:
+    """vLLM's share of a GPU of `total` bytes: --gpu-memory-utilization `asked`, or with 0 (auto)
+    all that GPU_USABLE leaves beside the `trainer`'s bytes while the engine is awake
+    (Memory.between_updates), at most VLLM_SHARE_MAX (an 80 GB GPU beside a 7B's FSDP shard on 8
+    ranks: 0.85, ~50 GB of KV cache; the old fixed 0.3 left ~4 GB). A ValueError naming the flag
+    when the share cannot fit beside the trainer (the engine's first wake after an update would
+    run out of memory), or holds no more than its own `engine_weights` and a fifth for the KV
+    cache."""
+    room = GPU_USABLE - trainer / total
+    share = asked or min(VLLM_SHARE_MAX, room)
+    if share > room:
+        raise ValueError(f"--gpu-memory-utilization {share:.2f}: vLLM's {share * total / GiB:.1f} "
+                         f"GiB and the {trainer / GiB:.1f} GiB the trainer keeps between updates "
+                         f"exceed {GPU_USABLE:.0%} of this GPU's {total / GiB:.1f} GiB: set it "
+                         f"to at most {max(room, 0):.2f}, or 0 (auto)")
+    if share * total < 1.2 * engine_weights:
+        raise ValueError(f"--gpu-memory-utilization {share:.2f}: {share * total / GiB:.1f} GiB "
+                         f"leaves no room for a KV cache beside the engine's "
+                         f"{engine_weights / GiB:.1f} GiB of bf16 weights: raise it, shard the "
+                         f"trainer over more GPUs (torchrun), or use --engine torch")
+    return share
+
+
+class GpuPlan(NamedTuple):
+    """How a run divides its device's memory, decided at start (plan_memory)."""
+    budget: int              # bytes a micro-batch may hold (activation_budget)
+    engine_share: float      # --gpu-memory-utilization, 0 (auto) resolved
+    engine_asleep: int       # bytes vLLM keeps on the GPU while the trainer updates
+
+
+def plan_memory(args, model, prompts: list, *, world: int, device: str, value_bytes: int,
+                frozen_bytes: int) -> GpuPlan:
+    """The micro-batch's budget and vLLM's share for this run on `device`. On the CPU nothing
+    changes with the machine: AUTO_ACTIVATIONS, and the share vLLM's CPU build ignores (0.3 for
+    auto). On CUDA the trainer's resident state comes first (update_memory): with vLLM, its share
+    is checked against it (engine_share) and VLLM_ASLEEP_SHARE of the GPU stays the engine's while
+    it sleeps; the budget is what is left (activation_budget)."""
+    import torch
+    if torch.device(device).type != "cuda":
+        return GpuPlan(AUTO_ACTIVATIONS, args.gpu_memory_utilization or 0.3, 0)
+    total = torch.cuda.get_device_properties(device).total_memory
+    longest = max(len(p.ids) for p in prompts)
+    resident = update_memory(args, model, longest, world, engine_copy=args.engine == "torch",
+                             bytes_per_value=value_bytes, budget=0, frozen_bytes=frozen_bytes)
+    share, asleep = args.gpu_memory_utilization or 0.3, 0
+    if args.engine == "vllm":
+        n_params = sum(p.numel() for p in model.parameters())
+        share = engine_share(args.gpu_memory_utilization, total=total,
+                             trainer=resident.between_updates, engine_weights=2 * n_params)
+        asleep = int(VLLM_ASLEEP_SHARE * total)
+    return GpuPlan(activation_budget(device, resident.beside_micro_batch + asleep), share, asleep)
 
 
 class Memory(NamedTuple):
     """What a run holds at its peak on one rank, in bytes (update_memory): the parts of the
-    message when it does not fit."""
+    message when it does not fit. The backward's terms (the bf16 cast, a micro-batch and its
+    backward) and AdamW's step are never resident together: the peak holds the larger."""
     training: int         # the policy's weights, gradients and AdamW's two moments
-    copies: int           # the engine's copy of the weights, the frozen reference / a method's;
-    #                       under bf16 the weights cast to bf16 for the forward and backward
+    copies: int           # the engine's copy of the weights, the frozen reference / a method's
     micro_batch: int      # one micro-batch's activations and logits (token_bytes)
     runtime: int          # the interpreter, torch and transformers themselves
     slack: int = 0        # the backward's gradients and the allocator's keep (ACTIVATION_SLACK)
+    cast: int = 0         # under bf16 autocast: the weights cast to bf16, kept for the backward
+    optimizer: int = 0    # AdamW's temporaries at opt.step (foreach: a value a parameter)
+    engine: int = 0       # what vLLM keeps on the GPU while it sleeps (VLLM_ASLEEP_SHARE)
+
+    @property
+    def beside_micro_batch(self) -> int:
+        """What the backward holds beside its micro-batch: all but micro_batch, slack, optimizer."""
+        return self.training + self.copies + self.runtime + self.engine + self.cast
+
+    @property
+    def between_updates(self) -> int:
+        """What the trainer keeps while the engine is awake: the weights and AdamW's moments (the
+        gradients are freed after each step), the copies, the runtime."""
+        return self.training * 3 // 4 + self.copies + self.runtime
 
     @property
     def total(self) -> int:
-        return sum(self)
+        return (self.training + self.copies + self.runtime + self.engine
+                + max(self.cast + self.micro_batch + self.slack, self.optimizer))
 
     def line(self) -> str:
-        return (f"{self.total / GiB:.1f} GiB (weights, gradients and AdamW "
-                f"{self.training / GiB:.1f}, copies of the weights {self.copies / GiB:.1f}, one "
-                f"micro-batch {self.micro_batch / GiB:.1f} and its backward "
-                f"{self.slack / GiB:.1f}, the runtime {self.runtime / GiB:.1f})")
+        gib = [f"{x / GiB:.1f}" for x in self]
+        return (f"{self.total / GiB:.1f} GiB (weights, gradients and AdamW {gib[0]}, copies of the "
+                f"weights {gib[1]}, the runtime {gib[3]}, vLLM asleep {gib[7]}, then the larger "
+                f"of the backward's: bf16 weights {gib[5]}, one micro-batch {gib[2]} and its "
+                f"backward {gib[4]}, and AdamW's step {gib[6]})")
 
 
 RUNTIME_BYTES = 700 * 2 ** 20   # python, torch, transformers and a tokenizer, resident (measured)
 
 
 def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_copy: bool = True,
-                  bytes_per_value: int = 4, budget: int = AUTO_ACTIVATIONS) -> Memory:
-    """The run's peak memory on one rank, roughly (Memory): 16 bytes a parameter for the
-    weights, gradients and AdamW's two moments in fp32 (sharded over `world` ranks by FSDP2), 4 for
-    each full copy (TorchEngine's; the frozen reference of --kl-coef or a method's anchor) and in
-    bf16 (`bytes_per_value` 2) 2 more, the weights cast to bf16 that autocast keeps from the forward
-    to the backward; one micro-batch's tokens (the fewer of --micro-batch-tokens and
-    --micro-batch-size rows of the longest prompt + --max-new-tokens) at token_bytes each, and
-    ACTIVATION_SLACK of their activations again (its backward, the allocator); the runtime. Held at
-    or above the measured peaks of the README's runs (tests/test_gpu_ready.py)."""
+                  bytes_per_value: int = 4, budget: int = AUTO_ACTIVATIONS, frozen_bytes: int = 4,
+                  engine_asleep: int = 0, foreach: bool = True) -> Memory:
+    """The run's peak memory on one rank, roughly (Memory), each term its own field:
+    - training: 16 bytes a parameter, the weights, gradients and AdamW's two moments in fp32,
+      sharded over `world` ranks by FSDP2;
+    - copies: 4 for TorchEngine's whole copy (`engine_copy`), `frozen_bytes` for the frozen
+      reference of --kl-coef or a method's anchor (run_setup.frozen_dtype: 2 on CUDA, 4 on the
+      CPU), sharded as the policy;
+    - cast: in bf16 (`bytes_per_value` 2), 2 a parameter, the weights cast to bf16 that autocast
+      keeps from the forward to the backward;
+    - micro_batch and slack: one micro-batch's tokens (the fewer of --micro-batch-tokens and
+      --micro-batch-size rows of the longest prompt + --max-new-tokens) at token_bytes each, and
+      ACTIVATION_SLACK of their activations again (its backward, the allocator);
+    - optimizer: AdamW's temporaries at opt.step: with `foreach` (torch's choice on CUDA) 4 a
+      parameter of the shard, the square root of the second moment of every parameter at once;
+      without (on the CPU), two of the largest parameter's, one parameter at a time;
+    - engine: `engine_asleep`, what vLLM keeps while it sleeps (engine_asleep_bytes);
+    - runtime. Held at or above the measured peaks of the README's runs
+    (tests/test_gpu_ready.py)."""
     c = model.config
-    n_params = sum(p.numel() for p in model.parameters())
+    numels = [p.numel() for p in model.parameters()]
+    n_params = sum(numels)
     rows = args.micro_batch_size * (longest_prompt + args.max_new_tokens)
     tokens = min(micro_batch_tokens(args, model, bytes_per_value, budget), rows)
     frozen = args.kl_coef > 0 or needs_initial(args)
-    copies = 4 * n_params * (int(engine_copy) + int(frozen))
+    copies = 4 * n_params * int(engine_copy) + frozen_bytes * n_params * int(frozen) // world
     cast = 2 * n_params if bytes_per_value == 2 else 0
-    return Memory(16 * n_params // world, copies + cast,
+    return Memory(16 * n_params // world, copies,
                   tokens * token_bytes(c, bytes_per_value, args.grad_checkpointing),
                   RUNTIME_BYTES,
                   int(tokens * ACTIVATION_SLACK * activation_bytes(c, bytes_per_value,
-                                                                   args.grad_checkpointing)))
+                                                                   args.grad_checkpointing)),
+                  cast=cast, optimizer=(4 * n_params if foreach else 8 * max(numels)) // world,
+                  engine=engine_asleep)
 
 
 def machine_memory(device: str) -> tuple[int, int, str]:
@@ -510,8 +619,8 @@ def check_memory(need: Memory, per_token: int, *, checkpointing: bool, total: in
             return (f"the run may need about {ranks_here} x {need.line()}, more than the "
                     f"{available / GiB:.1f} GiB of {what} available now")
         return None
-    room = (0.9 * total / ranks_here - (need.total - need.micro_batch - need.slack)) // per_token
-    if room < 64:
+    room = (0.9 * total / ranks_here - need.beside_micro_batch) // per_token
+    if room < 64 or need.beside_micro_batch + need.optimizer > 0.9 * total / ranks_here:
         fix = ("the weights and the optimizer alone do not fit: a machine with more memory, or "
                "more ranks (FSDP2 shards them)")
     else:
@@ -523,7 +632,8 @@ def check_memory(need: Memory, per_token: int, *, checkpointing: bool, total: in
 
 
 def fits_machine(args, model, prompts: list, *, world: int, device: str, value_bytes: int,
-                 budget: int) -> tuple[Memory, str | None]:
+                 budget: int, frozen_bytes: int = 4,
+                 engine_asleep: int = 0) -> tuple[Memory, str | None]:
     """The run's memory (update_memory) against the machine's (machine_memory: RAM on the CPU,
     shared by the ranks of this node; the GPU's own on CUDA), at start: (the estimate, a warning
     when it may not fit what is free now, or None); a ValueError naming the flag that fixes it
@@ -531,7 +641,8 @@ def fits_machine(args, model, prompts: list, *, world: int, device: str, value_b
     import torch
     longest = max(len(p.ids) for p in prompts)
     need = update_memory(args, model, longest, world, engine_copy=args.engine == "torch",
-                         bytes_per_value=value_bytes, budget=budget)
+                         bytes_per_value=value_bytes, budget=budget, frozen_bytes=frozen_bytes,
+                         engine_asleep=engine_asleep, foreach=torch.device(device).type == "cuda")
     cuda = torch.device(device).type == "cuda"
     ranks_here = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", world))
     total, available, what = machine_memory(device)

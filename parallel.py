@@ -95,26 +95,36 @@ def fail(message: str, code: int, *, every_rank: bool = False) -> int:
 
 # ---- lockstep forward/backward passes ------------------------------------------------------------
 
-def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool):
+def lockstep(micro_batches: list, model, pad_id: int, world: int, backward: bool,
+             followers: tuple = ()):
     """Yield this rank's micro-batches, then make the passes it lacks: FSDP all-gathers parameters
     inside every forward and reduce-scatters gradients inside every backward, collectives that every
     rank must join equally often, so a rank with fewer micro-batches than another runs padding
     passes (a one-token forward, and a backward of 0 * logits when `backward`: its gradient is
-    exactly 0)."""
+    exactly 0). `followers`: frozen models the caller runs a no-grad forward of on every
+    micro-batch, after the model's forward and before its backward (a sharded KL reference): each
+    joins the padding passes too, in that order (the collectives of every rank must pair up), and
+    is resharded at the end."""
     n = int(all_reduce([float(len(micro_batches))], world, op=dist.ReduceOp.MAX)[0])
     yield from micro_batches
     device = next(model.parameters()).device
     for _ in range(n - len(micro_batches)):
-        logits = model(input_ids=torch.full((1, 1), pad_id, device=device)).logits
+        ids = torch.full((1, 1), pad_id, device=device)
+        logits = model(input_ids=ids).logits
+        with torch.no_grad():            # where the caller's pass runs them: before the backward
+            for frozen in followers:
+                frozen(input_ids=ids)
         if backward:
             (logits.float().sum() * 0.0).backward()
+    for frozen in followers:
+        reshard(frozen)
 
 
-def forward_passes(micro_batches: list, model, pad_id: int, world: int):
+def forward_passes(micro_batches: list, model, pad_id: int, world: int, followers: tuple = ()):
     """`lockstep` for passes without a backward through `model` (no-grad scoring, or a head trained
     on a frozen base), then `reshard`: without a backward FSDP2's root keeps its gathered
     parameters. Iterate it to the end."""
-    yield from lockstep(micro_batches, model, pad_id, world, backward=False)
+    yield from lockstep(micro_batches, model, pad_id, world, backward=False, followers=followers)
     reshard(model)
 
 

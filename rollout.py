@@ -294,7 +294,7 @@ class TorchEngine:
         self.logits_head = None
 
     # VLLMEngine's interface; the copy is small next to the trainer's state
-    def sleep(self) -> None:
+    def sleep(self, push_follows: bool = False) -> None:
         pass
 
     def close(self) -> None:

@@ -121,6 +121,14 @@ def precision(device: str, distributed: bool, choice: str = "auto") -> str:
     return "fsdp-bf16" if distributed else "autocast-bf16"
 
 
+def frozen_dtype(device: str) -> torch.dtype:
+    """The dtype a frozen copy (the KL reference, a method's initial model) is loaded in on
+    `device`: bf16 on CUDA, where the policy's forward computes in bf16 too (in fp32 its no-grad
+    forward cost about 4x the policy's bf16 forward and backward, and twice the memory); fp32 on
+    the CPU, whatever --precision (as before: CPU runs unchanged)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def autocast_bf16(model, device_type: str = "cuda"):
     """The model's forward under bf16 autocast (in place; returns the model)."""
     model.forward = torch.autocast(device_type, dtype=torch.bfloat16)(model.forward)
@@ -187,8 +195,12 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()        # no bars for loading and saving weights in a run's log
     changed = flags.changed(args)                  # as given, before anything is resolved
-    args = dataclasses.replace(args, engine=vllm_engine.engine_kind(args.engine))  # auto resolved
-    flags.check_args(args, world)
+    flags.check_args(args, world)                  # a method's rules first: no engine started yet
+    engine = vllm_engine.choose_engine(args.engine, cuda=torch.device(device).type == "cuda",
+                                       needs_torch=flags.torch_engine_needed(args))
+    if engine.warning:
+        parallel.print0(f"warning: {engine.warning}")
+    args = dataclasses.replace(args, engine=engine.kind)                          # auto resolved
     if args.threads:
         torch.set_num_threads(args.threads)
     run_flags, eval_flags = cli.part(args, flags.RunFlags), cli.part(args, eval_lib.TrainFlags)
@@ -196,20 +208,14 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
     if (slow := flags.bf16_cpu_warning(args.precision, device)):
         parallel.print0(f"warning: {slow}")
-    value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
-    budget = flags.activation_budget(device)
-    sizes = flags.sizes(args, model, world, value_bytes, budget)
-    args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens)   # 0 resolved
-    flags.check_sizes(args, model, prompts, sizes)
-    need, warning = flags.fits_machine(args, model, prompts, world=world, device=device,
-                                       value_bytes=value_bytes, budget=budget)
-    if warning:
-        parallel.print0(f"warning: {warning}")
+    args, sizes, need = size_run(args, model, prompts, world=world, device=device,
+                                 forward=forward)
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
     parallel.print0(metrics_lib.wrap(["flags:", *flags.shown(changed),
                                       "(every flag: args.json in each checkpoint)"],
                                      sep=" ", go_on=" " * len("flags: ")))
     parallel.print0(metrics_lib.wrap([*sizes.fields(), f"device {device}", forward,
+                                      f"engine {engine.kind} ({engine.why})",
                                       f"memory about {need.total / flags.GiB:.1f} GiB a rank"]))
     for key, what in eval_lib.eval_sets_about(eval_sets, run_flags.train_data,
                                               eval_flags.eval_data).items():
@@ -234,6 +240,29 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     return run
 
 
+def size_run(args: Args, model, prompts: list, *, world: int, device: str, forward: str):
+    """(args with --micro-batch-tokens 0 and --gpu-memory-utilization 0 resolved, the sizes, the
+    memory estimate): the device's memory divided (flags.plan_memory: on CUDA the micro-batch's
+    budget is what the trainer's resident state and vLLM's leave), the sizes checked
+    (flags.check_sizes) and the run against the machine (flags.fits_machine: a ValueError when
+    it cannot fit, a warning printed when it may not fit what is free now)."""
+    value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
+    frozen_bytes = frozen_dtype(device).itemsize
+    plan = flags.plan_memory(args, model, prompts, world=world, device=device,
+                             value_bytes=value_bytes, frozen_bytes=frozen_bytes)
+    logits = flags.AUTO_LOGITS_CUDA if torch.device(device).type == "cuda" else flags.AUTO_LOGITS
+    sizes = flags.sizes(args, model, world, value_bytes, plan.budget, logits)
+    args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens,   # 0 resolved
+                               gpu_memory_utilization=plan.engine_share)
+    flags.check_sizes(args, model, prompts, sizes)
+    need, warning = flags.fits_machine(args, model, prompts, world=world, device=device,
+                                       value_bytes=value_bytes, budget=plan.budget,
+                                       frozen_bytes=frozen_bytes, engine_asleep=plan.engine_asleep)
+    if warning:
+        parallel.print0(f"warning: {warning}")
+    return args, sizes, need
+
+
 def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
           world: int, device: str, initial: bool, make_run, shard, steps: methods.Steps,
           **given):
@@ -241,8 +270,10 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
     the slots the method files fill (methods.build, handed the run and `steps`). TorchEngine copies
     the model before `shard` wraps it; vLLM starts after (in one process it initialises
     torch.distributed itself) and takes the gathered weights. The model as loaded from --model is
-    loaded once more, frozen, when the KL term or a method needs it (`initial`). Resuming, the
-    checkpoint must keep the state of every object that has one (checkpoint.check_state)."""
+    loaded once more, frozen, when the KL term or a method needs it (`initial`): in bf16 on CUDA
+    (frozen_dtype) and sharded as the policy is (its forwards join the lockstep passes).
+    Resuming, the checkpoint must keep the state of every object that has one
+    (checkpoint.check_state)."""
     s = Settings(*(parts[o] for o in (flags.RunFlags, flags.OptimFlags, flags.RewardFlags,
                                       flags.LossFlags, buffer.Flags, vllm_engine.Flags,
                                       eval_lib.TrainFlags, metrics_lib.LogFlags)))
@@ -250,7 +281,8 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
     own_reward = reward_fn.make(s.reward.reward_fn, tok, hold=True)
     frozen = None                         # the model as loaded: the KL reference, a method's
     if s.loss.kl_coef > 0 or initial:
-        frozen = checkpoint.load_model(s.run.model, device)[0].eval().requires_grad_(False)
+        frozen = checkpoint.load_model(s.run.model, device, frozen_dtype(device))[0]
+        frozen = shard(frozen.eval().requires_grad_(False), device)  # as the policy, under torchrun
     engine = TorchEngine(model, tok) if s.engine.engine == "torch" else None
     if s.optim.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -230,7 +230,9 @@ def optimizer_step(run: Run, mbs: list, normaliser: float, *, guard: parallel.St
     for prepare in run.hooks.prepare:              # a method's step-wide pass, before the first
         mbs = prepare(model, mbs)
     loss = 0.0
-    for mb in parallel.lockstep(mbs, model, run.tok.pad_token_id, world, backward=True):
+    reference = (run.initial,) if run.settings.loss.kl_coef > 0 else ()   # its forward: lockstep
+    for mb in parallel.lockstep(mbs, model, run.tok.pad_token_id, world, backward=True,
+                                followers=reference):
         mb_loss = micro_batch_loss(run, mb, normaliser, metrics)
         # FSDP averages over ranks and N is global: so the sum is the step's gradient
         (mb_loss * world).backward()
@@ -249,7 +251,7 @@ def update(run: Run, fresh: list, replayed: list, *, step: int, guard: parallel.
     with the global normaliser N fixed first. Returns this rank's metrics; each optimizer step's
     own metrics are also appended to `per_update` when given (updates.jsonl)."""
     o, f, pad_id = run.settings.optim, run.settings.loss, run.tok.pad_token_id
-    run.engine.sleep()                             # vLLM on CUDA frees its memory for the update
+    run.engine.sleep(push_follows=True)            # vLLM on CUDA frees its memory for the update
     metrics, updates = Metrics(), []
     batch = fresh + replayed
     old = None                                     # TIS: the proximal policy's, recomputed

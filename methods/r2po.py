@@ -23,7 +23,8 @@ so a resumed run continues in the same phase):
 It fills the step slot (`Phases.wrap`: the loop step in the schedule's phase, the head phase's
 step in place of sample, store, update and sync; the head and its optimizer in checkpoints) and
 hands the head to the engine (`TorchEngine.logits_head`, which samples through it when
-`Sampling.use_head`); vLLM cannot, so `make` refuses --engine vllm.
+`Sampling.use_head`); vLLM cannot, so --engine vllm is refused with the flags, before any engine
+starts (`Flags.needs_torch_engine`), and --engine auto picks torch.
 Departures from the official code, each a flag with the official value available:
 
     setting                 official code                           here (--preset r2po)
@@ -90,6 +91,15 @@ class Flags:
         return [(not re.fullmatch(r"\d+,[1-9]\d*", self.r2po_schedule),
                  f"--r2po-schedule must be 'H,P' (loop steps of the head phase, >= 0, then of the "
                  f"policy phase, >= 1), got {self.r2po_schedule!r}")]
+
+    @property
+    def needs_torch_engine(self) -> str:
+        """Why R²PO needs the torch engine ("" without a head): the rule checked with the flags,
+        before any engine starts (flags.torch_engine_needed)."""
+        if self.r2po_head == "none":
+            return ""
+        return ("--r2po-head residual needs the torch engine (vLLM cannot add R²PO's head to "
+                "its logits)")
 
     @property
     def needs_initial(self) -> bool:
@@ -220,8 +230,9 @@ class R2PO:
         micro-batch at --temperature; current = the current base policy. Metrics: r2po/head_kl
         (to the anchor) and r2po/head_kl_current (to the current base, always: head_forward
         returns its log-probs). The base gets no gradient (its forward runs without one), so FSDP
-        joins only the forward passes, in lockstep; the frozen initial model is unsharded, so its
-        forwards join nothing; the head's gradients are summed over ranks here."""
+        joins only the forward passes, in lockstep; the frozen initial model is sharded as the base
+        is, so its forwards join the same lockstep; the head's gradients are summed over ranks
+        here."""
         f, s, metrics = self.f, self.s, Metrics()
         if f.r2po_kl_anchor == "initial" and self.initial is None:
             raise ValueError("--r2po-kl-anchor initial: R2PO needs the initial model (r2po.make "
@@ -242,7 +253,8 @@ class R2PO:
         if normaliser is None:
             return metrics
         head_loss = 0.0
-        for mb in parallel.forward_passes(mbs, model, pad_id, world):
+        anchor = (self.initial,) if f.r2po_kl_anchor == "initial" else ()  # sharded: lockstep
+        for mb in parallel.forward_passes(mbs, model, pad_id, world, followers=anchor):
             base_logp, logp = head_forward(model, self.head, mb, s.temperature)       # [b, T] each
             mask = mb["completion_mask"]
             log_w = grpo.token_log_ratio(logp, mb["old_logprobs"], mask)
@@ -337,7 +349,7 @@ class Phases(R2PO):
         does, with no optimizer step of the policy."""
         fresh, generated, pos = self.steps.generate_and_score(run, pos, step, m)   # 1. and 2.
         t1 = time.perf_counter()
-        run.engine.sleep()
+        run.engine.sleep(push_follows=False)     # no push follows: it wakes with its weights
         m.merge(self.head_step(run.model, fresh, run.tok.pad_token_id, run.world))
         m.max("time/update", time.perf_counter() - t1)
         return fresh, generated, pos, []
@@ -346,8 +358,9 @@ class Phases(R2PO):
 def make(flags: Flags, run, steps) -> dict:
     """R²PO for `--r2po-head residual`, else {} (no head: the loop is plain GRPO). run.initial:
     the KL anchor under `--r2po-kl-anchor initial`, the model as loaded from --model (the original
-    base, also when resuming from a checkpoint): a frozen, unsharded fp32 copy on each rank
-    (run_setup.build loads it once, the KL reference of --kl-coef too); it is not saved in
+    base, also when resuming from a checkpoint): a frozen copy, bf16 on CUDA and fp32 on the CPU,
+    sharded as the policy under torchrun (run_setup.build loads it once, the KL reference of
+    --kl-coef too); it is not saved in
     checkpoints. The head is made from the torch seed (the same on every rank) and handed to the
     engine, which samples the training rollouts through it."""
     if flags.r2po_head == "none":

@@ -15,13 +15,24 @@
 #   bash ops/gpu_check.sh --dry-run                      # CPU, toy sizes: checks that the
 #                                                          # script itself runs (needs vllm,
 #                                                          # e.g. the CPU build of .ci/run)
-set -euo pipefail
+#   4. train.py --engine vllm for 2 steps with --kl-coef (the bf16 frozen reference, level-2
+#      sleep before each push), and under torchrun on 2 GPUs (FSDP2) when the node has them.
+# One compile cache (runs/gpu_check/cache, kept between runs) serves every step: a cold one
+# compiles each model once (~1-2 min), within each step's timeout (GPU_CHECK_TIMEOUT, 300 s). A
+# step that fails or runs out of time is reported and the next one still runs; the exit status
+# is 1 when any failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"   # GPU images may have python3 only
 export VLLM_NO_USAGE_STATS=1
-export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$(mktemp -d)}"
+export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$PWD/runs/gpu_check/cache/vllm}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/runs/gpu_check/cache/inductor}"
+mkdir -p "$VLLM_CACHE_ROOT" "$TORCHINDUCTOR_CACHE_DIR"
+LIMIT="${GPU_CHECK_TIMEOUT:-300}"
+FAILED=""
+failed() { echo "gpu_check: step $1 failed or timed out (exit $2)"; FAILED="$FAILED $1"; }
 
 "$PYTHON" - <<'EOF'
 import torch
@@ -34,16 +45,18 @@ if problem:
                      f"(this script checks the vLLM engine; without vLLM, ops/gpu_smoke.sh "
                      f"checks the rest)")
 EOF
+[ $? = 0 ] || exit 1
 
 if [ "$DRY" = 0 ]; then
     "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available()
-        else 'gpu_check: no CUDA device (use --dry-run on CPU)')"
+        else 'gpu_check: no CUDA device (use --dry-run on CPU)')" || exit 1
     echo "== 1. tests/test_vllm_engine.py on CUDA"
-    REQUIRE_VLLM=1 timeout 240 "$PYTHON" -m pytest -q -rs tests/test_vllm_engine.py
+    REQUIRE_VLLM=1 timeout "$LIMIT" "$PYTHON" -m pytest -q -rs tests/test_vllm_engine.py \
+        || failed 1 $?
 fi
 
 echo "== 2, 3. sleep/wake and throughput"
-DRY=$DRY timeout 240 "$PYTHON" - <<'EOF'
+DRY=$DRY timeout "$LIMIT" "$PYTHON" - <<'EOF' || failed 2,3 $?
 import copy, gc, json, os, statistics, sys, tempfile, time
 
 import torch
@@ -159,7 +172,10 @@ res["vllm_start_s"] = time.perf_counter() - t
 # 2. sleep -> wake -> push unchanged weights: greedy output unchanged
 greedy = Sampling(temperature=0.0, max_new_tokens=min(NEW, 32))
 before = [r.completion_ids for r in engine.generate(prompts[:16], 1, greedy)]
-engine.sleep()
+engine.sleep(push_follows=True)                # level 2: the weights dropped, the push restores
+if cuda:                                       # what vLLM keeps asleep (flags.VLLM_ASLEEP_SHARE)
+    free, total = torch.cuda.mem_get_info()
+    res["gpu_used_asleep_gib"] = (total - free - torch.cuda.memory_reserved()) / 2 ** 30
 engine.load_weights(model.named_parameters())  # wakes the weights, pushes, wakes the KV cache
 after_push = [r.completion_ids for r in engine.generate(prompts[:16], 1, greedy)]
 engine.sleep()
@@ -177,7 +193,7 @@ with torch.no_grad():
     with torch.autocast(device, dtype=torch.bfloat16, enabled=cuda):
         res["canary_bf16_trainer"] = logprob_diff(model, rs[:16], 1.0, tok.pad_token_id)
 res["sync_s_per_1B"] = {"vllm": sync_s_per_billion(engine, model)}
-engine.sleep()
+engine.sleep(push_follows=True)
 sync()
 t = time.perf_counter()
 engine.load_weights(model.named_parameters())
@@ -211,3 +227,16 @@ print(json.dumps(res))
 if not res["sleep_wake_greedy_identical"]:
     raise SystemExit("gpu_check: greedy output changed across sleep / wake / unchanged push")
 EOF
+
+if [ "$DRY" = 0 ]; then
+    echo "== 4. train.py --engine vllm, 2 steps, --kl-coef (bf16 reference, level-2 sleep)"
+    RUN=(train.py --engine vllm --steps 2 --eval-size 8 --prompts-per-step 8 --kl-coef 0.01
+         --check-every 1 --save-every 0 --overwrite)
+    timeout "$LIMIT" "$PYTHON" "${RUN[@]}" --out-dir runs/gpu_check/one || failed 4 $?
+    if [ "$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+        echo "== 4b. the same under torchrun on 2 GPUs (FSDP2, nccl)"
+        timeout "$LIMIT" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2 \
+            "${RUN[@]}" --out-dir runs/gpu_check/two || failed 4b $?
+    fi
+fi
+[ -z "$FAILED" ] || { echo "gpu_check: failed:$FAILED"; exit 1; }

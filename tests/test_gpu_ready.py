@@ -56,7 +56,7 @@ def test_one_process_cuda_setup_takes_the_bf16_path(monkeypatch):
     is loaded on the CPU and the device's memory is made up, only the configuration is CUDA's): the
     policy's forward runs under bf16 autocast, the engine keeps its own fp32 copy."""
     real = checkpoint.load_model
-    monkeypatch.setattr(checkpoint, "load_model", lambda path, device: real(path, "cpu"))
+    monkeypatch.setattr(checkpoint, "load_model", lambda path, device, *a: real(path, "cpu", *a))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=2 ** 40))
     args = flags.Args(engine="torch", replay="none", eval_size=8)
@@ -133,6 +133,12 @@ def test_token_budget_leaves_the_update_alone():
 SMOLLM2 = SimpleNamespace(vocab_size=49_152, hidden_size=576, num_hidden_layers=30)
 
 
+def shaped(config, numels: list[int]):
+    """A stand-in model of `config` whose parameters have these sizes (numel), none allocated."""
+    params = [SimpleNamespace(numel=lambda n=n: n) for n in numels]
+    return SimpleNamespace(config=config, parameters=lambda: params)
+
+
 def test_auto_token_budget_from_activations_and_logits():
     """--micro-batch-tokens 0: the fewer of AUTO_LOGITS / V and AUTO_ACTIVATIONS / token_bytes.
     SmolLM2-135M's shape by hand: fp32 25 * 576 * 4 * 30 + 12 * 49,152 = 2,317,824 bytes a token,
@@ -164,13 +170,9 @@ def test_memory_check_names_the_flag_that_fixes_it():
     copy (0.5 GiB), 926 auto-sized tokens (2.0 GiB), the runtime: about 5.2 GiB. On a 4 GiB machine
     an error that says --micro-batch-tokens N with N what fits 90% of it; with 1 GiB the weights
     alone do not fit; on a 24 GiB machine nothing, or a warning when little is free now."""
-    class Params:                                   # numel without allocating the weights
-        def numel(self):
-            return 134_515_008
-
-    model = SimpleNamespace(config=SMOLLM2, parameters=lambda: [Params()])
+    model = shaped(SMOLLM2, [28_311_552] + [3_540_115] * 30 + [6])   # 134,515,008: the embedding
     args = flags.Args(max_new_tokens=64, micro_batch_size=64)
-    need = flags.update_memory(args, model, longest_prompt=44)
+    need = flags.update_memory(args, model, longest_prompt=44, foreach=False)   # the CPU
     assert need.training == 16 * 134_515_008 and need.copies == 4 * 134_515_008
     assert need.micro_batch == 926 * 2_317_824
     assert need.slack == int(926 * 0.75 * 1_728_000)           # the activations' part, 3/4 again
@@ -187,13 +189,14 @@ def test_memory_check_names_the_flag_that_fixes_it():
     with pytest.raises(ValueError, match=r"--micro-batch-tokens (\d+)") as e:
         check(need, 4, 4)
     fits = int(re.search(r"--micro-batch-tokens (\d+)", str(e.value)).group(1))
-    small = flags.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44)
+    small = flags.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44,
+                                foreach=False)
     assert small.total <= 0.9 * 4 * gib < small.total + per_token
     assert "--grad-checkpointing" in str(e.value)
     with pytest.raises(ValueError, match="alone do not fit"):
         check(need, 1, 1)
     # two ranks of one CPU node share its RAM: FSDP2 halves the training state, not the copies
-    two = flags.update_memory(args, model, 44, world=2)
+    two = flags.update_memory(args, model, 44, world=2, foreach=False)
     assert two.training == need.training // 2 and two.copies == need.copies
     with pytest.raises(ValueError, match="2 x"):
         check(two, 8, 8, ranks_here=2)
@@ -277,7 +280,7 @@ def test_vllm_wakes_only_after_the_trainer_cache_is_freed(monkeypatch):
     assert calls == [("empty_cache",), ("wake", ("weights",)), ("push", 1), ("empty_cache",),
                      ("wake", ("kv_cache",)), ("reset",)]
     calls.clear()
-    engine.asleep = True
+    engine.asleep, engine.level = True, 1
     engine.wake_up()
     assert calls[:2] == [("empty_cache",), ("wake", ())]
 

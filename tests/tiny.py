@@ -131,7 +131,7 @@ def update(model, initial, opt, fresh, replayed, args, *, step: int, pad_id: int
     import parallel
     import train
     run = run_of(args, model, opt=opt, initial=initial,
-                 engine=types.SimpleNamespace(logits_head=None, sleep=lambda: None),
+                 engine=types.SimpleNamespace(logits_head=None, sleep=lambda **_: None),
                  world=world)
     if pad_id != run.tok.pad_token_id:           # another tokenizer than args.model's: its pad
         run.tok = types.SimpleNamespace(pad_token_id=pad_id)

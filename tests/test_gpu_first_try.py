@@ -1,0 +1,324 @@
+"""Issue 56, a GPU node on the first try, checked on the CPU with made-up devices, versions and
+memory: the engine named and why, a method's engine rule before any engine starts, frozen copies
+in bf16 on CUDA, vLLM's sleep level, vLLM's share and the micro-batch budget from the GPU's memory,
+and every term of the memory estimate."""
+import dataclasses
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import checkpoint
+import flags
+import run_setup
+import vllm_engine
+from tiny import setup
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GiB = flags.GiB
+QWEN_7B = SimpleNamespace(vocab_size=152_064, hidden_size=3_584, num_hidden_layers=28)
+
+
+def shaped(config, numels: list[int]):
+    """A stand-in model of `config` whose parameters have these sizes (numel), none allocated."""
+    params = [SimpleNamespace(numel=lambda n=n: n) for n in numels]
+    return SimpleNamespace(config=config, parameters=lambda: params)
+
+
+def qwen_7b():
+    """Qwen2.5-7B's shape: 7.6B parameters, the largest its 545M-value embedding."""
+    return shaped(QWEN_7B, [545_001_472] * 2 + [6_525_000_000])
+
+
+def fake_gpu(monkeypatch, gib: float) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=int(gib * GiB)))
+
+
+# ---- 1. the engine named, and why ----------------------------------------------------------------
+
+def test_the_engine_and_why(monkeypatch):
+    choose = vllm_engine.choose_engine
+    assert choose("torch", cuda=True) == ("torch", "--engine torch", None)
+    assert choose("auto", cuda=False) == ("torch", "auto: no CUDA", None)
+    assert choose("auto", cuda=True, needs_torch="R²PO's head") == ("torch", "auto: R²PO's head",
+                                                                    None)
+    with pytest.raises(ValueError, match="not one of"):
+        choose("tensorrt", cuda=True)
+
+
+@pytest.mark.parametrize("installed, named", [("", "vllm is not installed"),
+                                              ("0.40.1", "vllm 0.40.1 is installed")])
+def test_auto_on_cuda_without_a_tested_vllm_warns_naming_the_version(monkeypatch, installed,
+                                                                     named):
+    """--engine auto on CUDA with vllm missing or outside VLLM_VERSIONS: torch, and a warning that
+    says so, names the version and how to install the tested one (it was silent)."""
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: installed)
+    kind, why, warning = vllm_engine.choose_engine("auto", cuda=True)
+    assert kind == "torch" and named in why and named in warning
+    assert f"pip install 'vllm{vllm_engine.VLLM_VERSIONS}'" in warning
+    assert vllm_engine.choose_engine("auto", cuda=False).warning is None     # the CPU: no warning
+
+
+def test_auto_on_cuda_with_a_tested_vllm_picks_it(monkeypatch):
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.32.1")
+    monkeypatch.setattr(vllm_engine, "_vllm_module", lambda: (object(), None))
+    assert vllm_engine.choose_engine("auto", cuda=True) == ("vllm", "auto: CUDA and vllm 0.32.1",
+                                                            None)
+
+
+def test_the_first_screen_names_the_engine(capsys):
+    setup(flags.Args(replay="none", eval_size=8))
+    assert "engine torch (auto: no CUDA)" in capsys.readouterr().out
+
+
+def test_the_tested_vllm_range_is_pinned_where_users_install_it():
+    pin = f"vllm{vllm_engine.VLLM_VERSIONS}"
+    for name in ("requirements.txt", os.path.join("docs", "gpus.md")):
+        with open(os.path.join(ROOT, name)) as f:
+            assert pin in f.read(), name
+
+
+# ---- 2. a method's engine rule, before any engine starts -----------------------------------------
+
+def test_r2po_with_vllm_is_refused_before_vllm_is_touched(monkeypatch):
+    def no_vllm(*a, **k):
+        raise AssertionError("vllm touched before the flags were checked")
+
+    monkeypatch.setattr(vllm_engine, "_vllm_module", no_vllm)
+    monkeypatch.setattr(vllm_engine, "start_vllm", no_vllm)
+    args = flags.parse(["--preset", "r2po", "--engine", "vllm"])
+    with pytest.raises(ValueError, match="r2po-head residual needs the torch engine"):
+        flags.check_args(args)
+    with pytest.raises(ValueError, match="r2po-head residual needs the torch engine"):
+        setup(args)
+    top_p = flags.parse(["--top-p", "0.9", "--engine", "vllm"])
+    with pytest.raises(ValueError, match="--top-p < 1 needs the torch engine"):
+        flags.check_args(top_p)
+
+
+def test_auto_picks_the_engine_a_method_needs(monkeypatch):
+    """On CUDA with a tested vllm, auto is vLLM, except for R²PO (or --top-p < 1): torch, and
+    why."""
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.32.0")
+    monkeypatch.setattr(vllm_engine, "_vllm_module", lambda: (object(), None))
+    r2po = flags.parse(["--preset", "r2po"])
+    kind, why, _ = vllm_engine.choose_engine("auto", cuda=True,
+                                             needs_torch=flags.torch_engine_needed(r2po))
+    assert kind == "torch" and "R²PO's head" in why
+    assert flags.torch_engine_needed(flags.Args()) == ""
+    assert vllm_engine.choose_engine("auto", cuda=True).kind == "vllm"
+
+
+# ---- 3. frozen copies in bf16 on CUDA ------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")       # the wrapper is made, not run
+def test_frozen_copies_are_bf16_on_cuda_and_fp32_on_the_cpu(monkeypatch):
+    assert run_setup.frozen_dtype("cuda:3") == torch.bfloat16
+    assert run_setup.frozen_dtype("cpu") == torch.float32
+    args = flags.Args(engine="torch", replay="none", eval_size=8, kl_coef=0.01)
+    assert setup(args).initial.model.embed_tokens.weight.dtype == torch.float32
+    real = checkpoint.load_model           # CUDA's configuration, the tensors on the CPU
+    monkeypatch.setattr(checkpoint, "load_model", lambda path, device, *a: real(path, "cpu", *a))
+    fake_gpu(monkeypatch, 80)
+    cuda = setup(args, device="cuda")
+    assert cuda.initial.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert cuda.model.model.embed_tokens.weight.dtype == torch.float32    # the policy: fp32
+
+
+def test_a_sharded_kl_reference_keeps_the_ranks_in_lockstep(tmp_path):
+    """Under torchrun the KL reference is sharded as the policy: its forwards are collectives, so a
+    rank with fewer micro-batches (replay and a small --micro-batch-tokens make them uneven from
+    step 2) runs it in its padding passes too, between the policy's forward and backward as the
+    loss does. Before that order was kept, step 2 hung."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import cpu_env
+    out = tmp_path / "kl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(ROOT, "train.py"), "--threads", "1", "--steps", "3", "--prompts-per-step",
+           "8", "--eval-size", "8", "--kl-coef", "0.05", "--micro-batch-tokens", "40",
+           "--save-every", "0", "--out-dir", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=cpu_env(OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["kl"] > 0
+
+
+# ---- 4. vLLM's sleep level -----------------------------------------------------------------------
+
+class FakeLLM:
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake", tuple(tags or ())))
+
+    def collective_rpc(self, name, args):
+        self.calls.append(("push", len(list(args[0]))))
+
+    def reset_prefix_cache(self):
+        pass
+
+
+def fake_engine(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    engine = object.__new__(vllm_engine.VLLMEngine)
+    engine.llm, engine.cuda, engine.expected, engine.dtype = FakeLLM(), True, None, torch.float32
+    engine.asleep, engine.level = False, 0
+    return engine
+
+
+def test_sleep_level_2_where_a_push_follows_1_where_none_does(monkeypatch):
+    """The loop's update sleeps at level 2 (the weights dropped, not copied to host and back, then
+    overwritten by the push); R²PO's head phase, which wakes with the same weights, at level 1; a
+    wake after level 2 without a push is an error, not an engine sampling from freed memory."""
+    assert vllm_engine.sleep_level(push_follows=True) == 2
+    assert vllm_engine.sleep_level(push_follows=False) == 1
+    engine = fake_engine(monkeypatch)
+    engine.sleep(push_follows=True)
+    engine.load_weights([("w", torch.zeros(2))])
+    assert engine.llm.calls == [("sleep", 2), ("wake", ("weights",)), ("push", 1),
+                                ("wake", ("kv_cache",))]
+    engine.llm.calls.clear()
+    engine.sleep()
+    engine.wake_up()
+    assert engine.llm.calls == [("sleep", 1), ("wake", ())]
+    engine.sleep(push_follows=True)
+    with pytest.raises(RuntimeError, match="level-2 sleep without a weight push"):
+        engine.wake_up()
+
+
+def test_the_loop_sleeps_for_a_push_and_r2pos_head_phase_does_not():
+    import inspect
+
+    import train
+    from methods import r2po
+    assert "run.engine.sleep(push_follows=True)" in inspect.getsource(train.update)
+    assert "run.engine.sleep(push_follows=False)" in inspect.getsource(r2po.Phases.head_phase)
+
+
+# ---- 5. vLLM's share and the micro-batch budget from the GPU's memory ----------------------------
+
+def plan(args, model, world: int = 1, frozen_bytes: int = 2):
+    prompts = [SimpleNamespace(ids=list(range(150)))]
+    return flags.plan_memory(args, model, prompts, world=world, device="cuda:0", value_bytes=2,
+                             frozen_bytes=frozen_bytes)
+
+
+def test_engine_share_auto_fits_beside_the_trainer_and_a_bad_share_is_refused(monkeypatch):
+    """A 7B under FSDP2 on 8 ranks of 80 GB GPUs: the trainer keeps 12 bytes a parameter / 8
+    (~10.6 GiB) plus the runtime between updates, so auto gives vLLM the rest of 90%: 0.76, ~46
+    GiB of KV cache beside its 14 GiB of weights (the old 0.3 left ~4 GB); 0.95 cannot fit beside
+    it (one error naming the flag and the most it may be);
+    on one GPU the trainer alone holds 85 GiB: no share fits. A share below the engine's bf16
+    weights is refused too."""
+    fake_gpu(monkeypatch, 80)
+    args = flags.Args(engine="vllm", max_new_tokens=512)
+    assert 0.75 < plan(args, qwen_7b(), world=8).engine_share < 0.77
+    small = shaped(QWEN_7B, [100_000_000])                        # a small model: at most 0.85
+    assert plan(args, small, world=8).engine_share == flags.VLLM_SHARE_MAX
+    with pytest.raises(ValueError, match=r"--gpu-memory-utilization 0.95: .* at most 0\.76"):
+        plan(dataclasses.replace(args, gpu_memory_utilization=0.95), qwen_7b(), world=8)
+    with pytest.raises(ValueError, match="--gpu-memory-utilization"):
+        plan(args, qwen_7b(), world=1)
+    with pytest.raises(ValueError, match="no room for a KV cache"):
+        plan(dataclasses.replace(args, gpu_memory_utilization=0.15), qwen_7b(), world=8)
+    assert plan(dataclasses.replace(args, gpu_memory_utilization=0.5), qwen_7b(),
+                world=8).engine_share == 0.5
+    cpu = flags.plan_memory(args, qwen_7b(), [], world=1, device="cpu", value_bytes=4,
+                            frozen_bytes=4)
+    assert cpu == (flags.AUTO_ACTIVATIONS, 0.3, 0)                 # the CPU: as it was
+
+
+def test_the_micro_batch_budget_is_what_the_gpu_leaves(monkeypatch):
+    """On an 80 GB GPU, a 7B on 8 ranks with vLLM: the budget is 90% of the GPU less the trainer's
+    resident state (training 14.2 GiB, bf16 weights 14.2, the runtime) and vLLM asleep (4 GiB),
+    over 1.75: about 22 GiB, 3,500 tokens a micro-batch (an eighth of the GPU gave ~1,500: the
+    logits' 2^28 cap, lifted to 2^30 on CUDA); a bigger GPU, a bigger budget; the run's estimate
+    then fits 90% of the GPU."""
+    fake_gpu(monkeypatch, 80)
+    args = flags.Args(engine="vllm", max_new_tokens=512)
+    model = qwen_7b()
+    p = plan(args, model, world=8)
+    resident = flags.update_memory(args, model, 150, 8, engine_copy=False, bytes_per_value=2,
+                                   budget=0, frozen_bytes=2)
+    assert p.engine_asleep == int(0.05 * 80 * GiB)
+    assert p.budget == int((0.9 * 80 * GiB - resident.beside_micro_batch - p.engine_asleep)
+                           / 1.75)
+    tokens = flags.sizes(args, model, 8, 2, p.budget, flags.AUTO_LOGITS_CUDA).micro_batch_tokens
+    assert 3_000 < tokens and flags.AUTO_LOGITS // QWEN_7B.vocab_size < 1_800
+    need = flags.update_memory(dataclasses.replace(args, micro_batch_tokens=tokens), model, 150,
+                               8, engine_copy=False, bytes_per_value=2, frozen_bytes=2,
+                               engine_asleep=p.engine_asleep)
+    assert need.total <= 0.9 * 80 * GiB
+    fake_gpu(monkeypatch, 141)
+    assert plan(args, model, world=8).budget > p.budget
+
+
+# ---- 6. every term of the memory estimate --------------------------------------------------------
+
+def terms(**kw) -> flags.Memory:
+    args = flags.Args(max_new_tokens=64, **kw.pop("flags", {}))
+    return flags.update_memory(args, shaped(QWEN_7B, [1000, 3000]), 44, **kw)
+
+
+def test_memory_term_training_is_16_bytes_a_parameter_sharded():
+    assert terms().training == 16 * 4000 and terms(world=4).training == 4 * 4000
+
+
+def test_memory_term_cast_is_2_bytes_a_parameter_under_bf16_only():
+    """autocast's bf16 copies of the weights, kept from the forward to the backward."""
+    assert terms(bytes_per_value=2).cast == 2 * 4000 and terms().cast == 0
+
+
+def test_memory_term_optimizer_is_adamws_temporaries_at_its_step():
+    """foreach AdamW (CUDA) holds sqrt(v) for every parameter of the shard at once; the CPU's loop
+    two of the largest parameter's."""
+    assert terms(foreach=True).optimizer == 4 * 4000
+    assert terms(foreach=True, world=2).optimizer == 2 * 4000
+    assert terms(foreach=False).optimizer == 8 * 3000
+
+
+def test_memory_term_copies_engine_whole_frozen_in_its_dtype_and_sharded():
+    assert terms().copies == 4 * 4000                                 # TorchEngine's fp32 copy
+    assert terms(engine_copy=False).copies == 0
+    kl = {"kl_coef": 0.1}
+    assert terms(flags=kl, engine_copy=False).copies == 4 * 4000     # fp32 reference (the CPU)
+    assert terms(flags=kl, engine_copy=False, frozen_bytes=2, world=4).copies == 2 * 4000 // 4
+
+
+def test_memory_term_engine_asleep_and_the_runtime():
+    assert terms(engine_asleep=5 * GiB).engine == 5 * GiB and terms().engine == 0
+    assert terms().runtime == flags.RUNTIME_BYTES
+
+
+def test_memory_total_holds_the_backward_or_the_optimizer_step_not_both():
+    """The bf16 cast, the micro-batch and its backward are gone by opt.step, where AdamW's
+    temporaries appear: the peak is the persistent part plus the larger of the two."""
+    m = flags.Memory(training=10, copies=1, micro_batch=5, runtime=2, slack=3, cast=4, optimizer=9,
+                     engine=6)
+    assert m.total == 10 + 1 + 2 + 6 + max(4 + 5 + 3, 9)
+    assert m._replace(optimizer=20).total == 10 + 1 + 2 + 6 + 20
+    assert m.beside_micro_batch == 10 + 1 + 2 + 6 + 4
+    assert m.between_updates == 10 * 3 // 4 + 1 + 2
+
+
+def test_a_7b_on_one_h200_is_refused_at_start_not_at_its_first_optimizer_step():
+    """A 7B trained in one process on a 141 GB H200 with vLLM: weights, gradients and AdamW 113
+    GiB, plus AdamW's foreach temporaries at the step (28 GiB): more than the GPU, said at start
+    (it was admitted at 125 GiB, then ran out of memory at the first opt.step)."""
+    args = flags.Args(engine="vllm", max_new_tokens=512, micro_batch_tokens=1024)
+    need = flags.update_memory(args, qwen_7b(), 150, engine_copy=False, bytes_per_value=2,
+                               frozen_bytes=2)
+    assert need.optimizer == 4 * 7_615_002_944
+    with pytest.raises(ValueError, match="alone do not fit"):
+        flags.check_memory(need, flags.peak_token_bytes(QWEN_7B, 2), checkpointing=False,
+                           total=141 * GiB, available=141 * GiB, what="GPU memory")
