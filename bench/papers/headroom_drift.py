@@ -6,8 +6,8 @@ import dataclasses
 from design import (ACTED, ARITH, DIAG, PARTIAL, QUICK_PROMPTS, STEPS, STEPS_EVAL,
                     STRESS_SEEDS, Arm, Claim, Experiment, Setting, sized)
 
-# What each claim's gate measures, against the arm the claim compares with (issue 54; until
-# 2026-12-05 every claim read replay/hd_changed_frac, the drift gate and the re-scored headroom
+# What each claim's gate measures, against the arm the claim compares with (before 2026-12-05
+# every claim read replay/hd_changed_frac, the drift gate and the re-scored headroom
 # against Headroom-Drift's own stored ranking, so the headroom ranking, which acts whether or not
 # the gate does, was never measured against naive replay):
 # - against naive replay: Headroom-Drift's two decisions (the headroom ranking, p(1-p), and the
@@ -22,7 +22,7 @@ from design import (ACTED, ARITH, DIAG, PARTIAL, QUICK_PROMPTS, STEPS, STEPS_EVA
 HD_LIFT = 1.05
 AGAINST_NAIVE = ("replay/abs_adv_sampled", f"mean / against:replay/abs_adv_sampled >= {HD_LIFT:g}")
 REPLAYS = ("replay/abs_adv_sampled", f"mean > {ACTED:g}")
-# the gate before issue 54, shown beside the new one: the drift gate and the re-scored headroom
+# the gate until 2026-12-05, shown beside the new one: the drift gate and the re-scored headroom
 # against Headroom-Drift's own stored ranking (GroupReplay.reference)
 OWN_RANKING = ("replay/hd_changed_frac", f"mean > {ACTED:g}")
 OWN_LABEL = "the gate until 2026-12-05 (against its own stored ranking, not naive replay)"
@@ -113,7 +113,7 @@ def hd_where_its_gate_acts(steps: Setting) -> Setting:
     same flags, so the same runs); 10 paired seeds. Its gate is the one registered with it,
     replay/hd_changed_frac > HD_ACTED (the drift gate against Headroom-Drift's own ranking);
     beside it, labelled post hoc, the selection against naive replay (AGAINST_NAIVE, the other
-    settings' gate since issue 54). Every arm of a seed on one CPU kind (one_machine): the five
+    settings' gate since 2026-12-05). Every arm of a seed on one CPU kind (one_machine): the five
     naive runs first copied from the steps setting (made on another machine) are made again
     beside their Headroom-Drift partners."""
     keep = ("naive-replay", HD_FIRES)

@@ -51,7 +51,7 @@ def replay(quick: bool) -> Experiment:
         # on the real model naive replay is an arm too: reuse alone against GRPO beside the
         # paper's two claims (the priority's gate on both replay arms' diagnostics). Reuse acted
         # against GRPO (which replays nothing) where the replayed rollouts carry gradient: their
-        # mean |A| above ACTED (until issue 54: replay/sampled > 0, which any replay passes)
+        # mean |A| above ACTED (until 2026-12-05: replay/sampled > 0, which any replay passes)
         reuse = Claim("naive-replay", 1, acted=("replay/abs_adv_sampled", f"mean > {ACTED:g}"),
                       post_hoc=("replay/sampled", "mean > 0"),
                       post_hoc_label="the gate until 2026-12-05 (any replay passes it)")
@@ -120,7 +120,7 @@ def smollm2_setting(arms: tuple[Arm, ...], diag: tuple, claims: tuple) -> Settin
 
 
 
-# ---- smollm2-draws: priority, filtering or step size (pre-registered, issue 52) ----------------
+# ---- smollm2-draws: priority, filtering or step size (pre-registered 2026-12-05) ----------------
 # On SmolLM2 about 78% of groups have A = 0. The prioritized draw (P ∝ |A|) never replays those
 # rollouts, the uniform draw mostly does, and under token-mean aggregation their tokens only enlarge
 # the loss normaliser N: "priority beats uniform" is mixed up with "drop what carries no gradient"
@@ -181,7 +181,7 @@ def draw_gates(arm: str, runs: list[dict]) -> list[tuple[str, float | None, bool
 
 
 def draws_setting(diag: tuple) -> Setting:
-    """smollm2-draws, pre-registered before any of its runs (issue 52): the smollm2 setting's task
+    """smollm2-draws, pre-registered before any of its runs (2026-12-05): the smollm2 setting's task
     unchanged (model, builtin task, instruct template, 16 new tokens, 8 prompts x 8, 40 steps,
     fp32, tau_max 4, ratio 0.5, the recipe), three replay draws:
     - naive-replay (uniform over every stored rollout) and rollout-replay (P ∝ |A|) at their dev
