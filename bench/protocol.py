@@ -16,7 +16,8 @@ from pathlib import Path
 from design import EXTEND, QUICK_EVAL, QUICK_GRID, STRESS_DROP, Setting
 import sequential
 from stats import p_value
-from runs import cpu_kind, code_hash, load, pack_runs, recorded_code, run_train, same_code
+from runs import (code_hash, cpu_kind, load, pack_runs, recorded_code, recorded_cpu,
+                  run_train, same_code)
 from verdicts import compare_runs, mechanism_acted, predicate_keys, stream
 
 
@@ -142,23 +143,22 @@ class Plan:
         return [d for d in dict.fromkeys(self.ran) if any(b in d.parents for b in bases)]
 
 
-def remake_elsewhere(dirs: list, seed_dirs: list, here: str) -> list:
-    """Setting.one_machine: of one block's report runs, the finished ones to make again here
-    because a run of the same seed is not finished or was made on another CPU kind than `here`
-    (cpu.txt): a seed whose every arm is done on one kind is kept; any other seed keeps only its
-    runs made here, the rest removed so that run_all makes them here. Returns the removed."""
+def remake_elsewhere(dirs: list, here: str) -> list:
+    """Setting.one_machine: of one block's report runs (`dirs`, every arm of each seed), the
+    finished ones to make again here because a run of the same seed is not finished or was made on
+    another CPU kind than `here` (recorded_cpu): a seed whose every arm is done on one kind is
+    kept; any other seed keeps only its runs made here, the rest removed so that run_all makes them
+    here. Returns the removed."""
     removed = []
     by_seed: dict[str, list] = {}
-    for d in seed_dirs:
+    for d in dirs:
         by_seed.setdefault(d.name, []).append(d)
     for seed, ds in by_seed.items():
-        kinds = {(d / "cpu.txt").read_text().strip() if (d / "cpu.txt").exists() else "unknown"
-                 for d in ds if (d / "done").exists()}
+        kinds = {recorded_cpu(d) for d in ds if (d / "done").exists()}
         if all((d / "done").exists() for d in ds) and len(kinds) == 1:
             continue
         for d in ds:
-            kind = (d / "cpu.txt").read_text().strip() if (d / "cpu.txt").exists() else ""
-            if (d / "done").exists() and kind != here:
+            if (d / "done").exists() and recorded_cpu(d) != here:
                 shutil.rmtree(d)
                 removed.append(d)
     return removed
@@ -285,8 +285,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         jobs = [(argv(a, chosen[a.name], sd, "test"), report_dir(a, sd))
                 for sd in block for a in arms]
         if s.one_machine and plan.train:
-            remake_elsewhere([d for _, d in jobs], [report_dir(a, sd) for sd in block
-                                                    for a in arms], cpu_kind())
+            remake_elsewhere([d for _, d in jobs], cpu_kind())
         plan.run_all(jobs, "report")
         if any(d in plan.missing for _, d in jobs):     # analyse only: read the last full look
             break

@@ -79,6 +79,13 @@ def recorded_code(run_dir: Path) -> str:
     return path.read_text().strip() if path.exists() else ""
 
 
+def recorded_cpu(run_dir: Path) -> str | None:
+    """The CPU kind a run recorded (cpu.txt, cpu_kind's line); None for a run made before runs
+    recorded it."""
+    path = run_dir / "cpu.txt"
+    return path.read_text().strip() if path.exists() else None
+
+
 def cpu_kind(cpuinfo: str | None = None) -> str:
     """The machine a run ran on, one line: /proc/cpuinfo's model name and whether it has AVX-512
     (avx512f), which decide its speed and its float rounding (torch's kernels); "unknown" where
@@ -178,8 +185,7 @@ def load(run_dir: Path, metric: str, keys: tuple[str, ...], final_at: tuple[floa
     return {"curve": curve, "final": run_final(curve, final_at, x), "start": curve[0][4],
             "run_s": float(done[0]) if done else None,
             "peak_rss_kb": int(done[4]) if len(done) > 4 else None, "code": recorded_code(run_dir),
-            "cpu": (run_dir / "cpu.txt").read_text().strip() if (run_dir / "cpu.txt").exists()
-            else None,
+            "cpu": recorded_cpu(run_dir),
             "len_start": steps[0].get("response/len_mean"), "len_end":
             steps[-1].get("response/len_mean"), "refreshes": len(steps), "updates": updates,
             "fresh": fresh, "wall": wall, "gen": gen, "upd": upd, "means": means,

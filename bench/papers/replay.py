@@ -5,6 +5,7 @@ pooled claim over the two tiny base models (POOLED), and on SmolLM2 the three dr
 other, pre-registered with a group-sequential rule (smollm2-draws: draws_setting)."""
 from design import (ACTED, ARITH, ARITH_S1, DIAG, EXTRA_SEEDS, REPORT_SEEDS, STEPS, STEPS_EVAL,
                     Arm, Claim, Experiment, Pooled, Setting, sized)
+from verdicts import aggregate
 
 # The priority acted where the replayed rollouts' mean |A| is at least this many times the stored
 # ones' (replay/abs_adv_sampled over replay/abs_adv_stored, each a mean over every step of every
@@ -138,11 +139,6 @@ WEIGHTED = ("replay/abs_adv_sampled",
 FILTERED = ("replay/stored_nonzero", f"mean / replay/size <= {1 - ACTED_SHARE:g}")
 
 
-def _mean(runs: list[dict], key: str) -> float | None:
-    vals = [r["means"].get(key) for r in runs]
-    return None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
-
-
 def _ratio(top: float | None, bottom: float | None) -> float | None:
     return None if top is None or not bottom else top / bottom
 
@@ -156,10 +152,9 @@ def draw_gates(arm: str, runs: list[dict]) -> list[tuple[str, float | None, bool
       and the replayed |A| over the mean of the stored A != 0 rollouts within NEAR;
     - naive-replay: the A != 0 share of the replayed over that of the stored within NEAR.
     A value None (a key not logged, nothing replayed) fails."""
-    m = {k: _mean(runs, k) for k in ("replay/abs_adv_sampled", "replay/abs_adv_stored",
-                                     "replay/abs_adv_stored_nonzero", "replay/sampled",
-                                     "replay/sampled_nonzero", "replay/size",
-                                     "replay/stored_nonzero")}
+    keys = ("replay/abs_adv_sampled", "replay/abs_adv_stored", "replay/abs_adv_stored_nonzero",
+            "replay/sampled", "replay/sampled_nonzero", "replay/size", "replay/stored_nonzero")
+    m = {k: aggregate(runs, "mean", k) for k in keys}          # each key's mean over the runs
     sampled_share = _ratio(m["replay/sampled_nonzero"], m["replay/sampled"])
     stored_share = _ratio(m["replay/stored_nonzero"], m["replay/size"])
 
