@@ -34,6 +34,8 @@ import math
 
 import numpy as np
 
+from stats import Comparison, holm, p_value
+
 ALPHA = 0.05
 
 
@@ -108,7 +110,6 @@ def read(looks: tuple[int, ...], n: int, comparisons: list[dict], primary: int =
     the verdict of each claim by this rule} (the module docstring): before a stopping look the
     primary "continues" and the secondaries are "not read"; at it, Holm over the testable claims
     against the look's nominal p."""
-    from stats import Comparison, holm, p_value
     if n not in looks:
         raise ValueError(f"{n} complete seeds is not a look of {looks}")
     k = looks.index(n)
