@@ -410,7 +410,7 @@ STEPS = methods.Steps(sampling=sampling, generate=generate, grade=grade, score=s
 
 def main(argv=None) -> int:
     args = flags.parse(argv, __doc__)
-    started = run_setup.start(args)                # the out dir claimed, the process group up
+    started = run_setup.start(args.out_dir, args.resume, args.overwrite)   # out dir, process group
     if started is None:
         return 2
     rank, world, device = started
