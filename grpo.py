@@ -200,17 +200,20 @@ def _surrogate_metrics(log_ratio, ratio, adv, mask, clipped, dual) -> dict:
     def frac(b):
         return (b & valid).sum().to(ratio.dtype) / n.clamp(min=1)
 
-    w = ratio[valid]
-    empty = torch.tensor(float("nan"), dtype=ratio.dtype, device=ratio.device)
+    # masked reductions, not ratio[valid]: a boolean index waits for the device (its size), and
+    # the update reads no number before the optimizer step (metrics.Metrics)
+    inf = torch.tensor(float("inf"), dtype=ratio.dtype, device=ratio.device)
+    nan = torch.tensor(float("nan"), dtype=ratio.dtype, device=ratio.device)
+    some = n > 0                                                    # a mean of no token is NaN
     return {
         "loss/clip_frac": frac(clipped),
         "loss/clip_frac_low": frac(clipped & (adv < 0)),
         "loss/clip_frac_high": frac(clipped & (adv > 0)),
         "loss/dual_clip_frac": frac(dual),
-        "ratio/min": w.min() if w.numel() else empty,
-        "ratio/mean": w.mean() if w.numel() else empty,
-        "ratio/max": w.max() if w.numel() else empty,
-        "loss/ppo_kl": -log_ratio.detach()[valid].sum() / n.clamp(min=1),
+        "ratio/min": torch.where(some, torch.where(valid, ratio, inf).amin(), nan),
+        "ratio/mean": torch.where(some, torch.where(valid, ratio, 0.0).sum() / n, nan),
+        "ratio/max": torch.where(some, torch.where(valid, ratio, -inf).amax(), nan),
+        "loss/ppo_kl": -torch.where(valid, log_ratio.detach(), 0.0).sum() / n.clamp(min=1),
         "loss/tokens": n,
         **_clip_by_third(clipped, valid),
     }

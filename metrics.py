@@ -47,30 +47,37 @@ class Metrics:
     `reduce(world)` gathers every rank's entries in one collective and returns {key: weighted mean |
     sum | max | min}, keys in the order rank 0 added them. A weighted mean is sum_i w_i v_i / sum_i
     w_i over the parts with w_i > 0 (0 when there are none; the value itself when there is one), so
-    a mean over micro-batches or ranks is the mean over all their items."""
+    a mean over micro-batches or ranks is the mean over all their items.
+
+    A value or weight may be a 0-dim tensor: it is kept as it is (detached) until `settle`, which
+    reads every tensor of the step to the host in one copy a device. So the update never waits for
+    the device between a forward and its backward to log a number (on CUDA, each float(tensor)
+    would); `reduce` settles first. A tensor reads as float(tensor) would: its exact value."""
 
     def __init__(self):
         # key -> (kind, [value, ...] or [(value, weight), ...])
         self.stats = {}
+        # (key, kind, value, n): an extreme kept only where its count n > 0, known at settle
+        self.pending = []
 
-    def mean(self, key: str, value: float, weight: float) -> None:
-        """Add a mean `value` of `weight` items."""
-        self.stats.setdefault(key, ("mean", []))[1].append((float(value), float(weight)))
+    def mean(self, key: str, value, weight) -> None:
+        """Add a mean `value` of `weight` items (numbers or 0-dim tensors)."""
+        self.stats.setdefault(key, ("mean", []))[1].append((_hold(value), _hold(weight)))
 
     def total(self, key: str, value) -> None:
-        self.stats.setdefault(key, ("sum", []))[1].append(value)
+        self.stats.setdefault(key, ("sum", []))[1].append(_hold(value))
 
     def max(self, key: str, value) -> None:
-        self.stats.setdefault(key, ("max", []))[1].append(value)
+        self.stats.setdefault(key, ("max", []))[1].append(_hold(value))
 
     def min(self, key: str, value) -> None:
-        self.stats.setdefault(key, ("min", []))[1].append(value)
+        self.stats.setdefault(key, ("min", []))[1].append(_hold(value))
 
-    def token_means(self, means: dict, n: float, extremes: dict | None = None) -> None:
-        """Add a dict of means over n tokens (0-dim tensors or floats); keys in `extremes` ({key:
-        "min" | "max" | another key}) are extremes instead, kept only where n > 0 (a mean of no
-        token is NaN), or means over the count that other key of `means` holds (which is then
-        only a weight, not added)."""
+    def token_means(self, means: dict, n, extremes: dict | None = None) -> None:
+        """Add a dict of means over n tokens (0-dim tensors or numbers, n too); keys in `extremes`
+        ({key: "min" | "max" | another key}) are extremes instead, kept only where n > 0 (a mean
+        of no token is NaN), or means over the count that other key of `means` holds (which is
+        then only a weight, not added)."""
         extremes = extremes or {}
         weights = {kind for kind in extremes.values() if kind not in ("min", "max")}
         for key, value in means.items():
@@ -78,23 +85,66 @@ class Metrics:
             if key in weights:
                 continue
             if kind is None:
-                self.mean(key, float(value), n)
+                self.mean(key, value, n)
             elif kind not in ("min", "max"):
-                self.mean(key, float(value), float(means[kind]))
+                self.mean(key, value, means[kind])
+            elif isinstance(n, torch.Tensor):     # n > 0 is known at settle
+                self.stats.setdefault(key, (kind, []))
+                self.pending.append((key, kind, _hold(value), _hold(n)))
             elif n:
-                (self.min if kind == "min" else self.max)(key, float(value))
+                (self.min if kind == "min" else self.max)(key, value)
 
     def merge(self, other: "Metrics") -> None:
         """Add every entry of `other` (e.g. one optimizer step's metrics into the loop step's)."""
         for key, (kind, values) in other.stats.items():
             self.stats.setdefault(key, (kind, []))[1].extend(values)
+        self.pending += other.pending
+
+    def settle(self) -> None:
+        """Every tensor entry to its float, one device-to-host copy a device; the pending extremes
+        added where their count is > 0, and a key left with no entry dropped."""
+        tensors = [t for _, values in self.stats.values() for v in values
+                   for t in (v if isinstance(v, tuple) else (v,)) if isinstance(t, torch.Tensor)]
+        tensors += [t for p in self.pending for t in p[2:] if isinstance(t, torch.Tensor)]
+        floats = _to_floats(tensors)
+
+        def read(x):
+            return floats[id(x)] if isinstance(x, torch.Tensor) else x
+        for key, (kind, values) in self.stats.items():
+            values[:] = [(float(read(v[0])), float(read(v[1]))) if kind == "mean" else read(v)
+                         for v in values]
+        for key, kind, value, n in self.pending:
+            if read(n):
+                self.stats[key][1].append(read(value))
+        self.pending = []
+        self.stats = {k: entry for k, entry in self.stats.items() if entry[1]}
 
     def reduce(self, world: int) -> dict:
         return reduce_all([self], world)[0]
 
 
+def _hold(x):
+    """A 0-dim tensor detached (no graph kept alive), anything else as it is."""
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+def _to_floats(tensors: list) -> dict:
+    """{id(tensor): float(tensor)} of 0-dim tensors: per device, one stack in float64 (every
+    float32, bfloat16 and integer count below 2**53 exactly) and one .tolist()."""
+    by_device = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(t)
+    out = {}
+    for ts in by_device.values():
+        values = torch.stack([t.to(torch.float64).reshape(()) for t in ts]).tolist()
+        out.update(zip(map(id, ts), values))
+    return out
+
+
 def reduce_all(metrics: list[Metrics], world: int) -> list[dict]:
     """Metrics.reduce of each of `metrics` (the same number on every rank), in one collective."""
+    for m in metrics:
+        m.settle()
     gathered = [[m.stats for m in metrics]]
     if world > 1:
         gathered = [None] * world

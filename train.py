@@ -204,7 +204,7 @@ def micro_batch_loss(run: Run, mb: dict, normaliser: float, metrics: Metrics) ->
     loss, m = grpo.policy_loss(log_w, adv, loss_mask, eps_low=eps[0], eps_high=eps[1],
                                dual_clip=f.dual_clip or None, agg=f.agg,
                                normaliser=normaliser, token_weight=w_tis)
-    n = float(m.pop("loss/tokens"))
+    n = m.pop("loss/tokens")                       # a tensor: read at the step's end (Metrics)
     with torch.no_grad():
         entropy = grpo.masked_mean(grpo.entropy_from_logits(logits, temperature), mask)
         logged = {"entropy": entropy, **logged}
@@ -217,7 +217,7 @@ def micro_batch_loss(run: Run, mb: dict, normaliser: float, metrics: Metrics) ->
         loss = loss + f.kl_coef * grpo.aggregate(kl, loss_mask, f.agg, normaliser)
         logged["kl"] = grpo.masked_mean(kl.detach(), mask)
     metrics.token_means(m, n, grpo.COMBINE)        # policy_loss's means: over the loss tokens
-    metrics.token_means(logged, float(mask.sum()))  # the rest: over every completion token
+    metrics.token_means(logged, mask.sum())        # the rest: over every completion token
     metrics.total("loss/tokens", n)
     return loss
 
@@ -229,20 +229,34 @@ def optimizer_step(run: Run, mbs: list, normaliser: float, *, guard: parallel.St
     model, world = run.model, run.world
     for prepare in run.hooks.prepare:              # a method's step-wide pass, before the first
         mbs = prepare(model, mbs)
-    loss = 0.0
+    losses = []                                    # tensors: no host sync before a backward
     reference = (run.initial,) if run.settings.loss.kl_coef > 0 else ()   # its forward: lockstep
     for mb in parallel.lockstep(mbs, model, run.tok.pad_token_id, world, backward=True,
                                 followers=reference):
         mb_loss = micro_batch_loss(run, mb, normaliser, metrics)
         # FSDP averages over ranks and N is global: so the sum is the step's gradient
         (mb_loss * world).backward()
-        loss += mb_loss.item()
+        losses.append(mb_loss.detach())
+    loss = sum(torch.stack(losses).tolist()) if losses else 0.0
     grad_norm = parallel.clip_gradients(model, run.settings.optim.max_grad_norm)
     if guard.allow(loss, grad_norm, world, step):
         run.opt.step()
     run.opt.zero_grad(set_to_none=True)
     metrics.mean("loss/policy", loss * world, 1)       # the whole step's loss: summed over ranks
     metrics.mean("loss/grad_norm", grad_norm, 1)       # the global norm: the same on every rank
+
+
+def recomputes_old(run: Run) -> bool:
+    """Whether pi_old is the trainer's own forward before the update (rollout.lockstep_logprobs),
+    not the engine's log-probs: with --tis-cap (each token then weighted by min(pi_old /
+    pi_engine, C)), and for a method's own ratio (GSPO's and PNPO's, sequence-level, clip ranges
+    3e-4 and 4e-4) when vLLM samples on CUDA: a bf16 engine's log-probs move about 1e-3 from the
+    trainer's, so with them as pi_old most sequences would clip from the first update. verl
+    recomputes pi_old for this reason. On the CPU both sides are fp32 (about 1e-6 apart), and the
+    engine's log-probs are pi_old."""
+    vllm_on_cuda = (run.settings.engine.engine == "vllm"
+                    and torch.device(run.device).type == "cuda")
+    return bool(run.settings.loss.tis_cap) or (run.hooks.ratio is not None and vllm_on_cuda)
 
 
 def update(run: Run, fresh: list, replayed: list, *, step: int, guard: parallel.StepGuard,
@@ -254,8 +268,8 @@ def update(run: Run, fresh: list, replayed: list, *, step: int, guard: parallel.
     run.engine.sleep(push_follows=True)            # vLLM on CUDA frees its memory for the update
     metrics, updates = Metrics(), []
     batch = fresh + replayed
-    old = None                                     # TIS: the proximal policy's, recomputed
-    if f.tis_cap:
+    old = None                                     # pi_old: the proximal policy's, recomputed
+    if recomputes_old(run):
         old = rollout.lockstep_logprobs(run.model, batch, run.micro_batch[0],
                                         run.settings.run.temperature, pad_id, run.world,
                                         run.micro_batch[1])

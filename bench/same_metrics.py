@@ -6,17 +6,30 @@ every key but time/*.
     python bench/same_metrics.py runs/a runs/b --single  # two run directories
     python bench/same_metrics.py runs/a runs/b --dropped ratio/far_prefix_frac,loss/veto_frac
     python bench/same_metrics.py runs/a runs/b --added replay/sampled_nonzero
+    python bench/same_metrics.py runs/a runs/b --resummed ratio/mean,loss/ppo_kl
 
 A refactor that must not change what any run computes is checked this way (same flags, same
 --threads, same machine; bench/same_runs.py makes the runs): it prints, per run, the lines
 compared and the keys that differ, and exits 1 on any difference. `--dropped`: keys that B may
 lack (a diagnostic the change stopped logging on purpose); each one B lacks is counted and
-printed, never compared, and any other key is compared as always.
+printed, never compared, and any other key is compared as always. `--resummed`: keys the change
+sums in another order on purpose (a float32 mean over a padded matrix, not over its compacted
+valid entries): equal within RESUMMED, and the largest gap is printed.
 """
 import argparse
 import json
 import os
 import sys
+
+
+# a float32 sum of the same terms in another order: a few units of float32's 1.2e-7 on values of
+# order 1 (ratio/mean) and less on smaller ones (loss/ppo_kl, ~1e-2): 1e-6 absolute, relative past 1
+RESUMMED = 1e-6
+
+
+def close(x, y) -> bool:
+    return (isinstance(x, float) and isinstance(y, float)
+            and abs(x - y) <= RESUMMED * max(1.0, abs(x), abs(y)))
 
 
 def rows(run_dir: str) -> list[dict]:
@@ -25,14 +38,17 @@ def rows(run_dir: str) -> list[dict]:
 
 
 def differences(a: list[dict], b: list[dict], dropped: tuple = (),
-                added: tuple = ()) -> list[str]:
+                added: tuple = (), resummed: tuple = ()) -> list[str]:
     """'step S key: A != B' for each key (time/* aside) whose values differ, and for missing steps;
-    a key of `dropped` that B lacks, or of `added` that A lacks, is not a difference."""
+    a key of `dropped` that B lacks, or of `added` that A lacks, is not a difference, nor is a key
+    of `resummed` whose values are `close`."""
     out = [] if len(a) == len(b) else [f"{len(a)} lines != {len(b)} lines"]
     for ra, rb in zip(a, b):
         for key in sorted(set(ra) | set(rb)):
             if (key.startswith("time/") or (key in dropped and key not in rb)
                     or (key in added and key not in ra)):
+                continue
+            if key in resummed and close(ra.get(key), rb.get(key)):
                 continue
             if ra.get(key, "<absent>") != rb.get(key, "<absent>"):
                 out.append(f"step {ra.get('step')} {key}: {ra.get(key, '<absent>')} != "
@@ -50,7 +66,10 @@ def main(argv=None) -> int:
                     help="comma-separated metrics keys B may lack (counted, not compared)")
     ap.add_argument("--added", default="",
                     help="comma-separated metrics keys B may add (counted, not compared)")
+    ap.add_argument("--resummed", default="",
+                    help="comma-separated metrics keys summed in another order (within RESUMMED)")
     args = ap.parse_args(argv)
+    resummed = tuple(filter(None, args.resummed.split(",")))
     dropped = tuple(filter(None, args.dropped.split(",")))
     added = tuple(filter(None, args.added.split(",")))
     names = [""] if args.single else sorted(
@@ -62,14 +81,17 @@ def main(argv=None) -> int:
             print(f"{name}: missing in {args.b}")
             bad += 1
             continue
-        diff = differences(rows(a), rows(b), dropped, added)
+        diff = differences(rows(a), rows(b), dropped, added, resummed)
+        gap = max((abs(ra[k] - rb[k]) for ra, rb in zip(rows(a), rows(b)) for k in resummed
+                   if isinstance(ra.get(k), float) and isinstance(rb.get(k), float)), default=0.0)
         gone = sorted({k for ra, rb in zip(rows(a), rows(b)) for k in dropped
                        if k in ra and k not in rb})
         new = sorted({k for ra, rb in zip(rows(a), rows(b)) for k in added
                       if k in rb and k not in ra})
         print(f"{name or a}: {len(rows(a))} lines, {len(diff)} differences"
               + (f" (B no longer logs {', '.join(gone)})" if gone else "")
-              + (f" (B also logs {', '.join(new)})" if new else ""))
+              + (f" (B also logs {', '.join(new)})" if new else "")
+              + (f" (resummed: at most {gap:.1e} apart)" if resummed else ""))
         for line in diff[:10]:
             print("   ", line)
         bad += bool(diff)

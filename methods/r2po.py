@@ -252,7 +252,7 @@ class R2PO:
         normaliser = parallel.global_normaliser(mbs, s.agg, s.max_len, world)
         if normaliser is None:
             return metrics
-        head_loss = 0.0
+        head_losses = []                  # tensors, read after the loop: no sync before a backward
         anchor = (self.initial,) if f.r2po_kl_anchor == "initial" else ()  # sharded: lockstep
         for mb in parallel.forward_passes(mbs, model, pad_id, world, followers=anchor):
             base_logp, logp = head_forward(model, self.head, mb, s.temperature)       # [b, T] each
@@ -260,18 +260,18 @@ class R2PO:
             log_w = grpo.token_log_ratio(logp, mb["old_logprobs"], mask)
             loss, _ = grpo.policy_loss(log_w, mb["advantages"], mask, eps_low=s.eps_low,
                                        eps_high=s.eps_high, agg=s.agg, normaliser=normaliser)
-            kl_current = grpo.kl_penalty(logp, base_logp, "k3")                     # [b, T]
-            kl = kl_current
+            kl = kl_current = grpo.kl_penalty(logp, base_logp, "k3")                # [b, T]
             if f.r2po_kl_anchor == "initial":
                 with torch.no_grad():
                     initial_logp = forward_logprobs(self.initial, mb, s.temperature)[1]  # [b, T]
                 kl = grpo.kl_penalty(logp, initial_logp, "k3")
             (loss + f.r2po_kl_coef * grpo.aggregate(kl, mask, s.agg, normaliser)).backward()
-            head_loss += loss.item()
+            head_losses.append(loss.detach())
             metrics.token_means({"r2po/head_kl": grpo.masked_mean(kl.detach(), mask),
                                  "r2po/head_kl_current": grpo.masked_mean(kl_current.detach(),
                                                                           mask)},
-                                float(mask.sum()))
+                                mask.sum())
+        head_loss = sum(torch.stack(head_losses).tolist()) if head_losses else 0.0
         metrics.total("r2po/head_loss", head_loss)  # the step's surrogate, summed over ranks
         parallel.sum_gradients(self.head, world)
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), s.max_grad_norm or float("inf"))

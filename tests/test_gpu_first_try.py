@@ -322,3 +322,144 @@ def test_a_7b_on_one_h200_is_refused_at_start_not_at_its_first_optimizer_step():
     with pytest.raises(ValueError, match="alone do not fit"):
         flags.check_memory(need, flags.peak_token_bytes(QWEN_7B, 2), checkpointing=False,
                            total=141 * GiB, available=141 * GiB, what="GPU memory")
+
+
+# ---- 9. and 10. the update reads no number before its optimizer step -----------------------------
+
+# every way a tensor's value reaches Python: on CUDA each one waits for the device
+READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+
+
+@pytest.mark.parametrize("kw", [{}, {"kl_coef": 0.05, "tis_cap": 2.0, "dual_clip": 3.0},
+                                {"ratio": "gspo", "agg": "seq-mean-token-mean"}])
+def test_a_micro_batch_reads_no_number_between_its_forward_and_its_backward(monkeypatch, kw):
+    """train.micro_batch_loss (the loss, its metrics, the KL and TIS terms) turns no tensor into a
+    Python number: its metrics stay tensors until the optimizer step (metrics.Metrics.settle), so
+    the backward is queued right behind the forward. The model's own forward is not ours and is
+    not watched. Then the step's numbers read as float() would have read them."""
+    import parallel
+    import rollout
+    import train
+    from make_tiny_model import make_model, make_tokenizer
+    from metrics import Metrics
+    from rollout import Rollout
+    from tiny import run_of
+    tok = make_tokenizer()
+    model = make_model(len(tok), seed=0)
+    run = run_of(flags.Args(**kw), model)
+    rollouts = [Rollout(prompt_id=i // 2, prompt_ids=tok.encode(f"{i}+1="),
+                        completion_ids=tok.encode(str(i + 1)), logprobs=[-1.5] * len(str(i + 1)),
+                        advantage=(-1.0) ** i) for i in range(6)]
+    mbs = rollout.micro_batches(rollouts, 2, tok.pad_token_id, "cpu",
+                                old_logprobs=[[-1.4] * len(r.completion_ids) for r in rollouts])
+    watching, reads = [False], []
+
+    def watch(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *a, **k):
+            if watching[0]:
+                reads.append(name)
+            return real(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, read)
+    for name in READS:
+        watch(name)
+
+    def unwatched(real):
+        def call(*a, **k):
+            before, watching[0] = watching[0], False
+            try:
+                return real(*a, **k)
+            finally:
+                watching[0] = before
+        return call
+    monkeypatch.setattr(rollout, "forward_logprobs", unwatched(rollout.forward_logprobs))
+    real_loss = train.micro_batch_loss
+
+    def watched(*a, **k):
+        watching[0] = True
+        try:
+            return real_loss(*a, **k)
+        finally:
+            watching[0] = False
+    monkeypatch.setattr(train, "micro_batch_loss", watched)
+    watching[0] = True                       # the watch itself sees a read
+    float(torch.ones(()))
+    watching[0] = False
+    assert reads == ["__float__"]
+    reads.clear()
+    m = Metrics()
+    train.optimizer_step(run, mbs, 10.0, guard=parallel.StepGuard(3), step=0, metrics=m)
+    assert reads == []
+    row = m.reduce(1)
+    assert row["loss/tokens"] == sum(float(mb["completion_mask"].sum()) for mb in mbs)
+    assert all(isinstance(v, (int, float)) for v in row.values())
+
+
+def test_metrics_read_tensors_as_float_would_and_keep_extremes_where_their_count_is_not_0():
+    """Means, totals and extremes given as 0-dim tensors (float32, bf16, int64 counts) reduce to
+    exactly what the same values given as floats reduce to; an extreme over 0 tokens is dropped,
+    and a key whose every extreme was over 0 tokens is absent, as with float counts."""
+    from metrics import Metrics
+    parts = [({"x": 0.1, "lo": 0.7, "hi": 1.3, "frac": 0.25, "count": 4}, 9),
+             ({"x": 0.3, "lo": float("nan"), "hi": float("nan"), "frac": 0.0, "count": 0}, 0),
+             ({"x": 1 / 3, "lo": 0.6, "hi": 1.2, "frac": 0.5, "count": 2}, 5)]
+    extremes = {"lo": "min", "hi": "max", "frac": "count"}
+    as_tensors, as_floats = Metrics(), Metrics()
+    for means, n in parts:
+        held = {k: torch.tensor(v, dtype=torch.int64 if k == "count" else torch.float32)
+                for k, v in means.items()}
+        held["x"] = held["x"].to(torch.bfloat16)
+        as_tensors.token_means(held, torch.tensor(n), extremes)
+        as_tensors.total("tokens", torch.tensor(n))
+        as_floats.token_means({k: float(v) for k, v in held.items()}, float(n), extremes)
+        as_floats.total("tokens", float(n))
+    assert as_tensors.reduce(1) == as_floats.reduce(1)
+    nothing, none_f = Metrics(), Metrics()
+    nothing.token_means({"lo": torch.tensor(float("nan"))}, torch.tensor(0), {"lo": "min"})
+    none_f.token_means({"lo": float("nan")}, 0.0, {"lo": "min"})
+    assert nothing.reduce(1) == none_f.reduce(1) == {}
+
+
+def test_the_surrogates_ratio_metrics_without_a_boolean_index():
+    """ratio/min and ratio/max over the valid tokens exactly as the compacted ratio[valid] gives
+    them, ratio/mean and loss/ppo_kl to float rounding (another summation order), NaN over 0
+    tokens."""
+    import grpo
+    g = torch.Generator().manual_seed(0)
+    log_ratio = torch.randn(5, 7, generator=g) * 0.3
+    mask = torch.rand(5, 7, generator=g) < 0.6
+    _, m = grpo.policy_loss(log_ratio, torch.randn(5, generator=g), mask, eps_low=0.2,
+                            eps_high=0.28, normaliser=10.0)
+    w = log_ratio.exp()[mask]
+    assert float(m["ratio/min"]) == float(w.min()) and float(m["ratio/max"]) == float(w.max())
+    assert float(m["ratio/mean"]) == pytest.approx(float(w.mean()), rel=1e-6)
+    assert float(m["loss/ppo_kl"]) == pytest.approx(float(-log_ratio[mask].mean()), rel=1e-5)
+    _, empty = grpo.policy_loss(log_ratio, torch.ones(5), torch.zeros(5, 7), eps_low=0.2,
+                                eps_high=0.28, normaliser=1.0)
+    assert all(torch.isnan(empty[k]) for k in ("ratio/min", "ratio/mean", "ratio/max"))
+
+
+# ---- 7. a sequence ratio on a bf16 engine: pi_old is the trainer's own forward -------------------
+
+@pytest.mark.parametrize("engine,device,ratio,tis,recomputes", [
+    ("vllm", "cuda:0", True, 0.0, True),      # GSPO or PNPO sampled by vLLM on a GPU
+    ("vllm", "cuda:0", False, 0.0, False),    # the token ratio: its 0.2 clip is far from 1e-3
+    ("torch", "cuda:0", True, 0.0, False),    # the PyTorch engine samples in the trainer's fp32
+    ("vllm", "cpu", True, 0.0, False),        # vLLM's CPU build: fp32 on both sides
+    ("torch", "cpu", False, 2.0, True),       # --tis-cap recomputes wherever it runs
+])
+def test_pi_old_is_the_trainers_forward_for_a_sequence_ratio_on_vllm_on_cuda(
+        engine, device, ratio, tis, recomputes):
+    import train
+    run = SimpleNamespace(settings=SimpleNamespace(engine=SimpleNamespace(engine=engine),
+                                                   loss=SimpleNamespace(tis_cap=tis)),
+                          device=device, hooks=SimpleNamespace(ratio=object() if ratio else None))
+    assert train.recomputes_old(run) is recomputes
+
+
+def test_gspos_and_pnpos_ratio_is_a_loss_hook_so_the_rule_sees_it():
+    """The rule reads run.hooks.ratio: GSPO's and PNPO's presets fill it, GRPO's leaves it empty."""
+    for preset, has_ratio in (("gspo", True), ("pnpo", True), ("grpo", False)):
+        run = setup(flags.parse(["--preset", preset, "--steps", "1"]))
+        assert (run.hooks.ratio is not None) is has_ratio
