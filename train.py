@@ -249,11 +249,11 @@ def optimizer_step(run: Run, mbs: list, normaliser: float, *, guard: parallel.St
 def recomputes_old(run: Run) -> bool:
     """Whether pi_old is the trainer's own forward before the update (rollout.lockstep_logprobs),
     not the engine's log-probs: with --tis-cap (each token then weighted by min(pi_old /
-    pi_engine, C)), and for a method's own ratio (GSPO's and PNPO's, sequence-level, clip ranges
-    3e-4 and 4e-4) when vLLM samples on CUDA: a bf16 engine's log-probs move about 1e-3 from the
+    pi_engine, C)), and for a method's own ratio (the loss slot's; the sequence-level ones clip
+    at a few 1e-4) when vLLM samples on CUDA: a bf16 engine's log-probs move about 1e-3 from the
     trainer's, so with them as pi_old most sequences would clip from the first update. verl
-    recomputes pi_old for this reason. On the CPU both sides are fp32 (about 1e-6 apart), and the
-    engine's log-probs are pi_old."""
+    recomputes pi_old for this reason (docs/methods.md). On the CPU both sides are fp32 (about
+    1e-6 apart), and the engine's log-probs are pi_old."""
     vllm_on_cuda = (run.settings.engine.engine == "vllm"
                     and torch.device(run.device).type == "cuda")
     return bool(run.settings.loss.tis_cap) or (run.hooks.ratio is not None and vllm_on_cuda)
