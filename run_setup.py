@@ -71,10 +71,9 @@ def eval_seed(seed: int) -> int:
 def start(out_dir: str, resume: str, overwrite: bool) -> tuple[int, int, str] | None:
     """(rank, world_size, device) once out_dir is claimed for --resume / --overwrite
     (checkpoint.claim_out_dir, before the process group: every rank reads out_dir before any rank
-    can write to it) and the process group
-    is up (setup_distributed); None after one "error:" line (rank 0's alone for out_dir, which
-    every rank refuses alike), also written where torchrun's summary reads it
-    (parallel.record_error)."""
+    can write to it) and the process group is up (setup_distributed); None after one "error:"
+    line (rank 0's alone for out_dir, which every rank refuses alike), also written where
+    torchrun's summary reads it (parallel.record_error)."""
     try:
         checkpoint.claim_out_dir(out_dir, resume=resume, overwrite=overwrite)
     except ValueError as e:
