@@ -141,6 +141,12 @@ def _to_floats(tensors: list) -> dict:
     return out
 
 
+def host_sum(tensors: list) -> float:
+    """The sum of 0-dim tensors (a step's detached micro-batch losses) as a float, read after the
+    last backward: one device-to-host copy, then added in float64 on the host; 0.0 for none."""
+    return sum(torch.stack(tensors).tolist()) if tensors else 0.0
+
+
 def reduce_all(metrics: list[Metrics], world: int) -> list[dict]:
     """Metrics.reduce of each of `metrics` (the same number on every rank), in one collective."""
     for m in metrics:

@@ -237,7 +237,7 @@ def optimizer_step(run: Run, mbs: list, normaliser: float, *, guard: parallel.St
         # FSDP averages over ranks and N is global: so the sum is the step's gradient
         (mb_loss * world).backward()
         losses.append(mb_loss.detach())
-    loss = sum(torch.stack(losses).tolist()) if losses else 0.0
+    loss = metrics_lib.host_sum(losses)
     grad_norm = parallel.clip_gradients(model, run.settings.optim.max_grad_norm)
     if guard.allow(loss, grad_norm, world, step):
         run.opt.step()

@@ -307,6 +307,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
                           progress={"setting": s, "grid": grid, "sweep_seeds": sweep_seeds,
                                     "sweep": sweep, "chosen": chosen, "picked": picked,
                                     "also": also, "band": band, "runs": made, "complete": have,
+                                    "waiting": sorted(waiting),
                                     "codes": code_counts([recorded_code(d)
                                                           for d in plan.ran_of(base)])})
         report_seeds = done
@@ -358,8 +359,9 @@ def code_counts(made_by: list[str]) -> dict:
 
 def code_line(codes: dict | None) -> str:
     """Which code made a setting's runs (sweep and report), for its results.md."""
-    if not codes:
+    if not codes or not codes["runs"]:
         return ""
+
     def name(h):
         if h == codes["current"]:
             return "the current code"

@@ -518,14 +518,15 @@ def write_progress(progress: dict, out: Path, why: str) -> str:
     """OUT/<setting>/results.md and sweep.md of a group-sequential setting before its first look
     (protocol.Stopped's progress): the flags, the arms, its lr choices and sweep, and what each
     finished report run's draw did (per_run_table; no accuracy: nothing reads it before the
-    look); returns the text for the experiment's README."""
+    look), the arms left out because their runs are not in the archive named (waiting_line);
+    returns the text for the experiment's README."""
     out.mkdir(parents=True, exist_ok=True)
     s = progress["setting"]
     lrs = ", ".join(f"{name} {lr:g}" for name, lr in progress["chosen"].items())
     text = (f"## {s.label}\n\n{s.lr_note}\n\nCommon flags: `{' '.join(s.flags)}`; sweep runs add "
             f"`{' '.join(s.sweep)}`\n\n"
             + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
-            + code_line(progress.get("codes"))
+            + code_line(progress.get("codes")) + waiting_line(progress)
             + f"In progress: {why}. The lrs: {lrs}. Seeds {s.seeds[0]}-{s.seeds[-1]}, looks at "
               f"{' and '.join(map(str, s.looks))} complete seeds.\n"
             + per_run_table(progress["runs"]))

@@ -51,7 +51,7 @@ from torch import Tensor
 
 import grpo
 import parallel
-from metrics import Metrics, diversity
+from metrics import Metrics, diversity, host_sum
 from data import Prompt
 from rollout import Sampling, completion_logits, forward_logprobs, micro_batches
 
@@ -271,7 +271,7 @@ class R2PO:
                                  "r2po/head_kl_current": grpo.masked_mean(kl_current.detach(),
                                                                           mask)},
                                 mask.sum())
-        head_loss = sum(torch.stack(head_losses).tolist()) if head_losses else 0.0
+        head_loss = host_sum(head_losses)
         metrics.total("r2po/head_loss", head_loss)  # the step's surrogate, summed over ranks
         parallel.sum_gradients(self.head, world)
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), s.max_grad_norm or float("inf"))

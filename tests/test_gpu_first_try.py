@@ -421,6 +421,17 @@ def test_metrics_read_tensors_as_float_would_and_keep_extremes_where_their_count
     assert nothing.reduce(1) == none_f.reduce(1) == {}
 
 
+def test_a_steps_loss_is_the_host_sum_of_its_micro_batch_losses():
+    """metrics.host_sum (the trainer's and R2PO's head step's loss, read after the last backward)
+    gives what adding each loss read as a float gives, bf16 included, and 0.0 for no micro-batch."""
+    from metrics import host_sum
+    losses = [torch.tensor(0.1), torch.tensor(-2.5e-3), torch.tensor(1 / 3)]
+    assert host_sum(losses) == sum(float(t) for t in losses)
+    halves = [t.to(torch.bfloat16) for t in losses]
+    assert host_sum(halves) == sum(float(t) for t in halves)
+    assert host_sum([]) == 0.0 and isinstance(host_sum(losses), float)
+
+
 def test_the_surrogates_ratio_metrics_without_a_boolean_index():
     """ratio/min and ratio/max over the valid tokens exactly as the compacted ratio[valid] gives
     them, ratio/mean and loss/ppo_kl to float rounding (another summation order), NaN over 0

@@ -2,6 +2,7 @@
 the O'Brien-Fleming boundaries against the published constants, the runs stopping at the first
 look where the primary claim crosses and not before, nothing read before the first look, and a
 seed's arms made on one CPU kind (one_machine)."""
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -106,6 +107,20 @@ def test_nothing_is_read_before_the_first_look(monkeypatch, tmp_path):
                             Plan(tmp_path, 1, 1, False))
     out = run_setting(_setting(), Plan(tmp_path, 1, 1, False, train=False))
     assert [r["seed"] for r in out["runs"]["a"]] == [1, 2]
+
+
+def test_an_arm_left_out_before_the_first_look_is_named(monkeypatch, tmp_path):
+    """Analyse only, an arm of its own lr (own_lr) whose dev sweep is not in the archive: the
+    progress the look waits on leaves it out and says so, instead of dropping it silently."""
+    _fake(monkeypatch, {"a": lambda sd: 0.3, "b": lambda sd: 0.3, "c": lambda sd: 0.3})
+    run_setting(_setting(seeds=(1,), looks=()), Plan(tmp_path, 1, 1, False))
+    late = dataclasses.replace(_setting(), arms=(*ARMS, Arm("c", ("--replay", "nonzero"))),
+                               own_lr=("c",))
+    with pytest.raises(Stopped, match="1 of 2 seeds complete") as why:
+        run_setting(late, Plan(tmp_path, 1, 1, False, train=False))
+    assert why.value.progress["waiting"] == ["c"]
+    text = write_progress(why.value.progress, tmp_path / "report", str(why.value))
+    assert "Runs in progress: c (not in the archive yet)" in text
 
 
 def test_a_seed_s_arms_are_made_on_one_cpu_kind(monkeypatch, tmp_path):
