@@ -1,7 +1,7 @@
 """bench/sequential.py and a group-sequential setting's runs (bench/protocol.py, Setting.looks):
 the O'Brien-Fleming boundaries against the published constants, the runs stopping at the first
-look where the primary claim crosses and not before, nothing read before the first look, and a
-seed's arms made on one CPU kind (one_machine)."""
+look where the primary claim crosses and not before, nothing read before the first look (an arm
+left out of it named), and a seed's arms made on one CPU kind (one_machine)."""
 import dataclasses
 import json
 import sys
