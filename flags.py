@@ -652,6 +652,28 @@ def fits_machine(args, model, prompts: list, *, world: int, device: str, value_b
                               ranks_here=ranks_here)
 
 
+def resolve_sizes(args, model, prompts: list, *, world: int, device: str, value_bytes: int,
+                  frozen_bytes: int):
+    """(args with --micro-batch-tokens 0 and --gpu-memory-utilization 0 resolved, the sizes, the
+    memory estimate, a warning or None): the device's memory divided (plan_memory: on CUDA the
+    micro-batch's budget is what the trainer's resident state and vLLM's leave), the sizes
+    checked (check_sizes) and the run against the machine (fits_machine: a ValueError when it
+    cannot fit, a warning when it may not fit what is free now). `value_bytes`: what the
+    activations are kept in; `frozen_bytes`: a frozen copy's (run_setup.frozen_dtype)."""
+    import torch
+    plan = plan_memory(args, model, prompts, world=world, device=device,
+                       value_bytes=value_bytes, frozen_bytes=frozen_bytes)
+    logits = AUTO_LOGITS_CUDA if torch.device(device).type == "cuda" else AUTO_LOGITS
+    found = sizes(args, model, world, value_bytes, plan.budget, logits)
+    args = dataclasses.replace(args, micro_batch_tokens=found.micro_batch_tokens,   # 0 resolved
+                               gpu_memory_utilization=plan.engine_share)
+    check_sizes(args, model, prompts, found)
+    need, warning = fits_machine(args, model, prompts, world=world, device=device,
+                                 value_bytes=value_bytes, budget=plan.budget,
+                                 frozen_bytes=frozen_bytes, engine_asleep=plan.engine_asleep)
+    return args, found, need, warning
+
+
 def check_sizes(args, model, prompts: list, sizes: Sizes) -> None:
     """Bounds that need the sizes, the model and the data: every optimizer step must hold a fresh
     rollout, a prompt must not appear twice in one step (its two groups would share a prompt_id and

@@ -208,8 +208,12 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
     if (slow := flags.bf16_cpu_warning(args.precision, device)):
         parallel.print0(f"warning: {slow}")
-    args, sizes, need = size_run(args, model, prompts, world=world, device=device,
-                                 forward=forward)
+    value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
+    args, sizes, need, warning = flags.resolve_sizes(
+        args, model, prompts, world=world, device=device, value_bytes=value_bytes,
+        frozen_bytes=frozen_dtype(device).itemsize)
+    if warning:
+        parallel.print0(f"warning: {warning}")
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
     parallel.print0(metrics_lib.wrap(["flags:", *flags.shown(changed),
                                       "(every flag: args.json in each checkpoint)"],
@@ -238,29 +242,6 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
         where = os.path.join(args.out_dir, "checkpoints")
         parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting at step 0")
     return run
-
-
-def size_run(args: Args, model, prompts: list, *, world: int, device: str, forward: str):
-    """(args with --micro-batch-tokens 0 and --gpu-memory-utilization 0 resolved, the sizes, the
-    memory estimate): the device's memory divided (flags.plan_memory: on CUDA the micro-batch's
-    budget is what the trainer's resident state and vLLM's leave), the sizes checked
-    (flags.check_sizes) and the run against the machine (flags.fits_machine: a ValueError when
-    it cannot fit, a warning printed when it may not fit what is free now)."""
-    value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
-    frozen_bytes = frozen_dtype(device).itemsize
-    plan = flags.plan_memory(args, model, prompts, world=world, device=device,
-                             value_bytes=value_bytes, frozen_bytes=frozen_bytes)
-    logits = flags.AUTO_LOGITS_CUDA if torch.device(device).type == "cuda" else flags.AUTO_LOGITS
-    sizes = flags.sizes(args, model, world, value_bytes, plan.budget, logits)
-    args = dataclasses.replace(args, micro_batch_tokens=sizes.micro_batch_tokens,   # 0 resolved
-                               gpu_memory_utilization=plan.engine_share)
-    flags.check_sizes(args, model, prompts, sizes)
-    need, warning = flags.fits_machine(args, model, prompts, world=world, device=device,
-                                       value_bytes=value_bytes, budget=plan.budget,
-                                       frozen_bytes=frozen_bytes, engine_asleep=plan.engine_asleep)
-    if warning:
-        parallel.print0(f"warning: {warning}")
-    return args, sizes, need
 
 
 def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,

@@ -44,7 +44,7 @@ ALGORITHM = ("train.py", "run_setup.py", "grpo.py", "buffer.py", "rollout.py", "
 # flags.py's bounds, sizes and memory check; cli.part, which cuts an owner's flags out of them) and
 # the checkpoint's (de)serialiser, which writes them as args.json (it takes them as a dict).
 # eval.py's own CLI has its own Args.
-TAKE_ARGS = {("run_setup", "setup"), ("run_setup", "size_run"),
+TAKE_ARGS = {("run_setup", "setup"), ("flags", "resolve_sizes"),
              ("train", "main"), ("cli", "part"), ("flags", "plan_memory"),
              ("flags", "torch_engine_needed"),
              ("flags", "check_args"), ("flags", "fits_machine"), ("flags", "method_parts"), ("flags", "needs_initial"),
