@@ -47,7 +47,8 @@ ALGORITHM = ("train.py", "run_setup.py", "grpo.py", "buffer.py", "rollout.py", "
 TAKE_ARGS = {("run_setup", "setup"), ("flags", "resolve_sizes"),
              ("train", "main"), ("cli", "part"), ("flags", "plan_memory"),
              ("flags", "torch_engine_needed"),
-             ("flags", "check_args"), ("flags", "fits_machine"), ("flags", "method_parts"), ("flags", "needs_initial"),
+             ("flags", "check_args"), ("flags", "fits_machine"), ("flags", "method_parts"),
+             ("flags", "needs_initial"),
              ("flags", "_rules"), ("flags", "sizes"), ("flags", "changed"),
              ("flags", "micro_batch_tokens"), ("flags", "update_memory"),
              ("flags", "check_sizes"), ("eval", "load_inputs"), ("eval", "main")}

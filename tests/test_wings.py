@@ -49,8 +49,8 @@ def test_every_wing_is_registered_and_has_a_preset():
 
 def test_each_method_file_removed_leaves_the_rest_working(tmp_path):
     """Each wing in turn made unimportable (in one process, flags.py, run_setup.py and train.py
-    imported anew each time): its preset, flags and choices are gone, and the default and another method's
-    preset (gspo's; pnpo's without gspo) each train a step (exit status 0)."""
+    imported anew each time): its preset, flags and choices are gone, and the default and another
+    method's preset (gspo's; pnpo's without gspo) each train a step (exit status 0)."""
     proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(WINGS), json.dumps(TINY),
                            str(tmp_path / "run-")], cwd=ROOT, env=cpu_env(),
                           capture_output=True, text=True, timeout=900)
