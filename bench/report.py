@@ -13,6 +13,12 @@ from protocol import code_line
 from stats import mean_std
 from verdicts import BUDGETS, PAR_MARGIN, TARGET_FRAC, VERDICT_RULE, X_COL, analyse, pooled
 
+
+def md_row(cells) -> str:
+    """A markdown table row; a "|" inside a cell (|A|) escaped, so that it does not split it."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
 def fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
@@ -95,7 +101,7 @@ def table(summary: dict, analysis: dict | None = None) -> str:
             f"AES vs {s.baseline}", "refreshes (= syncs)", "updates",
             "generate / update s",
             *(f"final {c}" for c, _ in s.finals), *(c for c, _ in s.diagnostics)]
-    out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out = [head, "", md_row(cols), "|" + "---|" * len(cols)]
     for a in (a for a in s.arms if a.name in runs):         # a reading not chosen is not reported
         rs, e = runs[a.name], a_["arms"][a.name]
         d = e["delta"]
@@ -129,7 +135,7 @@ def table(summary: dict, analysis: dict | None = None) -> str:
                  fmt(e["aes"], "+.3f"),
                  fmt(avg("refreshes"), ".0f"), fmt(avg("updates"), ".0f"),
                  f"{fmt(avg('gen'), '.1f')} / {fmt(avg('upd'), '.1f')}", *lasts, *diag]
-        out.append("| " + " | ".join(cells) + " |")
+        out.append(md_row(cells))
     gate = a_.get("gate")
     if gate:
         out += ["", f"The learning gate: this setting's baseline {s.baseline} gained "
@@ -143,11 +149,11 @@ def table(summary: dict, analysis: dict | None = None) -> str:
             "pairing | mechanism acted | verdict | Holm (setting) |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in a_["comparisons"]:
-        out.append(f"| {c['arm']} vs {c['against']} | {c['metric']} | "
-                   f"{claim_words(c['direction'])} | {points(c)} | "
-                   f"{fmt(c['se'] and 100 * c['se'], '.2f')} | {fmt(c['df'], '.3g')} | "
-                   f"{pairing(c)} | {acted_cell(c['diagnostic'])}{post_hoc_cell(c)} | "
-                   f"{c['verdict']} | {c.get('holm', '—')} |")
+        out.append(md_row([f"{c['arm']} vs {c['against']}", c["metric"],
+                           claim_words(c["direction"]), points(c),
+                           fmt(c["se"] and 100 * c["se"], ".2f"), fmt(c["df"], ".3g"),
+                           pairing(c), acted_cell(c["diagnostic"]) + post_hoc_cell(c),
+                           c["verdict"], c.get("holm", "—")]))
     return "\n".join(out) + "\n"
 
 
@@ -170,10 +176,10 @@ def sequential_table(analysis: dict) -> str:
            "fixed-sample word |", "|---|---|---|---|---|---|---|---|---|"]
     for c in analysis["comparisons"]:
         role = "primary" if c.get("primary") else "secondary"
-        out.append(f"| {claim_cell(c)} | {role} | {points(c)} | "
-                   f"{fmt(c['se'] and 100 * c['se'], '.2f')} | {fmt(c['df'], '.3g')} | "
-                   f"{fmt(c.get('p'), '.2g')} | {fmt(c.get('holm_p'), '.2g')} | {c['verdict']} | "
-                   f"{c.get('unadjusted', '—')} |")
+        out.append(md_row([claim_cell(c), role, points(c),
+                           fmt(c["se"] and 100 * c["se"], ".2f"), fmt(c["df"], ".3g"),
+                           fmt(c.get("p"), ".2g"), fmt(c.get("holm_p"), ".2g"), c["verdict"],
+                           c.get("unadjusted", "—")]))
     return "\n".join(out) + "\n"
 
 
@@ -185,8 +191,8 @@ def gates_table(analysis: dict) -> str:
         return ""
     out = ["", "What each arm's draw did (every step of every reported seed; each check can "
                "fail):", "", "| arm | check | value | holds |", "|---|---|---|---|"]
-    out += [f"| {name} | {g['check']} | {fmt(g['value'], '.3g')} | "
-            f"{'yes' if g['holds'] else '**no**'} |" for name, g in rows]
+    out += [md_row([name, g["check"], fmt(g["value"], ".3g"),
+                    "yes" if g["holds"] else "**no**"]) for name, g in rows]
     return "\n".join(out) + "\n"
 
 
@@ -203,7 +209,7 @@ def per_run_table(runs: dict, keys=RUN_KEYS) -> str:
     if not any(r["means"].get(keys[1][1]) is not None for rs in runs.values() for r in rs):
         return ""
     cols = ["arm", "seed", *(c for c, _ in keys), "wall min", "peak GB", "cpu"]
-    out = ["", "Per run (means over its steps):", "", "| " + " | ".join(cols) + " |",
+    out = ["", "Per run (means over its steps):", "", md_row(cols),
            "|" + "---|" * len(cols)]
     for name, rs in runs.items():
         for r in rs:
@@ -212,7 +218,7 @@ def per_run_table(runs: dict, keys=RUN_KEYS) -> str:
             cells = [name, str(r.get("seed", "—")),
                      *(fmt(r["means"].get(k), ".3g") for _, k in keys),
                      fmt(wall, ".1f"), fmt(peak, ".2f"), r.get("cpu") or "not recorded"]
-            out.append("| " + " | ".join(cells) + " |")
+            out.append(md_row(cells))
     return "\n".join(out) + "\n"
 
 
@@ -316,7 +322,7 @@ def dev_lr_table(summary: dict) -> str:
             cells.append(f"**{cell}**" if lr == s.shared_lr else cell)
         best = max(per.items(), key=lambda kv: kv[1]) if per else None
         cells.append("—" if best is None else f"{100 * best[1]:.1f} at {best[0]}")
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append(md_row([name, *cells]))
     return "\n".join(out) + "\n"
 
 
@@ -373,7 +379,7 @@ def sweep_table(summary: dict) -> str:
                 edge = " (edge)" if lr in (min(mine), max(mine)) else ""
                 cell = f"**{cell}**{edge}"
             cells.append(cell)
-        out.append(f"| {a.name} | " + " | ".join(cells) + " |")
+        out.append(md_row([a.name, *cells]))
     for group, pick in summary.get("picked", {}).items():
         rule = "the best mean final dev accuracy at its own chosen lr"
         if s.band:
@@ -620,17 +626,17 @@ def headline_table(results_dir: Path, every: bool = False) -> str:
             by_setting.setdefault((row[0], row[1]), []).append(f"{row[2]} {at} (best {row[4]})")
         text += "\n| experiment | setting | each arm at the shared lr (its best on dev) |\n"
         text += "|---|---|---|\n"
-        return text + "".join(f"| {e} | {s} | {'; '.join(cells)} |\n"
+        return text + "".join(md_row([e, s, "; ".join(cells)]) + "\n"
                               for (e, s), cells in by_setting.items())
     text += intro
     text += ("| experiment | setting | arm | dev accuracy by lr (the shared lr in bold) | its best "
              "| shared lr's cost (points) |\n|---|---|---|---|---|---|\n")
-    return text + "".join("| " + " | ".join(row) + " |\n" for row in stress)
+    return text + "".join(md_row(row) + "\n" for row in stress)
 
 
 def headline_markdown(rows: list[list[str]]) -> str:
     out = ["| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | paired? | "
            "verdict | Holm (setting) |", "|---|---|---|---|---|---|---|---|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out += [md_row(r) for r in rows]
     return "\n".join(out) + "\n"
 

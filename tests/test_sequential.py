@@ -4,6 +4,7 @@ look where the primary claim crosses and not before, nothing read before the fir
 left out of it named), and a seed's arms made on one CPU kind (one_machine)."""
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -247,3 +248,7 @@ def test_the_draws_setting_is_read_by_the_rule_and_its_report_says_so(tmp_path):
     text = write_setting(summary, tmp_path / "smollm2-draws")
     assert "The group-sequential rule" in text and "| primary |" in text
     assert "What each arm's draw did" in text and "Per run (means over its steps)" in text
+    assert "the \\|A\\| weighting" in text           # a "|" in a cell is escaped: one cell
+    for table in re.findall(r"(?:^\|.*\n)+", text, flags=re.M):
+        widths = {len(re.split(r"(?<!\\)\|", row)) for row in table.splitlines()}
+        assert len(widths) == 1, f"a row's cells do not match its header's:\n{table}"
