@@ -5,7 +5,7 @@
 In the trainer, at each step (fresh = this step's scored rollouts, advantages set, version = step):
 
     replay = make(flags, seed=0)                             # once; None for --replay none
-    batch = fresh + replay.sample(step, len(fresh))    # fresh-anchored: the replayed ones after
+    batch = fresh + replay.sample(step, len(fresh))          # fresh first, the replayed after
     replay.add(fresh, step)
     report(replay, metrics)                                  # its numbers, each as it reduces
 

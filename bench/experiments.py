@@ -47,7 +47,9 @@ band min..max), sweep.png where there are sweep runs, seeds.png where the settin
 (Setting.seed_curves: every seed's curve) and summary.json (the runs and every number of the
 tables: analyse()); OUT/README.md collects the experiment's claim, what it holds equal, the
 verdict rule and every setting's table. `python bench/experiments.py --headline` prints the
-README's headline table from every bench/results/*/**/summary.json (headline_table). The runs go
+README's headline table from every bench/results/*/**/summary.json (headline_table), and `--look
+SETTING_DIR` a group-sequential setting's claims at its look and a row per arm (look_tables: the
+tables of docs/smollm2.md). The runs go
 to RUNS/<setting>/{sweep,report}/ARM/lr-LR/seed-S/ (RUNS = runs/experiments/NAME by default,
 OUT/runs with --out); a run keeps its run.log, argv.json, metrics.jsonl, updates.jsonl and
 samples.jsonl (its checkpoints are deleted once it is done). Runs are `python train.py ...` in
@@ -69,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))    # bench/: run as a s
 from design import EXTEND, LR_GRID, QUICK_GRID, ROOT  # noqa: E402
 from papers import EXPERIMENTS  # noqa: E402
 from protocol import REUSE_STALE, Plan, Stopped, run_setting  # noqa: E402
-from report import (headline_rows, headline_table, write_pooled,  # noqa: E402
+from report import (headline_rows, headline_table, look_tables, write_pooled,  # noqa: E402
                     write_progress, write_setting)
 from runs import (MAKE_MODEL, missing_model, pack_runs, recorded_models,  # noqa: E402
                   slow_bf16, unpack_runs)
@@ -181,7 +183,18 @@ def main(argv=None) -> int:
                    metavar="RESULTS_DIR", help="print the headline table (default bench/results)")
     p.add_argument("--every-claim", action="store_true",
                    help="a row per claim, not only the headline ones (docs/results.md's table)")
+    p.add_argument("--look", metavar="SETTING_DIR",
+                   help="print a group-sequential setting's claims at its look and a row per arm "
+                        "from SETTING_DIR/summary.json (docs/smollm2.md's tables), e.g. "
+                        "bench/results/replay/smollm2-draws")
     args = p.parse_args(argv)
+    if args.look:
+        path = Path(args.look) / "summary.json"
+        if not path.exists():
+            raise SystemExit(f"--look: {path} does not exist (bench/compare.py --experiment NAME "
+                             "--setting LABEL writes it)")
+        print(look_tables(json.loads(path.read_text())), end="")
+        return 0
     if not args.headline:
         p.print_help()
         return 2

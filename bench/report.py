@@ -171,8 +171,14 @@ def sequential_table(analysis: dict) -> str:
                f"the secondaries read where the primary stops, Holm over the claims whose "
                f"mechanism acted, against that look's threshold. Read at look {q['look']} of "
                f"{len(q['looks'])} ({q['n']} complete seeds, every arm of each on one CPU kind): "
-               f"{where}.", "",
-           "| claim | role | Δ [95% CI] | SE | df | p | Holm p | verdict (the rule) | "
+               f"{where}.", ""]
+    return "\n".join(out) + "\n" + look_rows(analysis)
+
+
+def look_rows(analysis: dict) -> str:
+    """The table of sequential_table: every claim's role, Δ [95% CI], SE, df, p, Holm p, the rule's
+    word at this look and the fixed-sample word beside it."""
+    out = ["| claim | role | Δ [95% CI] | SE | df | p | Holm p | verdict (the rule) | "
            "fixed-sample word |", "|---|---|---|---|---|---|---|---|---|"]
     for c in analysis["comparisons"]:
         role = "primary" if c.get("primary") else "secondary"
@@ -200,6 +206,42 @@ RUN_KEYS = (("replayed", "replay/sampled"), ("replayed A≠0", "replay/sampled_n
             ("stored", "replay/size"), ("stored A≠0", "replay/stored_nonzero"),
             ("|A| replayed", "replay/abs_adv_sampled"), ("|A| stored", "replay/abs_adv_stored"),
             ("|A| stored A≠0", "replay/abs_adv_stored_nonzero"), ("loss tokens N", "loss/tokens"))
+
+
+ARM_KEYS = (("loss tokens N", "loss/tokens", ",.0f"), ("clip frac", "loss/clip_frac", ".3f"),
+            ("KL to behaviour", "loss/ppo_kl", ".3f"))
+
+
+def arm_table(summary: dict, keys=ARM_KEYS) -> str:
+    """A row per reported arm, the short form of results.md's tables: the final test accuracy
+    (mean ± std over seeds), its gain over step 0 [95% CI], what its draw did (each arm gate's
+    value and whether it holds), the mean over its runs of each key's mean over steps, and the
+    range over its runs of wall time and peak memory."""
+    cols = ["arm", "final test acc", "gain over step 0", "what its draw did (gate)",
+            *(c for c, _, _ in keys), "wall", "peak RSS"]
+    out = [md_row(cols), "|" + "---|" * len(cols)]
+    for name, e in summary["arms"].items():
+        rs = summary["runs"][name]
+        gates = "; ".join(f"{g['check']}: {g['value']:.3g} "
+                          f"({'holds' if g['holds'] else 'fails'})" for g in e.get("gates", []))
+        means = [fmt(statistics.mean(r["means"][k] for r in rs)
+                     if all(r["means"].get(k) is not None for r in rs) else None, spec)
+                 for _, k, spec in keys]
+        wall = [r["run_s"] / 60 for r in rs if r.get("run_s")]
+        peak = [r["peak_rss_kb"] / 1e6 for r in rs if r.get("peak_rss_kb")]
+        out.append(md_row([
+            name, f"{100 * e['final']['mean']:.1f} ± {100 * e['final']['std']:.1f}",
+            points(e.get("gain")), gates or "—", *means,
+            f"{min(wall):.1f}-{max(wall):.1f} min" if wall else "—",
+            f"{min(peak):.2f}-{max(peak):.2f} GB" if peak else "—"]))
+    return "\n".join(out) + "\n"
+
+
+def look_tables(summary: dict) -> str:
+    """What docs/smollm2.md shows of a group-sequential setting's reading (`python
+    bench/experiments.py --look DIR`): the claims at the look (look_rows) and the arms
+    (arm_table)."""
+    return look_rows(summary) + "\n" + arm_table(summary)
 
 
 def per_run_table(runs: dict, keys=RUN_KEYS) -> str:

@@ -50,3 +50,23 @@ def test_readme_and_results_page_headline_tables_are_generated():
         assert HEADLINE[0] in text and HEADLINE[1] in text, f"{page} lost its headline markers"
         got = text.split(HEADLINE[0], 1)[1].split(HEADLINE[1], 1)[0].strip()
         assert got == want, f"{page}'s headline table is stale: run bench/experiments.py --headline"
+
+
+LOOK = ("<!-- python bench/experiments.py --look bench/results/replay/smollm2-draws -->",
+        "<!-- end of the look's tables -->")
+
+
+def test_smollm2_page_look_tables_are_generated():
+    """docs/smollm2.md's tables of the pre-registered draws (the claims at their look, a row per
+    arm) are what `python bench/experiments.py --look bench/results/replay/smollm2-draws` prints
+    from the committed summary.json, not written by hand."""
+    import json
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    from report import look_tables
+    summary = ROOT / "bench" / "results" / "replay" / "smollm2-draws" / "summary.json"
+    want = look_tables(json.loads(summary.read_text())).strip()
+    text = (ROOT / "docs" / "smollm2.md").read_text(encoding="utf-8")
+    assert LOOK[0] in text and LOOK[1] in text, "docs/smollm2.md lost its look markers"
+    got = text.split(LOOK[0], 1)[1].split(LOOK[1], 1)[0].strip()
+    assert got == want, "docs/smollm2.md's look tables are stale: run bench/experiments.py --look"

@@ -18,7 +18,7 @@ import sequential  # noqa: E402
 from design import Arm, Claim, Setting  # noqa: E402
 from papers.replay import draw_gates, replay  # noqa: E402
 from protocol import Plan, Stopped, run_dir, run_setting  # noqa: E402
-from report import write_progress, write_setting  # noqa: E402
+from report import look_tables, write_progress, write_setting  # noqa: E402
 from verdicts import analyse  # noqa: E402
 
 
@@ -252,3 +252,13 @@ def test_the_draws_setting_is_read_by_the_rule_and_its_report_says_so(tmp_path):
     for table in re.findall(r"(?:^\|.*\n)+", text, flags=re.M):
         widths = {len(re.split(r"(?<!\\)\|", row)) for row in table.splitlines()}
         assert len(widths) == 1, f"a row's cells do not match its header's:\n{table}"
+    # docs/smollm2.md's short form (report.look_tables): the claims at the look and a row per arm,
+    # each gate's word from its value (naive's A != 0 share here is the prioritized draw's: 4.5x
+    # the stored share, so its gate fails), a key no run logged a dash, the ranges over the runs;
+    # read from the summary.json that write_setting wrote, as `experiments.py --look` reads it
+    short = look_tables(json.loads((tmp_path / "smollm2-draws" / "summary.json").read_text()))
+    assert short.startswith("| claim | role |") and "| primary |" in short
+    rows = {row.split(" | ")[0][2:]: row for row in short.splitlines() if "-replay |" in row}
+    assert "stored in [0.9, 1.11]: 4.55 (fails)" in rows["naive-replay"]
+    assert "stored >= 1.05: 5.12 (holds)" in rows["rollout-replay"]
+    assert "| — | — | — | 30.0-30.0 min | 5.90-5.90 GB |" in rows["nonzero-replay"]
