@@ -23,6 +23,22 @@ def fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
+def runs_mean(rs: list[dict], key: str) -> float | None:
+    """The mean over runs of each run's mean over its steps of `key`; None where a run has none."""
+    vals = [r["means"].get(key) for r in rs]
+    return None if any(v is None for v in vals) else statistics.mean(vals)
+
+
+def run_minutes(r: dict) -> float:
+    """A run's wall time (its `done` file's seconds), in minutes."""
+    return r["run_s"] / 60
+
+
+def peak_gb(r: dict) -> float:
+    """A run's peak resident memory, in GB (10^9 bytes)."""
+    return r["peak_rss_kb"] / 1e6
+
+
 def points(c: dict | None) -> str:
     """Δ [95% CI] of a comparison_json, in percentage points."""
     if c is None or c["delta"] is None:
@@ -107,9 +123,7 @@ def table(summary: dict, analysis: dict | None = None) -> str:
         d = e["delta"]
         avg = lambda key: statistics.mean(r[key] for r in rs if r.get(key) is not None) \
             if any(r.get(key) is not None for r in rs) else None                  # noqa: E731
-        diag = [fmt(statistics.mean(r["means"][k] for r in rs) if all(
-            r["means"].get(k) is not None for r in rs) else None, ".3g")
-            for _, k in s.diagnostics]
+        diag = [fmt(runs_mean(rs, k), ".3g") for _, k in s.diagnostics]
         lasts = []
         for _, k in s.finals:
             vals = [r["last"][k] for r in rs if r["last"].get(k) is not None]
@@ -224,11 +238,9 @@ def arm_table(summary: dict, keys=ARM_KEYS) -> str:
         rs = summary["runs"][name]
         gates = "; ".join(f"{g['check']}: {g['value']:.3g} "
                           f"({'holds' if g['holds'] else 'fails'})" for g in e.get("gates", []))
-        means = [fmt(statistics.mean(r["means"][k] for r in rs)
-                     if all(r["means"].get(k) is not None for r in rs) else None, spec)
-                 for _, k, spec in keys]
-        wall = [r["run_s"] / 60 for r in rs if r.get("run_s")]
-        peak = [r["peak_rss_kb"] / 1e6 for r in rs if r.get("peak_rss_kb")]
+        means = [fmt(runs_mean(rs, k), spec) for _, k, spec in keys]
+        wall = [run_minutes(r) for r in rs if r.get("run_s")]
+        peak = [peak_gb(r) for r in rs if r.get("peak_rss_kb")]
         out.append(md_row([
             name, f"{100 * e['final']['mean']:.1f} ± {100 * e['final']['std']:.1f}",
             points(e.get("gain")), gates or "—", *means,
@@ -255,8 +267,8 @@ def per_run_table(runs: dict, keys=RUN_KEYS) -> str:
            "|" + "---|" * len(cols)]
     for name, rs in runs.items():
         for r in rs:
-            wall = r.get("run_s") and r["run_s"] / 60
-            peak = r.get("peak_rss_kb") and r["peak_rss_kb"] / 1e6
+            wall = r.get("run_s") and run_minutes(r)
+            peak = r.get("peak_rss_kb") and peak_gb(r)
             cells = [name, str(r.get("seed", "—")),
                      *(fmt(r["means"].get(k), ".3g") for _, k in keys),
                      fmt(wall, ".1f"), fmt(peak, ".2f"), r.get("cpu") or "not recorded"]

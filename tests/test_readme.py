@@ -37,6 +37,12 @@ def test_readme_is_short():
 HEADLINE = ("<!-- python bench/experiments.py --headline -->", "<!-- end of the headline table -->")
 
 
+def between(text: str, markers: tuple[str, str], page: str) -> str:
+    """What a page holds between a generated block's two markers, stripped."""
+    assert markers[0] in text and markers[1] in text, f"{page} lost its markers {markers}"
+    return text.split(markers[0], 1)[1].split(markers[1], 1)[0].strip()
+
+
 def test_readme_and_results_page_headline_tables_are_generated():
     """The headline tables of README.md and docs/results.md are what `python bench/experiments.py
     --headline` (README: the headline claims) and `--headline --every-claim` (docs/results.md)
@@ -47,8 +53,7 @@ def test_readme_and_results_page_headline_tables_are_generated():
     for page, every in (("README.md", False), ("docs/results.md", True)):
         want = headline_table(ROOT / "bench" / "results", every).strip()
         text = (ROOT / page).read_text(encoding="utf-8")
-        assert HEADLINE[0] in text and HEADLINE[1] in text, f"{page} lost its headline markers"
-        got = text.split(HEADLINE[0], 1)[1].split(HEADLINE[1], 1)[0].strip()
+        got = between(text, HEADLINE, page)
         assert got == want, f"{page}'s headline table is stale: run bench/experiments.py --headline"
 
 
@@ -67,6 +72,5 @@ def test_smollm2_page_look_tables_are_generated():
     summary = ROOT / "bench" / "results" / "replay" / "smollm2-draws" / "summary.json"
     want = look_tables(json.loads(summary.read_text())).strip()
     text = (ROOT / "docs" / "smollm2.md").read_text(encoding="utf-8")
-    assert LOOK[0] in text and LOOK[1] in text, "docs/smollm2.md lost its look markers"
-    got = text.split(LOOK[0], 1)[1].split(LOOK[1], 1)[0].strip()
+    got = between(text, LOOK, "docs/smollm2.md")
     assert got == want, "docs/smollm2.md's look tables are stale: run bench/experiments.py --look"
