@@ -178,7 +178,9 @@ def sequential_table(analysis: dict) -> str:
     if not q:
         return ""
     looks = ", ".join(f"{n} seeds: p < {p:.4f}" for n, p in zip(q["looks"], q["nominal_p"]))
-    where = ("the runs stop here" if q["stops"] else
+    crossed = q["primary_p"] is not None and q["primary_p"] < q["threshold"]
+    where = ("the primary crossed: the runs stop here" if crossed else
+             "the last look: the runs stop here, the primary not crossing" if q["stops"] else
              "the primary did not cross: the runs go on to the next look")
     out = ["", f"**The group-sequential rule** (bench/sequential.py, fixed before the runs): "
                f"O'Brien-Fleming nominal two-sided thresholds ({looks}) for the primary claim; "

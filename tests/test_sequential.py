@@ -1,7 +1,8 @@
 """bench/sequential.py and a group-sequential setting's runs (bench/protocol.py, Setting.looks):
 the O'Brien-Fleming boundaries against the published constants, the runs stopping at the first
 look where the primary claim crosses and not before, nothing read before the first look (an arm
-left out of it named), and a seed's arms made on one CPU kind (one_machine)."""
+left out of it named), a seed's arms made on one CPU kind (one_machine), and the pre-registered
+draws setting read at its interim look and at its final one (every claim by Holm)."""
 import dataclasses
 import json
 import re
@@ -247,6 +248,7 @@ def test_the_draws_setting_is_read_by_the_rule_and_its_report_says_so(tmp_path):
     assert words[("nonzero-replay", "naive-replay")] == "reproduced"
     text = write_setting(summary, tmp_path / "smollm2-draws")
     assert "The group-sequential rule" in text and "| primary |" in text
+    assert "(10 complete seeds, every arm of each on one CPU kind): the primary crossed" in text
     assert "What each arm's draw did" in text and "Per run (means over its steps)" in text
     assert "the \\|A\\| weighting" in text           # a "|" in a cell is escaped: one cell
     for table in re.findall(r"(?:^\|.*\n)+", text, flags=re.M):
@@ -262,3 +264,33 @@ def test_the_draws_setting_is_read_by_the_rule_and_its_report_says_so(tmp_path):
     assert "stored in [0.9, 1.11]: 4.55 (fails)" in rows["naive-replay"]
     assert "stored >= 1.05: 5.12 (holds)" in rows["rollout-replay"]
     assert "| — | — | — | 30.0-30.0 min | 5.90-5.90 GB |" in rows["nonzero-replay"]
+
+
+def test_the_draws_setting_at_its_final_look_reads_every_claim_with_holm(tmp_path):
+    """analyse() on the pre-registered setting at its final look (20 complete seeds): a primary
+    that never crosses still stops there (the last look), is inconclusive with its CI, and the
+    secondaries are read, each by its Holm-adjusted p against 0.048: nonzero far above naive is
+    reproduced, prioritized far below nonzero contradicted; the report says look 2 of 2."""
+    (s,) = [s for s in replay(False).settings if s.label == "smollm2-draws"]
+
+    def naive(sd):
+        return 0.12 + 0.002 * (sd % 3)
+    runs = _hand_made_runs({"naive-replay": naive,
+                            "rollout-replay": lambda sd: naive(sd) + (0.004 if sd % 2 else -0.003),
+                            "nonzero-replay": lambda sd: naive(sd) + 0.03 + 0.002 * (sd % 2)}, 20)
+    summary = {"setting": s, "runs": runs, "chosen": {a.name: 2e-5 for a in s.arms},
+               "sweep": {a.name: {} for a in s.arms}, "grid": s.grid, "sweep_seeds": (0,),
+               "picked": {}, "also": {}, "band": {}}
+    a = analyse(summary)
+    q = a["sequential"]
+    assert (q["look"], q["n"], q["stops"]) == (2, 20, True)
+    assert q["threshold"] == pytest.approx(0.048, abs=1e-3) and q["primary_p"] > 0.3
+    words = {(c["arm"], c["against"]): c["verdict"] for c in a["comparisons"]}
+    assert words[("rollout-replay", "naive-replay")].startswith("inconclusive (Holm p")
+    assert words[("rollout-replay", "nonzero-replay")] == "contradicted"
+    assert words[("nonzero-replay", "naive-replay")] == "reproduced"
+    assert all(c["n"] == 20 and c["df"] == 19 for c in a["comparisons"])
+    text = write_setting(summary, tmp_path / "smollm2-draws")
+    assert "Read at look 2 of 2 (20 complete seeds" in text
+    assert "the last look: the runs stop here, the primary not crossing." in text
+    assert "not read" not in text and "continues to" not in text
