@@ -111,7 +111,9 @@ class RolloutReplay:
         self._records = np.empty(0, dtype=object)      # [N] Rollout, insertion order
         self._version = np.empty(0, dtype=np.int64)    # [N] version of each record
         self._abs_adv = np.empty(0, dtype=np.float64)  # [N] |advantage| of each record
-        self._last = {"replay/evicted": 0, "replay/capacity_dropped": 0, **empty_sample_stats()}
+        self._positive = np.empty(0, dtype=bool)        # [N] advantage > 0
+        self._last = {"replay/evicted": 0, "replay/capacity_dropped": 0, **empty_sample_stats(),
+                      "replay/sampled_positive": 0, "replay/ess": 0.0}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -137,6 +139,7 @@ class RolloutReplay:
         self._records = np.concatenate([self._records, records])
         self._version = np.concatenate([self._version, version])
         self._abs_adv = np.concatenate([self._abs_adv, np.abs(adv)])
+        self._positive = np.concatenate([self._positive, adv > 0])
         self._last["replay/capacity_dropped"] = self._enforce_capacity() if self.capacity else 0
 
     def _enforce_capacity(self) -> int:
@@ -155,6 +158,7 @@ class RolloutReplay:
         self._records = self._records[keep]
         self._version = self._version[keep]
         self._abs_adv = self._abs_adv[keep]
+        self._positive = self._positive[keep]
 
     # ---- evict -----------------------------------------------------------------------------------
     def evict(self, step: int) -> int:
@@ -184,6 +188,7 @@ class RolloutReplay:
         cand = np.flatnonzero(eligible)                 # [M] indices of candidates
         picked = cand[self._draw_without_replacement(self._abs_adv[cand], k)]  # [min(k, M)]
         self._record_sample(picked, step)
+        self._last["replay/ess"] = effective_size(self._abs_adv[cand], self.alpha)
         return self._records[picked].tolist()
 
     def _draw_without_replacement(self, abs_adv: np.ndarray, k: int) -> np.ndarray:
@@ -206,14 +211,15 @@ class RolloutReplay:
         return first[np.argsort(log_key[first], kind="stable")]
 
     def _record_sample(self, picked: np.ndarray, step: int) -> None:
-        self._last.update(empty_sample_stats())
+        self._last.update(empty_sample_stats(), **{"replay/sampled_positive": 0})
         if len(picked):
             age = step - self._version[picked]               # [K]
             self._last.update({"replay/sampled": int(len(picked)),
                                "replay/age_mean": float(age.mean()),
                                "replay/age_max": int(age.max()),
                                "replay/abs_adv_sampled": float(self._abs_adv[picked].mean()),
-                               "replay/sampled_nonzero": int((self._abs_adv[picked] > 0).sum())})
+                               "replay/sampled_nonzero": int((self._abs_adv[picked] > 0).sum()),
+                               "replay/sampled_positive": int(self._positive[picked].sum())})
 
     # ---- metrics and checkpointing ---------------------------------------------------------------
     def stats(self) -> dict:
@@ -221,7 +227,9 @@ class RolloutReplay:
         stored rollout, eligible for the next draw or not), replay/stored_nonzero (how many of them
         have A != 0) and replay/abs_adv_stored_nonzero (their mean |A|) describe the buffer now;
         replay/evicted the last evict (age); replay/capacity_dropped the last add; the rest the
-        last sample (replay/sampled_nonzero: the drawn with A != 0; 0 when it drew nothing, so the
+        last sample (replay/sampled_nonzero: the drawn with A != 0, replay/sampled_positive: with A
+        > 0; replay/ess: the draw's effective number of candidates, effective_size, summed over
+        ranks under torchrun, each rank drawing from its own buffer; 0 when it drew nothing, so the
         JSON stays finite)."""
         nonzero = self._abs_adv[self._abs_adv > 0]                  # [N'] stored with A != 0
         return {"replay/size": len(self), **self._last,
@@ -254,6 +262,18 @@ class RolloutReplay:
 def empty_sample_stats() -> dict:
     return {"replay/sampled": 0, "replay/age_mean": 0.0, "replay/age_max": 0,
             "replay/abs_adv_sampled": 0.0, "replay/sampled_nonzero": 0}
+
+
+def effective_size(abs_adv: np.ndarray, alpha: float) -> float:
+    """The effective number of candidates of one draw, 1 / sum_j P(j)^2 with P(j) ∝ |A_j|^alpha
+    over the M candidates (M for a uniform draw, fewer the more the priority concentrates it; 0
+    with none): (sum w)^2 / sum w^2, with w scaled by its largest value so no power overflows."""
+    if len(abs_adv) == 0:
+        return 0.0
+    if alpha == 0:
+        return float(len(abs_adv))
+    w = np.exp(alpha * (np.log(abs_adv) - np.log(abs_adv.max())))      # [M] in (0, 1]
+    return float(w.sum() ** 2 / (w ** 2).sum())
 
 
 def check_args(tau_max, alpha, capacity) -> None:

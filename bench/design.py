@@ -93,6 +93,9 @@ class Setting:
                                                # each arm's mechanism did, a table of its own
     beside: str = ""                           # an archived setting whose same claims are shown
                                                # beside this one's, never pooled into them
+    interim_primary_only: bool = False         # group-sequential: a look where the runs go on
+                                               # reads the primary's two arms alone (the other
+                                               # arms withheld until the look that decides them)
 
 
 @dataclass(frozen=True)

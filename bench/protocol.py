@@ -295,6 +295,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
         if s.looks and primary_crosses(s, {a.name: [report_dir(a, sd) for sd in done]
                                            for a in arms}, i, keys):
             break
+    withheld: list[str] = []     # arms not read at this look (Setting.interim_primary_only)
     if s.looks:                  # what the rule reads: every seed of the last complete look
         if not done:
             have = sum(all((report_dir(a, sd) / "done").exists() for a in arms)
@@ -311,6 +312,14 @@ def run_setting(s: Setting, plan: Plan) -> dict:
                                     "codes": code_counts([recorded_code(d)
                                                           for d in plan.ran_of(base)])})
         report_seeds = done
+        look = s.looks.index(len(done)) if len(done) in s.looks else None
+        if (s.interim_primary_only and look is not None and look < len(s.looks) - 1
+                and not primary_crosses(s, {a.name: [report_dir(a, sd) for sd in done]
+                                            for a in arms}, look, keys)):
+            first = s.claims[0]          # the runs go on: the primary's two arms alone are read
+            keep = (first.arm, first.against or s.baseline)
+            withheld = [a.name for a in arms if a.name not in keep]
+            arms = [a for a in arms if a.name in keep]
     waiting |= {a.name for a in arms for sd in report_seeds if report_dir(a, sd) in plan.missing}
     if s.baseline in waiting:
         raise Stopped(f"setting {s.label}: report runs of {s.baseline} are not in the archive "
@@ -324,7 +333,7 @@ def run_setting(s: Setting, plan: Plan) -> dict:
                ] if s.sweep_of else [recorded_code(d) for d in plan.ran_of(base)]
     return {"setting": s, "grid": grid, "sweep_seeds": sweep_seeds, "sweep": sweep,
             "chosen": chosen, "runs": runs, "picked": picked, "also": also, "band": band,
-            "codes": code_counts(made_by), "waiting": sorted(waiting),
+            "codes": code_counts(made_by), "waiting": sorted(waiting), "withheld": withheld,
             "dev_lrs": dev_lrs(s, plan, arms, sweep_seeds) if s.shared_lr is not None else {}}
 
 

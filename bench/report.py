@@ -317,12 +317,19 @@ def cpu_line(runs: dict) -> str:
 
 
 def waiting_line(summary: dict) -> str:
-    """The arms whose runs are not in the archive yet (an analyse-only call), said above the
-    table: they are not in it, nor in any claim."""
-    if not summary.get("waiting"):
-        return ""
-    return (f"Runs in progress: {', '.join(summary['waiting'])} (not in the archive yet): not in "
-            "the tables or the verdicts below until they finish.\n\n")
+    """The arms whose runs are not in the archive yet (an analyse-only call), and those withheld
+    at a look where the runs go on (Setting.interim_primary_only), said above the table: they are
+    not in it, nor in any claim."""
+    out = ""
+    if summary.get("waiting"):
+        out += (f"Runs in progress: {', '.join(summary['waiting'])} (not in the archive yet): not "
+                "in the tables or the verdicts below until they finish.\n\n")
+    if summary.get("withheld"):
+        out += (f"Withheld at this look: {', '.join(summary['withheld'])}. Pre-registered: a look "
+                "where the runs go on reads the primary claim's two arms alone; the others' "
+                "accuracy and every secondary claim stay unread until the look that decides "
+                "them.\n\n")
+    return out
 
 
 def write_pooled(p, summaries: dict[str, dict], out: Path, exp: Experiment | None = None) -> str:
@@ -563,7 +570,7 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
             "also": {" | ".join(g): p for g, p in summary.get("also", {}).items()},
             "band": summary["band"], "codes": summary.get("codes"),
             "shared_lr": s.shared_lr, "dev_lrs": dev_lr_means(summary),
-            "waiting": summary.get("waiting", []),
+            "waiting": summary.get("waiting", []), "withheld": summary.get("withheld", []),
             "sweep": {n: {str(k): v for k, v in d.items()}
                                                    for n, d in summary["sweep"].items()},
             "runs": summary["runs"]}

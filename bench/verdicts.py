@@ -115,6 +115,14 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _band(text: str) -> tuple[float, float] | None:
+    """(LO, HI) of a band "LO..HI" (the right-hand side of the op "in"), else None."""
+    lo, sep, hi = text.partition("..")
+    if not sep or _number(lo) is None or _number(hi) is None:
+        return None
+    return float(lo), float(hi)
+
+
 def _terms(predicate: str) -> tuple[str, str | None, str, str]:
     """(AGG, the second key or None, OP, RHS) of "AGG OP RHS", "AGG / KEY OP RHS" or "AGG * KEY
     OP RHS" (the product form: _product)."""
@@ -140,7 +148,7 @@ def predicate_keys(key: str, predicate: str) -> tuple[str, ...]:
     AGAINST prefix), and the right-hand side where it is a key."""
     _, denominator, _, rhs = _terms(predicate)
     keys = (key,) + ((denominator.removeprefix(AGAINST),) if denominator else ())
-    return keys if _number(rhs) is not None else keys + (rhs,)
+    return keys if _number(rhs) is not None or _band(rhs) else keys + (rhs,)
 
 
 def aggregate(runs: list[dict], agg: str, key: str) -> float | None:
@@ -180,12 +188,16 @@ def mechanism_acted(runs: list[dict], key: str, predicate: str,
     """Whether predicate "AGG OP RHS" or "AGG / KEY2 OP RHS" holds for metrics key on the arm's
     runs: AGG one of max, min, mean, last (aggregate), the ratio form dividing by KEY2's AGG
     (diagnostic_value; "against:KEY2" on the reference arm's runs `ref`), OP one of > >= < <= ==
-    !=, RHS a number or another metrics key (aggregated the same way); e.g. ("loss/veto_frac",
+    !=, RHS a number or another metrics key (aggregated the same way), or OP "in" with RHS a band
+    "LO..HI" (both ends included); e.g. ("loss/veto_frac",
     "max > 0"), ("replay/headroom_mean", "mean != replay/headroom_stored_mean"),
     ("replay/abs_adv_sampled", "mean / replay/abs_adv_stored >= 1.05"). False where a key was
     never logged."""
     agg, _, op, rhs = _terms(predicate)
     left = diagnostic_value(runs, key, predicate, ref)
+    if op == "in":                                    # "AGG [/ KEY2] in LO..HI": LO <= x <= HI
+        lo, hi = _band(rhs)
+        return left is not None and lo <= left <= hi
     right = _number(rhs)
     right = aggregate(runs, agg, rhs) if right is None else right
     return left is not None and right is not None and OPS[op](left, right)

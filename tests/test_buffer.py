@@ -288,6 +288,8 @@ def test_stats_on_a_hand_built_case():
         "replay/abs_adv_sampled": pytest.approx((2 + 0.5 + 4) / 3),
         "replay/abs_adv_stored": pytest.approx((2 + 0.5 + 4 + 0 + 1) / 5),
         "replay/sampled_nonzero": 3,                 # a prioritized draw: every one has A != 0
+        "replay/sampled_positive": 2,                # A = 2 and 4 (not -0.5)
+        "replay/ess": pytest.approx(6.5 ** 2 / 20.25),  # (2 + 0.5 + 4)^2 / (4 + 0.25 + 16)
         "replay/stored_nonzero": 4,                  # the stored 0.0 of step 3 is the one left
         "replay/abs_adv_stored_nonzero": pytest.approx((2 + 0.5 + 4 + 1) / 4),
     }

@@ -22,7 +22,8 @@ from curves import to_target  # noqa: E402
 from design import ACTED, REPORT_SEEDS, STRESS_SEEDS, Arm, Setting  # noqa: E402
 from papers import EXPERIMENTS  # noqa: E402
 from papers.r2po import R2PO_BAND, R2PO_MOVES, R2PO_STRESS_LR  # noqa: E402
-from papers.replay import FILTERED, PRIORITIZED, WEIGHTED  # noqa: E402
+from papers.replay import (EQUAL_UPDATE, FILTERED, LARGER_UPDATE, PRIORITIZED,  # noqa: E402
+                           WEIGHTED)
 from protocol import (Plan, choose, choose_reading, past_edge, reported_readings,  # noqa: E402
                       run_dir, run_setting, slug, stress_lr)
 from runs import (KEPT, base_model_hash, pack_runs, run_train, slow_bf16,  # noqa: E402
@@ -105,7 +106,8 @@ def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
     steps (the real model every 10: a 500-prompt evaluation there costs what 2 training steps do,
     and its verdict reads the evaluations at 30 and 40 either way); the replay comparison runs 10
     paired seeds (on the real model 5), the stress and pre-registered settings 10, the rest
-    REPORT_SEEDS; the real model's draws (group-sequential) its 20 fresh seeds 105-124."""
+    REPORT_SEEDS; the real model's draws (group-sequential) its 20 fresh seeds 105-124, its
+    compute setting 125-144."""
     for name, make in EXPERIMENTS.items():
         for s in make(False).settings:
             names = {a.name for a in s.arms}
@@ -117,6 +119,9 @@ def test_every_claim_names_reported_arms_and_every_setting_evaluates_often():
                 assert int(flag(argv, "--eval-every")) <= most, (name, a.name)
             if s.label == "smollm2-draws":
                 assert s.seeds == tuple(range(105, 125)) and s.looks == (10, 20)
+                continue
+            if s.label == "smollm2-compute":
+                assert s.seeds == tuple(range(125, 145)) and s.looks == (10, 20)
                 continue
             ten = ((name == "replay" and s.label != "smollm2") or s.label.endswith("-stress")
                    or s.label in PRE_REGISTERED.get(name, ()))
@@ -496,6 +501,8 @@ def test_every_mechanism_diagnostic_is_one_predicate_form():
             for c in s.claims:
                 if c.acted in (WEIGHTED, FILTERED):
                     assert s.label == "smollm2-draws"
+                elif c.acted in (EQUAL_UPDATE, LARGER_UPDATE):
+                    assert s.label == "smollm2-compute"
                 elif c.acted == AGAINST_NAIVE:
                     assert name == "headroom-drift" and c.against == "naive-replay"
                 elif c.acted and c.acted[1].startswith("mean / "):     # the priority's lift

@@ -2,7 +2,9 @@
 prioritized replay against plain GRPO and naive uniform replay at equal fresh rollouts, on two tiny
 base models (arith, arith-s1), the long task (steps) and SmolLM2-135M-Instruct (smollm2), the
 pooled claim over the two tiny base models (POOLED), and on SmolLM2 the three draws against each
-other, pre-registered with a group-sequential rule (smollm2-draws: draws_setting)."""
+other, pre-registered with a group-sequential rule (smollm2-draws: draws_setting), and replay
+against GRPO at equal fresh rollouts and at an equal update, pre-registered the same way
+(smollm2-compute: compute_setting)."""
 from design import (ACTED, ARITH, ARITH_S1, DIAG, EXTRA_SEEDS, REPORT_SEEDS, STEPS, STEPS_EVAL,
                     Arm, Claim, Experiment, Pooled, Setting, sized)
 from verdicts import aggregate
@@ -58,6 +60,7 @@ def replay(quick: bool) -> Experiment:
                       post_hoc_label="the gate until 2026-12-05 (any replay passes it)")
         settings.append(smollm2_setting(arms, diag, claims[:-1] + (reuse,)))
         settings.append(draws_setting(diag))
+        settings.append(compute_setting(diag))
     return Experiment(
         "replay", "rollout-level advantage-prioritized replay (arXiv 2606.04560)",
         "replaying single rollouts drawn by |advantage| (evicted after tau_max steps) reaches "
@@ -229,3 +232,103 @@ def draws_setting(diag: tuple) -> Setting:
                    seed_curves=True, shared_lr=SMOLLM2_LR, lr_note=note,
                    own_lr=("nonzero-replay",), looks=DRAWS_LOOKS, one_machine=True,
                    arm_gates=draw_gates, beside="smollm2")
+
+
+# ---- smollm2-compute: reuse or the same update spent on fresh rollouts (pre-registered 2026-12-07)
+# Replay's update carries the step's 64 fresh rollouts and about 30 replayed ones: about 1.5x the
+# tokens of GRPO's 64. Against GRPO at 8 prompts x 8 it wins on reuse and on a larger update at
+# once; a GRPO arm at 12 prompts x 8 = 96 fresh rollouts a step spends replay's update on fresh
+# rollouts instead, and separates the two.
+COMPUTE_SEEDS = tuple(range(125, 145))  # 20 fresh seeds, never run on SmolLM2 before
+GRPO_64, GRPO_96 = "grpo (replay recipe)", "grpo-96 (12 prompts x 8)"
+# the update tokens of the two arms compared at an equal update: within 10% either way (NEAR)
+EQUAL_UPDATE = ("loss/tokens", f"mean / against:loss/tokens in {NEAR[0]:g}..{NEAR[1]:.4g}")
+# GRPO-96's update is larger than GRPO-64's: at least 1.3x its tokens (1.5x its rollouts)
+LARGER_UPDATE = ("loss/tokens", "mean / against:loss/tokens >= 1.3")
+
+
+def compute_gates(arm: str, runs: list[dict]) -> list[tuple[str, float | None, bool]]:
+    """What each arm of smollm2-compute did, over every step of every reported seed (each key's
+    mean over the steps, averaged over the runs): [(what is checked, its value, whether it
+    holds)], each able to fail:
+    - rollout-replay: the replayed |A| over the stored mean >= PRIORITY_LIFT (the priority acted);
+    - every arm: loss/tokens (the update's tokens a step), shown with no bound (the equality is
+      claim 2's gate, EQUAL_UPDATE, read against the other arm's runs);
+    - grpo-96: its fresh rollouts a step (batch/fresh) == 96."""
+    tokens = aggregate(runs, "mean", "loss/tokens")
+    out = [("update tokens a step (loss/tokens)", tokens, tokens is not None)]
+    if arm == "rollout-replay":
+        lift = _ratio(aggregate(runs, "mean", "replay/abs_adv_sampled"),
+                      aggregate(runs, "mean", "replay/abs_adv_stored"))
+        out.append((f"|A| replayed / stored >= {PRIORITY_LIFT:g}", lift,
+                    lift is not None and lift >= PRIORITY_LIFT))
+    if arm == GRPO_96:
+        fresh = aggregate(runs, "mean", "batch/fresh")
+        out.append(("fresh rollouts a step == 96", fresh, fresh == 96))
+    return out
+
+
+def compute_setting(diag: tuple) -> Setting:
+    """smollm2-compute, pre-registered before any of its runs (2026-12-07): is replay worth its
+    compute on the real model? The smollm2 setting's task unchanged (SmolLM2-135M-Instruct, the
+    builtin task, the instruct template, 16 new tokens, 40 steps, fp32, tau_max 4, replay ratio
+    0.5, the recipe), three arms:
+    - GRPO at 8 prompts x 8 (GRPO_64, the baseline: `--replay none`) and prioritized replay (the
+      default: the same 64 fresh rollouts plus about 30 replayed) at their dev choice 2e-5
+      (SMOLLM2_LR: smollm2's sweeps);
+    - GRPO at 12 prompts x 8 = 96 fresh rollouts a step (GRPO_96: the update's rollouts equal to
+      replay's 64 + about 30) at its own choice on the same small dev check naive replay had
+      (SMOLLM2_NAIVE_GRID on the 1-2-5 ladder, 20 steps of seed 0, 200 dev prompts), archived and
+      committed before any of its test runs.
+    Seeds COMPUTE_SEEDS (125-144); every arm of one seed on one CPU kind (one_machine; cpu.txt
+    records each run's); the same trainer code for every run (one frozen worktree at the commit
+    that registered this).
+    Claims (claims[0] the primary; the others secondary), final test accuracy (the mean of a run's
+    last two evaluations, 500 test prompts), paired over seeds:
+    1. rollout-replay vs GRPO-64 (the paper's first claim, re-tested on fresh seeds), gate: the
+       priority's lift (PRIORITIZED);
+    2. rollout-replay vs GRPO-96 (reuse against the same update spent on fresh rollouts), gate:
+       the two arms' update tokens (loss/tokens, mean over steps and runs) within 10% either way
+       (EQUAL_UPDATE: the ratio in [0.9, 1/0.9]); outside it the claim is not testable here;
+    3. GRPO-96 vs GRPO-64 (does the update's size matter here at all), gate: GRPO-96's update at
+       least 1.3x GRPO-64's tokens (LARGER_UPDATE).
+    The group-sequential rule (bench/sequential.py, DRAWS_LOOKS): an interim look at 10 complete
+    seeds and the final at 20, O'Brien-Fleming nominal two-sided thresholds (p < 0.0052 at 10, p <
+    0.048 at 20) for the primary; the runs stop at 10 only if it crosses; the secondaries are read
+    where the primary stops, Holm over the three against that look's threshold. The interim look
+    prints and publishes the primary alone: the secondaries' Δ stay unread until the look that
+    decides them. Beside the claims, descriptive and never a verdict: wall time and generated
+    tokens (batch/fresh x response/len_mean, summed over steps) to GRPO-64's final accuracy per
+    arm, within a seed's machine, counting the seeds that never get there; and per arm, per step
+    and per run: update tokens, the replayed rollouts' A > 0 share (replay/sampled_positive over
+    replay/sampled), the draw's effective sample size (replay/ess), the replayed mean age, KL to
+    the behaviour policy, the clipped share (compute_gates and the diagnostics). The archived
+    smollm2 seeds 100-104 are shown beside it (its same claim 1), never pooled into it."""
+    arms = (Arm(GRPO_64, ("--replay", "none")),
+            Arm("rollout-replay", ("--preset", "rollout-replay")),
+            Arm(GRPO_96, ("--replay", "none", "--prompts-per-step", "12")))
+    diag = (("update tokens N", "loss/tokens"), ("fresh", "batch/fresh"),
+            ("length", "response/len_mean"), *diag[:2],
+            ("replayed A > 0", "replay/sampled_positive"), ("draw ESS", "replay/ess"),
+            ("|A| sampled", "replay/abs_adv_sampled"), ("|A| stored", "replay/abs_adv_stored"),
+            *DIAG)
+    claims = (Claim("rollout-replay", 1, against=GRPO_64, acted=PRIORITIZED, headline=True),
+              Claim("rollout-replay", 1, against=GRPO_96, acted=EQUAL_UPDATE,
+                    note="reuse against the same update of fresh rollouts"),
+              Claim(GRPO_96, 1, against=GRPO_64, acted=LARGER_UPDATE,
+                    note="the update's size"))
+    note = ("GRPO-64 and rollout-replay at lr 2e-5, their choice on smollm2's dev sweeps "
+            "(SMOLLM2_NOTE); GRPO-96 at its own choice on its archived dev sweep (the sweep "
+            "below: naive replay's grid, 20 steps of seed 0, 200 dev prompts), made and "
+            "committed before any of its test runs. Pre-registered: seeds 125-144, every arm of "
+            "a seed on one CPU kind, one frozen code for every run, a group-sequential rule "
+            "(bench/sequential.py) whose interim look publishes the primary alone.")
+    return Setting("smollm2-compute", SMOLLM2 + ("--steps", "40", "--prompts-per-step", "8",
+                                                 "--eval-every", "10"),
+                   arms, GRPO_64, "fresh", sweep=("--steps", "20", "--eval-every", "10"),
+                   diagnostics=diag, claims=claims, grid=SMOLLM2_NAIVE_GRID, ladder="1-2-5",
+                   sweep_seeds=(0,), dev_size=200,
+                   finals=(("format errors", "rollout/format_error"),), seeds=COMPUTE_SEEDS,
+                   seed_curves=True, shared_lr=SMOLLM2_LR, lr_note=note,
+                   own_lr=(GRPO_96,), looks=DRAWS_LOOKS, one_machine=True,
+                   arm_gates=compute_gates, beside="smollm2", interim_primary_only=True)
