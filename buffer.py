@@ -25,6 +25,21 @@ Implements the replay buffer of "Rollout-Level Advantage-Prioritized Experience 
   P(j) = 0 and is never drawn. A third draw, `nonzero`, is the prioritized draw's support without
   its weighting: uniform among the eligible rollouts with A_j != 0 (not the paper's; the control
   that separates "drop the rollouts that carry no gradient" from "weight by |A|").
+- **What the priority favours** (a property of GRPO's advantages, not a choice made here).
+  Advantages sum to zero within a group, so at alpha = 1 a group's positive and negative rollouts
+  hold equal total priority, and a draw replays A > 0 and A < 0 about equally often whatever the
+  group's difficulty. With a binary reward and k of G right (p = k / G), the correct rollouts get
+  A = (1 - p) / s and the wrong ones -p / s, s = sqrt(p (1 - p)) (times sqrt(G / (G - 1)) with
+  Bessel's correction, grpo.grpo_advantages'), so the group's total
+
+      sum_i |A_i| = 2 G p (1 - p) / s  ∝  sqrt(p (1 - p))
+
+  is largest for mid-difficulty groups (k = 4 of 8 holds 1.51x the priority of k = 1 of 8) and 0
+  for a group all right or all wrong. The `nonzero` draw instead weighs every group with A != 0
+  alike (each of its G rollouts once) and draws a group's positives and negatives k : G - k; the
+  uniform draw does the same among all groups, flat ones included. `replay/sampled_positive`
+  logs how many replayed rollouts had A > 0 at each draw (tests/test_buffer.py checks all this
+  on hand-made groups).
 - **Fresh-anchored composition.** `sample(step, n_fresh)` returns only replayed rollouts, k =
   round(ratio * n_fresh) of them; the trainer's batch at `step` is every fresh rollout of `step`
   followed by these. Eligible rollouts have version < step: rollouts of the current step are

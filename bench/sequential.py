@@ -108,7 +108,7 @@ def read(looks: tuple[int, ...], n: int, comparisons: list[dict], primary: int =
     ci, direction, verdict); comparisons[primary] is the primary claim. Returns {look, n, seeds
     at each look, nominal p at each look, the primary's p, whether the runs stop here, words:
     the verdict of each claim by this rule} (the module docstring): before a stopping look the
-    primary "continues" and the secondaries are "not read"; at it, Holm over the testable claims
+    primary "continues" and the secondaries are "not decided"; at it, Holm over the testable claims
     against the look's nominal p."""
     if n not in looks:
         raise ValueError(f"{n} complete seeds is not a look of {looks}")
@@ -130,7 +130,7 @@ def read(looks: tuple[int, ...], n: int, comparisons: list[dict], primary: int =
             words.append(f"continues to {looks[k + 1]} seeds (p = {p:.2g} ≥ {threshold:.2g})"
                          if i == primary and p is not None else
                          c["verdict"] if i == primary else
-                         "not read: the primary did not stop here")
+                         "not decided: the primary did not stop here")
         elif q is None:
             words.append(c["verdict"])
         elif q < threshold:

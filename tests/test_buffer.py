@@ -432,3 +432,70 @@ def test_report_weights_headroom_drift_keys():
     assert row["replay/drift_mean"] == pytest.approx((0.0 + 0.25 + 1.0 + 0.5) / 4)
     assert row["replay/drift_gated_frac"] == pytest.approx(1 / 4)
     assert row["replay/age_mean"] == pytest.approx(1.0) and row["replay/sampled"] == 10
+
+
+# ---- what the priority favours (buffer.py's docstring) -------------------------------------------
+def binary_groups(rights: list[int], g: int = 8) -> list[Rollout]:
+    """One group per entry of `rights` (k of g right, binary reward), advantages by
+    grpo.grpo_advantages, every rollout a distinct prompt_id (its position), version 0."""
+    import grpo
+    import torch
+    rewards = torch.tensor([float(i < k) for k in rights for i in range(g)])        # [B]
+    ids = torch.tensor([j for j, _ in enumerate(rights) for _ in range(g)])         # [B]
+    adv = grpo.grpo_advantages(rewards, ids).tolist()
+    return [Rollout(prompt_id=i, prompt_ids=[1], completion_ids=[2], logprobs=[-0.5],
+                    reward=rewards[i].item(), advantage=a, version=0)
+            for i, a in enumerate(adv)]
+
+
+@pytest.mark.parametrize("k", range(1, 8))
+def test_a_groups_positives_and_negatives_hold_equal_priority(k):
+    """Advantages sum to zero in a group, so at alpha = 1 the A > 0 and A < 0 rollouts carry the
+    same total |A|; the total is 2 sqrt(G (G - 1)) sqrt(p (1 - p)) with Bessel's correction
+    (2 G sqrt(p (1 - p)) without), p = k / G: by hand for G = 8."""
+    adv = np.array([r.advantage for r in binary_groups([k])])
+    p = k / 8
+    assert adv[adv > 0].sum() == pytest.approx(-adv[adv < 0].sum(), rel=1e-6)
+    assert np.abs(adv).sum() == pytest.approx(2 * np.sqrt(8 * 7) * np.sqrt(p * (1 - p)),
+                                              rel=1e-5)       # eps = 1e-6 in the denominator
+    assert adv[adv > 0] == pytest.approx((1 - p) / np.sqrt(8 / 7 * p * (1 - p)), rel=1e-5)
+
+
+def test_the_priority_favours_mid_difficulty_groups_and_draws_signs_evenly():
+    """Groups with 1, 2 and 4 of 8 right (and one all-wrong): the first draw of a prioritized
+    buffer lands in each group in proportion to sqrt(p (1 - p)) (k = 4 gets 1.51x k = 1's share;
+    the flat group never) and on A > 0 half the time; a nonzero draw weighs the three groups
+    alike and draws positives k : G - k, 7 of 24. Counts over 6,000 single draws, within Z
+    sigma."""
+    rights = [1, 2, 4, 0]
+    group_of = np.repeat(np.arange(len(rights)), 8)                    # [32] each rollout's group
+    weight = np.array([np.sqrt(k / 8 * (1 - k / 8)) for k in rights])   # [4] sqrt(p (1 - p))
+    n = 6000
+    for nonzero, expect in ((False, weight / weight.sum()), (True, np.array([1, 1, 1, 0]) / 3)):
+        replay = RolloutReplay(tau_max=4, alpha=0.0 if nonzero else 1.0, seed=3, ratio=1.0,
+                               nonzero=nonzero)
+        replay.add(binary_groups(rights), step=0)
+        counts = single_draw_counts(replay, n, step=1)                   # [32]
+        per_group = np.bincount(group_of, weights=counts, minlength=4)
+        assert per_group[3] == 0                                         # the flat group
+        assert within_binomial_bound(per_group[:3], expect[:3], n), (nonzero, per_group)
+        positive = counts[[r.advantage > 0 for r in binary_groups(rights)]].sum()
+        share = 0.5 if not nonzero else 7 / 24              # (1 + 2 + 4) of the 24 with A != 0
+        assert within_binomial_bound(np.array([positive]), np.array([share]), n)
+    assert weight[2] / weight[0] == pytest.approx(1.51, abs=0.01)
+
+
+def test_the_draw_logs_its_positives_and_its_effective_size():
+    """replay/sampled_positive counts the replayed A > 0; replay/ess is (Σw)² / Σw² over the
+    candidates: for a uniform draw their count, for the prioritized one fewer."""
+    for alpha, nonzero, ess in ((0.0, False, 32.0), (0.0, True, 24.0), (1.0, False, None)):
+        replay = RolloutReplay(tau_max=4, alpha=alpha, seed=0, ratio=0.25, nonzero=nonzero)
+        rollouts = binary_groups([1, 4, 7, 0])
+        replay.add(rollouts, step=0)
+        got = replay.sample(1, 32)
+        stats = replay.stats()
+        assert stats["replay/sampled_positive"] == sum(r.advantage > 0 for r in got)
+        w = np.abs([r.advantage for r in rollouts if r.advantage != 0])
+        want = ess if ess is not None else w.sum() ** 2 / (w ** 2).sum()
+        assert stats["replay/ess"] == pytest.approx(want)
+    assert buffer.effective_size(np.array([]), 1.0) == 0.0

@@ -154,7 +154,7 @@ def _claim(delta, se, direction=1, verdict="inconclusive (…)", n=10):
 def test_read_stops_at_the_interim_only_where_the_primary_crosses_and_holm_reads_the_rest():
     """At 10 of (10, 20) seeds: a primary with p about 1e-4 stops the runs, and each claim is
     decided where its Holm-adjusted p (x3, x2, x1 in order) is below 0.0052; a primary with p
-    about 0.03 goes on, and the secondaries are not read; at the last look two p's of 0.033 are
+    about 0.03 goes on, and the secondaries are not decided; at the last look two p's of 0.033 are
     Holm p's of 0.066, undecided, and alone one decides; a claim whose mechanism did not act
     leaves the family."""
     strong, weak, against = _claim(0.05, 0.007), _claim(0.02, 0.008), _claim(-0.04, 0.006)
@@ -165,7 +165,7 @@ def test_read_stops_at_the_interim_only_where_the_primary_crosses_and_holm_reads
     assert q["words"][1].startswith("inconclusive (Holm p")
     q = sequential.read((10, 20), 10, [_claim(0.02, 0.008), strong])
     assert not q["stops"] and q["words"][0].startswith("continues to 20 seeds")
-    assert q["words"][1] == "not read: the primary did not stop here"
+    assert q["words"][1] == "not decided: the primary did not stop here"
     final = [_claim(0.02, 0.0087, n=20), _claim(0.02, 0.0087, n=20)]
     final = [{**c, "df": 19} for c in final]
     q = sequential.read((10, 20), 20, final)
@@ -293,4 +293,4 @@ def test_the_draws_setting_at_its_final_look_reads_every_claim_with_holm(tmp_pat
     text = write_setting(summary, tmp_path / "smollm2-draws")
     assert "Read at look 2 of 2 (20 complete seeds" in text
     assert "the last look: the runs stop here, the primary not crossing." in text
-    assert "not read" not in text and "continues to" not in text
+    assert "not decided" not in text and "continues to" not in text
