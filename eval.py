@@ -427,7 +427,8 @@ def markdown_table(results: dict[str, dict], k: int) -> str:
 
 
 def main(args: Args, benches, baseline, model, tokenizer) -> dict:
-    from rollout import Sampling, TorchEngine
+    from engine import TorchEngine
+    from rollout import Sampling
     engine = TorchEngine(model, tokenizer, batch_size=args.batch_size)
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed)

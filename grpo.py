@@ -7,8 +7,9 @@ estimators, truncated importance sampling (TIS), and what is logged (entropy, ma
 No model, optimizer, torch.distributed or flags here: tensors and floats in, tensors (and a
 metrics dict) out. GRPO is DeepSeekMath's (arXiv 2402.03300); the clip-higher range and the
 token-level aggregation are DAPO's knobs (2503.14476) and dual-clip is arXiv 1912.09729, kept here
-because every trainer has them. Checked against verl's core_algos.py (tests/test_golden.py,
-../shared/golden/README.md). Where we depart from it, the docstring says so:
+because every trainer has them. Checked against verl's core_algos.py (tests/test_golden.py: an
+independent implementation's values, where the project's shared data holds them). Where we depart
+from it, the docstring says so:
   * zero-variance groups get advantage exactly 0 (verl relies on r - mean rounding to 0);
   * seq-mean-token-sum-norm divides by G * L_max as Dr. GRPO writes it; verl divides by L_max only;
   * means never add verl's 1e-8 to their denominators (an empty step gets N = 1, an exact zero
@@ -67,9 +68,9 @@ def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Ten
     """Per rollout: its group's mean, Bessel std (divisor k-1) and whether the group is
     zero-variance.
 
-    Conventions of ../shared/golden/README.md: a group of one has mean 0 and std 1; a zero-variance
-    group is one of k >= 2 rollouts whose rewards are all equal (max == min, so rounding in the mean
-    cannot hide it).
+    The golden values' conventions (tests/test_golden.py): a group of one has mean 0 and std 1; a
+    zero-variance group is one of k >= 2 rollouts whose rewards are all equal (max == min, so
+    rounding in the mean cannot hide it).
     """
     # [B] group index 0..n_groups-1
     _, inv = torch.unique(group_ids, return_inverse=True)
@@ -358,17 +359,6 @@ def tis_weight(old_logp_trainer: Tensor, engine_logp: Tensor, cap: float) -> Ten
     return torch.exp((old_logp_trainer - engine_logp).clamp(max=math.log(cap)))
 
 
-# ------------------------------------ groups without signal
-
-def zero_std_fraction(rewards: Tensor, group_ids: Tensor) -> float:
-    """Share of groups (not rollouts) with zero variance, i.e. whose advantages are all
-    exactly 0."""
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    per_group = torch.zeros(int(inv.max()) + 1, dtype=torch.bool, device=rewards.device)
-    per_group[inv] = flat_groups(rewards, group_ids)
-    return per_group.float().mean().item()
-
-
 # ------------------------------------ logged only: entropy, masked means
 
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -395,8 +385,9 @@ if __name__ == "__main__":
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     adv = grpo_advantages(rewards, groups)
     print("rewards", rewards.tolist(), "groups", groups.tolist())
+    flat = groups[flat_groups(rewards, groups)].unique()       # the groups whose A are all 0
     print("GRPO advantages", [round(a, 4) for a in adv.tolist()],
-          "zero-std groups", zero_std_fraction(rewards, groups))
+          "zero-std groups", flat.tolist())
     old = -torch.rand(8, 12, generator=g) * 3
     logp = (old + 0.3 * torch.randn(8, 12, generator=g)).requires_grad_()
     mask = torch.arange(12)[None, :] < torch.randint(4, 13, (8, 1), generator=g)

@@ -196,10 +196,11 @@ def diversity(rollouts: list) -> tuple[float, float]:
                  for by in (answers, chains))
 
 
-def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
+def rollout_metrics(fresh: list, generated: list) -> Metrics:
     """What was generated this step (every round: `generated`) and what of it went into the batch
     (`fresh`): the mean (shaped) reward, the share of zero-variance groups, lengths, truncation,
     the format-error rate, diversity."""
+    m = Metrics()
     rewards = torch.tensor([r.reward for r in generated])
     groups = grpo.group_ids(generated)
     n = len(generated)
@@ -207,7 +208,7 @@ def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
     flat = grpo.flat_groups(rewards, groups)                         # every advantage exactly 0
     n_flat = len(set(groups[flat].tolist()))
     m.mean("reward/mean", rewards.mean().item(), n)
-    # the share of groups, rounded to float32 as a mean of their flags (grpo.zero_std_fraction)
+    # the share of groups, rounded to float32 as a mean of their flags
     m.mean("reward/zero_std_frac", float(torch.tensor(n_flat / n_groups)), n_groups)
     m.total("rollout/prompts_with_signal", n_groups - n_flat)
     m.total("rollout/zero_var_rollouts", int(flat.sum()))
@@ -220,6 +221,7 @@ def rollout_metrics(m: Metrics, fresh: list, generated: list) -> None:
     answers, chains = diversity(generated)             # within groups
     m.mean("rollout/distinct_answers", answers, n_groups)
     m.mean("rollout/distinct_chains", chains, n_groups)
+    return m
 
 
 # ---- the log line and rank 0's files -------------------------------------------------------------

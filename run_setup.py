@@ -1,23 +1,25 @@
 """The door: what binds the flags and builds a run before train.py's loop starts.
 
     run = run_setup.setup(args, rank=rank, world=world, device=device,
-                          make_run=train.Run, shard=train.shard_model, steps=train.STEPS)
+                          shard=train.shard_model, steps=train.STEPS)
 
 `setup()` binds the flags once: it resolves and checks them, loads the model, the prompts and the
 eval sets, prints the first screen, then `build` hands each owner its own flags: the engine, the
-optimizer, the replay buffer, and the slots the method files fill (methods/__init__.py). The loop
-sits a floor above this module (imports point one way), so train.py hands in what the run is made
-of there: its record (`make_run`, train.Run), its FSDP2 wrapping (`shard`, train.shard_model) and
-the step functions a method file may call (`steps`, methods.Steps). No function below `setup`
-takes the flags whole.
+optimizer, the replay buffer, the update's batching, and the slots the method files fill
+(methods/__init__.py). It returns the record it builds, `Run`, which the loop carries. The loop
+sits a floor above this module (imports point one way), so train.py hands in its FSDP2 wrapping
+(`shard`, train.shard_model) and the step functions a method file may call (`steps`,
+methods.Steps). No function below `setup` takes the flags whole.
 
-Also here: every seed of a run (from --seed, nowhere else), the process group
-(`setup_distributed`) and how the trainer's forward computes (`precision`).
+Also here: the seeds the door uses (the loop's own streams, sampling and shuffling, are
+rollout.py's, from the same --seed), the process group (`setup_distributed`) and how the trainer's
+forward computes (`precision`).
 """
 import dataclasses
 import os
 import random
 import sys
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -33,37 +35,16 @@ import methods
 import metrics as metrics_lib
 import parallel
 import reward_fn
+import rollout
 import verify
 import vllm_engine
+from engine import TorchEngine
 from flags import Args
-from rollout import TorchEngine
 
-# ---- seeds: every random stream of a run comes from --seed here, and nowhere else ----------------
-
-
-def torch_seed(seed: int) -> int:
-    return seed                                    # the global torch RNG (a method's own weights)
-
-
-def order_seed(seed: int) -> int:
-    return seed                                    # the order of the training prompts
-
+# ---- seeds: the door's random streams, from --seed (the loop's own are rollout.py's) -----------
 
 def replay_seed(seed: int, rank: int) -> int:
     return seed + 7_919 * rank     # each rank's replay buffer draws its own sample (and vLLM's)
-
-
-def sampling_seed(seed: int, rank: int, step: int, round_: int) -> int:
-    # its own stream per (rank, step, round)
-    return seed * 1_000_003 + step * 1_009 + round_ + rank * 1_000_000_007
-
-
-def shuffle_seed(seed: int, step: int, epoch: int) -> int:
-    return seed * 1_000_003 + step * 101 + epoch   # the same on every rank
-
-
-def eval_seed(seed: int) -> int:
-    return seed                                    # the eval's sampling (greedy by default)
 
 
 # ---- the out dir, the process group and the precision --------------------------------------------
@@ -150,6 +131,38 @@ class Settings(NamedTuple):
     log: metrics_lib.LogFlags
 
 
+@dataclass
+class Run:
+    """Everything the loop runs on, made once here (`setup`): every step function of train.py
+    takes it, and the method files read it (methods/__init__.py)."""
+    settings: Settings                    # each owner's flags: run, optim, reward, loss, ...
+    engine: object                        # engine.TorchEngine or vllm_engine.VLLMEngine
+    model: torch.nn.Module                # the policy, sharded under torchrun
+    opt: torch.optim.Optimizer
+    replay: object | None                 # buffer.RolloutReplay, a method's, or None
+    initial: torch.nn.Module | None       # the model as loaded, frozen (KL reference, a method's)
+    precision: str                        # the trainer's forward: fp32 | autocast-bf16 | fsdp-bf16
+    tok: object
+    prompts: list                         # the training prompts
+    mine: list[int]                       # this rank's share of them, in the seed's order
+    per_rank: int                         # prompts this rank generates groups for each step
+    completions: int                      # its completions a step when a method allocates them
+    micro_batch: tuple[int, int]          # (rows, padded tokens) per forward at most
+    batching: rollout.Batching            # how the update's rollouts become optimizer steps
+    grader: object                        # verify.grader of the training set: (text, gold) -> bool
+    form: object                          # verify.format_rule: (text) -> in the answer form?
+    own_reward: object | None             # --reward-fn's (reward_fn.make): rollouts -> [float]
+    eval_sets: dict                       # eval.train_eval_sets
+    resume: str | None                    # the checkpoint to continue from
+    flags: dict                           # every flag, as args.json has them
+    rank: int
+    world: int
+    device: str
+    slots: dict = field(default_factory=dict)   # what the method files fill (methods.build)
+    hooks: methods.LossHooks = methods.NO_LOSS_HOOKS   # the loss slot's methods
+    state: dict = field(default_factory=dict)   # {name: object with state}: checkpoints keep it
+
+
 def load_inputs(run: flags.RunFlags, evals: eval_lib.TrainFlags, *, world: int, device: str):
     """What a run trains from: (resume checkpoint or None, model, tokenizer, training prompts);
     a file's rows that the eval holds out are not trained on (eval.training_examples).
@@ -185,12 +198,11 @@ def load_evals(run: flags.RunFlags, evals: eval_lib.TrainFlags, tok, prompts: li
     return eval_sets, max_len
 
 
-def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
-          steps: methods.Steps):
+def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: methods.Steps) -> Run:
     """Binds the flags once: resolves and checks them, loads what the run reads, prints the first
     screen (the flags that differ from the defaults or the preset, the sizes they derive), then
     hands each owner its own flags (`build`); with --overwrite, the inputs being good, deletes the
-    earlier run in out_dir (checkpoint.start_over). Returns the run (`make_run`'s, train.Run).
+    earlier run in out_dir (checkpoint.start_over). Returns the run it builds (`Run`).
     ValueError / OSError for bad input."""
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()        # no bars for loading and saving weights in a run's log
@@ -224,9 +236,9 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     for key, what in eval_lib.eval_sets_about(eval_sets, run_flags.train_data,
                                               eval_flags.eval_data).items():
         parallel.print0(f"eval/{key}: {what}")
-    torch.manual_seed(torch_seed(args.seed))
+    torch.manual_seed(args.seed)                   # the global torch RNG (a method's own weights)
     order = list(range(len(prompts)))
-    random.Random(order_seed(args.seed)).shuffle(order)
+    random.Random(args.seed).shuffle(order)        # the order of the training prompts
     parts = {owner: cli.part(args, owner) for owner in flags.OWNERS}
     template = train_template(run_flags, tok)
     given = dict(prompts=prompts, mine=order[rank::world], eval_sets=eval_sets, resume=resume,
@@ -235,7 +247,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
                  flags=dataclasses.asdict(args))
     run = build(parts, model, tok, sizes, forward=forward, max_len=max_len, rank=rank,
                 world=world, device=device, initial=flags.needs_initial(args),
-                make_run=make_run, shard=shard, steps=steps, **given)
+                shard=shard, steps=steps, **given)
     if args.overwrite:                             # the inputs are good: only now delete
         checkpoint.start_over(args.out_dir, rank)
     if args.resume and not resume:
@@ -245,8 +257,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
 
 
 def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
-          world: int, device: str, initial: bool, make_run, shard, steps: methods.Steps,
-          **given):
+          world: int, device: str, initial: bool, shard, steps: methods.Steps, **given) -> Run:
     """The run's objects, each from its owner's flags (`parts`: {owner class: its flags}), then
     the slots the method files fill (methods.build, handed the run and `steps`). TorchEngine copies
     the model before `shard` wraps it; vLLM starts after (in one process it initialises
@@ -272,6 +283,7 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
         model = autocast_bf16(model, torch.device(device).type)
         if torch.device(device).type == "cpu" and engine is not None:
             autocast_bf16(engine.model, "cpu")     # --precision bf16: sample as the trainer scores
+            engine.autocast = True
     if engine is None:
         engine = vllm_engine.start_vllm(model, tok, s.run.model, device,
                                         seed=replay_seed(s.run.seed, rank), max_model_len=max_len,
@@ -279,16 +291,37 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
                                         gpu_memory_utilization=s.engine.gpu_memory_utilization)
     opt = torch.optim.AdamW(model.parameters(), lr=s.optim.lr, weight_decay=s.optim.weight_decay)
     replay = buffer.make(s.replay, seed=replay_seed(s.run.seed, rank))
-    run = make_run(settings=s, engine=engine, model=model, opt=opt, replay=replay, initial=frozen,
-                   precision=forward, tok=tok, per_rank=sizes.prompts,
-                   completions=sizes.completions,
-                   micro_batch=(s.optim.micro_batch_size, sizes.micro_batch_tokens),
-                   own_reward=own_reward, rank=rank, world=world, device=device, **given)
+    batching = rollout.Batching(s.optim.epochs, s.optim.mini_batches, s.optim.micro_batch_size,
+                                sizes.micro_batch_tokens, tok.pad_token_id, device, s.loss.agg,
+                                s.run.max_new_tokens, world, s.run.seed)
+    run = Run(settings=s, engine=engine, model=model, opt=opt, replay=replay, initial=frozen,
+              precision=forward, tok=tok, per_rank=sizes.prompts, completions=sizes.completions,
+              micro_batch=(s.optim.micro_batch_size, sizes.micro_batch_tokens), batching=batching,
+              own_reward=own_reward, rank=rank, world=world, device=device, **given)
+    try:
+        fill_slots(run, parts, steps)
+    except ValueError:
+        engine.close()                   # vLLM has started: its teardown before the error line
+        raise
+    return run
+
+
+def fill_slots(run: Run, parts: dict, steps: methods.Steps) -> None:
+    """The slots the method files fill (methods.build), the loss slot's hooks and the state the
+    checkpoints keep; ValueError for a combination that cannot run as asked (a method's own ratio
+    with replay where pi_old is recomputed, without the decoupled correction; a checkpoint that
+    lacks an object's state)."""
     run.slots = methods.build(parts, run, steps)
     run.replay = run.slots.get("replay", run.replay)
     run.hooks = methods.loss_hooks(run.slots["loss"])
     run.state = {name: obj for name, obj in {**run.slots, "replay": run.replay}.items()
                  if hasattr(obj, "state_dict")}
+    if (run.hooks.ratio is not None and run.replay is not None
+            and not run.settings.loss.tis_cap and not run.engine.serves_as_old(run.precision)):
+        # pi_old would be the trainer's own forward, which hides the replayed rollouts' age from
+        # the ratio: the decoupled form (--tis-cap) weighs each token by min(pi_old / pi_behaviour,
+        # C) and logs it (loss/tis_weight); docs/methods.md
+        raise ValueError(f"a method's ratio with replay at {run.precision} needs --tis-cap C "
+                         "(or --replay none, or fp32)")
     if run.resume:
         checkpoint.check_state(run.resume, run.state)
-    return run

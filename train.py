@@ -8,17 +8,19 @@ algorithm, and its hand-written FSDP2 wrapping.
 The run (`Run`) is built once at the door (run_setup.py: the flags bound, the model, prompts,
 engine, optimizer and replay buffer made, the method files' slots filled). Each step of `train()`:
 1. generate  `group_size` completions of each of this rank's `prompts_per_step` prompts, with the
-             behaviour log-probs (rollout.py's engine or vllm_engine.py's);
+             behaviour log-probs (engine.py's engine or vllm_engine.py's);
 2. score     each graded (verify.py), its reward shaped, its advantage from its own group
              (grpo.py), set once;
 3. sample    replayed rollouts of earlier steps (buffer.py: replay_ratio x fresh, P ∝ |A|^alpha
              among those no older than tau_max steps); every fresh rollout stays in the batch;
 4. store     this step's rollouts, version = step (after sampling: never replayed in their step);
-5. update    epochs x mini_batches optimizer steps over fresh + replayed, micro-batched, each
-             loss the clipped surrogate of `micro_batch_loss` with the normaliser fixed first;
-6. sync      the engine gets the new weights;
+5. update    the engine asleep: epochs x mini_batches optimizer steps over fresh + replayed
+             (rollout.optimizer_steps: micro-batched, the normaliser fixed first), each micro-batch
+             loss the clipped surrogate of `micro_batch_loss`;
+6. sync      the engine gets the new weights (and wakes);
 then eval every `eval_every` steps, the log line and metrics.jsonl, a checkpoint every
-`save_every`. A replayed rollout's ratio is against the policy that generated it, up to tau_max
+`save_every`. Each step function returns its numbers (metrics.Metrics); the loop merges them
+once a step and reduces them over ranks once. A replayed rollout's ratio is against the policy that generated it, up to tau_max
 steps old: what makes replay off-policy and what the clip guards. Under torchrun each rank takes
 every world-th prompt and keeps its own buffer; the normaliser is summed over ranks and each
 loss multiplied by the world size, so a step equals the 1-rank step over the same global batch.
@@ -26,13 +28,13 @@ loss multiplied by the world size, so a step equals the 1-rank step over the sam
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 import buffer
 import checkpoint
+import engine as engine_lib
 import eval as eval_lib  # the module eval.py, not the builtin
 import flags
 import grpo
@@ -44,61 +46,28 @@ import rollout
 import run_setup
 import verify
 from metrics import Metrics
-from rollout import Sampling
-
-
-@dataclass
-class Run:
-    """Everything the loop runs on, made once at the door (run_setup.setup): every step function
-    takes it, and the method files read it (methods/__init__.py); none changes it."""
-    settings: run_setup.Settings          # each owner's flags: run, optim, reward, loss, ...
-    engine: object                        # TorchEngine or vllm_engine.VLLMEngine
-    model: torch.nn.Module                # the policy, sharded under torchrun
-    opt: torch.optim.Optimizer
-    replay: object | None                 # buffer.RolloutReplay, a method's, or None
-    initial: torch.nn.Module | None       # the model as loaded, frozen (KL reference, a method's)
-    precision: str                        # the trainer's forward: fp32 | autocast-bf16 | fsdp-bf16
-    tok: object
-    prompts: list                         # the training prompts
-    mine: list[int]                       # this rank's share of them, in the seed's order
-    per_rank: int                         # prompts this rank generates groups for each step
-    completions: int                      # its completions a step when a method allocates them
-    micro_batch: tuple[int, int]          # (rows, padded tokens) per forward at most
-    grader: object                        # verify.grader of the training set: (text, gold) -> bool
-    form: object                          # verify.format_rule: (text) -> in the answer form?
-    own_reward: object | None             # --reward-fn's (reward_fn.make): rollouts -> [float]
-    eval_sets: dict                       # eval.train_eval_sets
-    resume: str | None                    # the checkpoint to continue from
-    flags: dict                           # every flag, as args.json has them
-    rank: int
-    world: int
-    device: str
-    slots: dict = field(default_factory=dict)   # what the method files fill (methods.build)
-    hooks: methods.LossHooks = methods.NO_LOSS_HOOKS   # the loss slot's methods
-    state: dict = field(default_factory=dict)   # {name: object with state}: checkpoints keep it
+from rollout import Sampling, StepOut
+from run_setup import Run
 
 
 # ---- 1. generate and 2. score -----------------------------------------------------------------
 
-def generate_and_score(run: Run, pos: int, step: int, metrics: Metrics):
+def generate_and_score(run: Run, pos: int, step: int) -> tuple[list, list, int, Metrics]:
     """1. and 2.: `group_size` completions of each of this rank's next `per_rank` prompts
-    (mine[pos:], wrapping around), graded and scored, or the allocate slot's; their numbers, the
-    canary every --check-every steps (check_engine) and the seconds to `metrics`. Returns (fresh,
-    every generated rollout, new pos)."""
+    (mine[pos:], wrapping around), graded and scored, or the allocate slot's. Returns (fresh,
+    every generated rollout, new pos, their numbers and the seconds)."""
     t0 = time.perf_counter()
     if "allocate" in run.slots:
-        fresh, generated, pos = run.slots["allocate"].allocate(run.prompts, run.mine, pos,
-                                                               step=step, metrics=metrics)
+        fresh, generated, pos, m = run.slots["allocate"].allocate(run.prompts, run.mine, pos,
+                                                                  step=step)
     else:
         prompts = [run.prompts[run.mine[(pos + i) % len(run.mine)]] for i in range(run.per_rank)]
         fresh = generate(run, prompts, run.settings.run.group_size, step, 0)
         score(run, fresh)
-        generated, pos = list(fresh), pos + run.per_rank
-    metrics_lib.rollout_metrics(metrics, fresh, generated)    # what was generated: its numbers
-    if run.settings.engine.check_every and step % run.settings.engine.check_every == 0:
-        check_engine(run, generated, metrics)                 # does the engine hold our weights?
-    metrics.max("time/generate", time.perf_counter() - t0)
-    return fresh, generated, pos
+        generated, pos, m = list(fresh), pos + run.per_rank, Metrics()
+    m.merge(metrics_lib.rollout_metrics(fresh, generated))  # what was generated: its numbers
+    m.max("time/generate", time.perf_counter() - t0)
+    return fresh, generated, pos, m
 
 
 def generate(run: Run, prompts: list, n: int, step: int, round_: int) -> list:
@@ -164,34 +133,35 @@ def sampling(run: Run, step: int, round_: int) -> Sampling:
     logits head when a method gave it one."""
     r = run.settings.run
     return Sampling(r.temperature, r.top_p, r.max_new_tokens,
-                    seed=run_setup.sampling_seed(r.seed, run.rank, step, round_),
+                    seed=rollout.sampling_seed(r.seed, run.rank, step, round_),
                     use_head=getattr(run.engine, "logits_head", None) is not None)
 
 
-def check_engine(run: Run, generated: list, m: Metrics) -> None:
-    """Does the engine hold our weights (every --check-every steps)? rollout/logprob_diff (the
-    canary), and under bf16 autocast the floor precision alone gives it."""
-    temperature, pad_id = run.settings.run.temperature, run.tok.pad_token_id
-    m.mean("rollout/logprob_diff", rollout.logprob_diff(run.model, generated[:16], temperature,
-                                                        pad_id), 1)
-    if run.precision == "autocast-bf16":
-        floor = rollout.logprob_floor(run.model, generated[:16], temperature, pad_id)
-        m.mean("rollout/logprob_floor", floor, 1)
-    parallel.reshard(run.model)                    # the no-grad forward's gathered parameters
+def canary(run: Run, generated: list, step: int) -> Metrics:
+    """Does the engine hold our weights? Every --check-every steps, while the engine sleeps:
+    rollout/logprob_diff (engine.canary), and under bf16 autocast the floor precision alone
+    gives it."""
+    m = Metrics()
+    if run.settings.engine.check_every and step % run.settings.engine.check_every == 0:
+        found = engine_lib.canary(run.model, generated, run.settings.run.temperature,
+                                  run.tok.pad_token_id, run.precision)
+        for key, value in found.items():
+            m.mean(key, value, 1)
+    return m
 
 
 # ---- 5. the update -------------------------------------------------------------------------------
 
-def micro_batch_loss(run: Run, mb: dict, normaliser: float, metrics: Metrics) -> torch.Tensor:
-    """The loss of one micro-batch (grpo.py has each function's equation):
+def micro_batch_loss(run: Run, mb: dict, normaliser: float) -> tuple[torch.Tensor, Metrics]:
+    """The loss of one micro-batch (grpo.py has each function's equation), and its numbers:
 
         rho_t = pi_theta(y_t) / pi_old(y_t)                      (the token ratio)
         L = (1/N) sum_t max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high))
             + kl_coef * KL(pi_theta || pi_ref)                   (--kl-coef > 0)
     aggregated by --agg over N, the whole optimizer step's normaliser; pi_old is the behaviour
-    policy's (logged at generation), or with --tis-cap the proximal one, each token then weighted
-    by min(pi_old / pi_behaviour, C). A method may narrow the loss mask, change the clip range or
-    the ratio (the loss slot). Its metrics go to `metrics`."""
+    policy's (logged at generation), or the trainer's own (update: the pi_old rule), each token
+    then weighted with --tis-cap by min(pi_old / pi_behaviour, C) (logged: loss/tis_weight). A
+    method may narrow the loss mask, change the clip range or the ratio (the loss slot)."""
     f, hooks, temperature = run.settings.loss, run.hooks, run.settings.run.temperature
     logits, logp = rollout.forward_logprobs(run.model, mb, temperature)  # [b, T, V], [b, T]
     mask, old, adv = mb["completion_mask"], mb["old_logprobs"], mb["advantages"]
@@ -210,131 +180,125 @@ def micro_batch_loss(run: Run, mb: dict, normaliser: float, metrics: Metrics) ->
         logged = {"entropy": entropy, **logged}
         for diagnostics in hooks.diagnostics:
             logged.update(diagnostics(logp, mb, log_w, eps))
+        if w_tis is not None:
+            logged["loss/tis_weight"] = grpo.masked_mean(w_tis, mask)
     if f.kl_coef > 0:
         with torch.no_grad():
             ref_logp = rollout.forward_logprobs(run.initial, mb, temperature)[1]       # [b, T]
         kl = grpo.kl_penalty(logp, ref_logp, f.kl_estimator)                            # [b, T]
         loss = loss + f.kl_coef * grpo.aggregate(kl, loss_mask, f.agg, normaliser)
         logged["kl"] = grpo.masked_mean(kl.detach(), mask)
-    metrics.token_means(m, n, grpo.COMBINE)        # policy_loss's means: over the loss tokens
-    metrics.token_means(logged, mask.sum())        # the rest: over every completion token
-    metrics.total("loss/tokens", n)
-    return loss
+    numbers = Metrics()
+    numbers.token_means(m, n, grpo.COMBINE)        # policy_loss's means: over the loss tokens
+    numbers.token_means(logged, mask.sum())        # the rest: over every completion token
+    numbers.total("loss/tokens", n)
+    return loss, numbers
 
 
-def optimizer_step(run: Run, mbs: list, normaliser: float, *, guard: parallel.StepGuard,
-                   step: int, metrics: Metrics) -> None:
-    """One optimizer step: forward/backward over the micro-batches (in lockstep with the other
-    ranks), clip, step."""
-    model, world = run.model, run.world
-    for prepare in run.hooks.prepare:              # a method's step-wide pass, before the first
-        mbs = prepare(model, mbs)
-    losses = []                                    # tensors: no host sync before a backward
-    reference = (run.initial,) if run.settings.loss.kl_coef > 0 else ()   # its forward: lockstep
-    for mb in parallel.lockstep(mbs, model, run.tok.pad_token_id, world, backward=True,
-                                followers=reference):
-        mb_loss = micro_batch_loss(run, mb, normaliser, metrics)
+def optimizer_step(run: Run, mbs, normaliser: float, *, guard: parallel.StepGuard,
+                   step: int) -> Metrics:
+    """One optimizer step: forward/backward over the micro-batches, clip, step; its numbers."""
+    numbers, losses = Metrics(), []                # losses: no host sync before a backward
+    for mb in mbs:
+        loss, mb_numbers = micro_batch_loss(run, mb, normaliser)
         # FSDP averages over ranks and N is global: so the sum is the step's gradient
-        (mb_loss * world).backward()
-        losses.append(mb_loss.detach())
+        (loss * run.world).backward()
+        losses.append(loss.detach())
+        numbers.merge(mb_numbers)
     loss = metrics_lib.host_sum(losses)
-    grad_norm = parallel.clip_gradients(model, run.settings.optim.max_grad_norm)
-    if guard.allow(loss, grad_norm, world, step):
+    grad_norm = parallel.clip_gradients(run.model, run.settings.optim.max_grad_norm)
+    if guard.allow(loss, grad_norm, run.world, step):
         run.opt.step()
     run.opt.zero_grad(set_to_none=True)
-    metrics.mean("loss/policy", loss * world, 1)       # the whole step's loss: summed over ranks
-    metrics.mean("loss/grad_norm", grad_norm, 1)       # the global norm: the same on every rank
+    numbers.mean("loss/policy", loss * run.world, 1)       # the whole step's loss: every rank's
+    numbers.mean("loss/grad_norm", grad_norm, 1)           # the global norm: the same on every rank
+    return numbers
+
+
+def update(run: Run, fresh: list, replayed: list, *, step: int,
+           guard: parallel.StepGuard) -> tuple[Metrics, list[Metrics]]:
+    """5. `epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts
+    (rollout.optimizer_steps: each with the global normaliser N fixed first). pi_old is the
+    behaviour log-probs the engine recorded, or the trainer's own forward before the update where
+    those cannot serve: with --tis-cap (each token then weighted by min(pi_old / pi_behaviour,
+    C)), and for a method's own ratio (a sequence ratio clips at a few 1e-4) unless the engine
+    computes as the trainer does (engine.serves_as_old: both fp32). Returns this rank's numbers
+    and each optimizer step's own (updates.jsonl)."""
+    f = run.settings.loss
+    old = trainer_logprobs(run, fresh, replayed) if recomputes_old(run) else None
+    reference = (run.initial,) if f.kl_coef > 0 else ()    # the KL reference's forwards: lockstep
+    batches = rollout.optimizer_steps(run.batching, fresh, replayed, step=step, model=run.model,
+                                      old=old, adjust=run.hooks.batch,
+                                      prepare=run.hooks.prepare, followers=reference)
+    updates = [optimizer_step(run, mbs, n, guard=guard, step=step) for mbs, n in batches]
+    numbers = Metrics()
+    for u in updates:
+        numbers.merge(u)
+    numbers.max("stage/updates", len(updates))          # optimizer steps in this loop step
+    numbers.max("train/skipped_steps", guard.skipped)
+    return numbers, updates
 
 
 def recomputes_old(run: Run) -> bool:
-    """Whether pi_old is the trainer's own forward before the update (rollout.lockstep_logprobs),
-    not the engine's log-probs: with --tis-cap (each token then weighted by min(pi_old /
-    pi_engine, C)), and for a method's own ratio (the loss slot's; the sequence-level ones clip
-    at a few 1e-4) when vLLM samples on CUDA: a bf16 engine's log-probs move about 1e-3 from the
-    trainer's, so with them as pi_old most sequences would clip from the first update. verl
-    recomputes pi_old for this reason (docs/methods.md). On the CPU both sides are fp32 (about
-    1e-6 apart), and the engine's log-probs are pi_old."""
-    vllm_on_cuda = (run.settings.engine.engine == "vllm"
-                    and torch.device(run.device).type == "cuda")
-    return bool(run.settings.loss.tis_cap) or (run.hooks.ratio is not None and vllm_on_cuda)
+    """The pi_old rule (update): the trainer's own forward with --tis-cap, or for a method's own
+    ratio where the engine's log-probs cannot serve (engine.serves_as_old)."""
+    return run.settings.loss.tis_cap > 0 or (run.hooks.ratio is not None
+                                             and not run.engine.serves_as_old(run.precision))
 
 
-def update(run: Run, fresh: list, replayed: list, *, step: int, guard: parallel.StepGuard,
-           per_update: list | None = None) -> Metrics:
-    """5. `epochs` x `mini_batches` optimizer steps on this rank's fresh + replayed rollouts, each
-    with the global normaliser N fixed first. Returns this rank's metrics; each optimizer step's
-    own metrics are also appended to `per_update` when given (updates.jsonl)."""
-    o, f, pad_id = run.settings.optim, run.settings.loss, run.tok.pad_token_id
-    run.engine.sleep(push_follows=True)            # vLLM on CUDA frees its memory for the update
-    metrics, updates = Metrics(), []
-    batch = fresh + replayed
-    old = None                                     # pi_old: the proximal policy's, recomputed
-    if recomputes_old(run):
-        old = rollout.lockstep_logprobs(run.model, batch, run.micro_batch[0],
-                                        run.settings.run.temperature, pad_id, run.world,
-                                        run.micro_batch[1])
-    for epoch in range(o.epochs):
-        order = run_setup.shuffle_seed(run.settings.run.seed, step, epoch) if epoch else None
-        for idx in rollout.mini_batches(len(fresh), len(replayed), o.mini_batches, order):
-            mbs = rollout.micro_batches([batch[i] for i in idx], run.micro_batch[0], pad_id,
-                                        run.device, old_logprobs=old and [old[i] for i in idx],
-                                        max_tokens=run.micro_batch[1])
-            for adjust in run.hooks.batch:
-                mbs = adjust(mbs)
-            normaliser = parallel.global_normaliser(mbs, f.agg, run.settings.run.max_new_tokens,
-                                                    run.world)
-            if normaliser is None:                     # no rank has a rollout in it: no step
-                continue
-            updates.append(Metrics())
-            optimizer_step(run, mbs, normaliser, guard=guard, step=step, metrics=updates[-1])
-            metrics.merge(updates[-1])
-    metrics.max("stage/updates", len(updates))         # optimizer steps in this loop step
-    metrics.max("train/skipped_steps", guard.skipped)
-    if per_update is not None:
-        per_update += updates
-    return metrics
+def trainer_logprobs(run: Run, fresh: list, replayed: list) -> list:
+    """pi_old by the trainer's own forward, without gradient (every rank), in the micro-batches
+    the update's first epoch forms (the same shapes: in bf16 another batching rounds otherwise,
+    and the first ratio would not be exactly 1), in batch order."""
+    b, batch = run.batching, fresh + replayed
+    old = [None] * len(batch)
+    for idx in rollout.mini_batches(len(fresh), len(replayed), b.mini_batches):
+        part = rollout.lockstep_logprobs(run.model, [batch[i] for i in idx], b.rows,
+                                         run.settings.run.temperature, b.pad_id, b.world, b.tokens)
+        for i, logprobs in zip(idx, part):
+            old[i] = logprobs
+    return old
 
 
 # ---- the loop ------------------------------------------------------------------------------------
 
-def train_step(run: Run, pos: int, m: Metrics, *, step: int, guard: parallel.StepGuard):
-    """One pass of the loop, 1. to 6. of the module docstring, its metrics into `m`. Returns (the
-    fresh rollouts, every generated rollout, the new prompt position, each optimizer step's
-    metrics)."""
+def train_step(run: Run, pos: int, *, step: int, guard: parallel.StepGuard) -> StepOut:
+    """One pass of the loop, 1. to 6. of the module docstring."""
     metrics_lib.status(f"step {step + 1}: generating and scoring", run.rank)  # a terminal only
-    fresh, generated, pos = generate_and_score(run, pos, step, m)                # 1. and 2.
+    fresh, generated, pos, m = generate_and_score(run, pos, step)                # 1. and 2.
     if run.own_reward is not None:     # a --reward-fn that raised on a rank: every rank stops
         parallel.stop_together(run.own_reward.error, run.world)
     t1 = time.perf_counter()
+    run.engine.sleep(push_follows=True)            # vLLM frees its memory until load_weights
     replay = run.replay
     replayed = replay.sample(step, len(fresh)) if replay is not None else []      # 3. sample
     if replay is not None:                                                         # 4. store
-        replay.add([r for r in fresh if all(k(r) for k in run.hooks.keeps)], step)
-    per_update = []
+        keeps = run.hooks.keeps                    # a method's: which fresh rollouts are stored
+        replay.add([r for r in fresh if all(k(r) for k in keeps)] if keeps else fresh, step)
+    m.merge(canary(run, generated, step))
     metrics_lib.status(f"step {step + 1}: updating on {len(fresh) + len(replayed)} rollouts",
                        run.rank)
-    m.merge(update(run, fresh, replayed, step=step, guard=guard,                   # 5. update
-                   per_update=per_update))
+    numbers, updates = update(run, fresh, replayed, step=step, guard=guard)       # 5. update
+    m.merge(numbers)
     run.engine.load_weights(parallel.full_parameters(run.model))                  # 6. sync
     m.max("time/update", time.perf_counter() - t1)
-    return fresh, generated, pos, per_update
+    return StepOut(generated, pos, m, updates)
 
 
-def log_step(run: Run, logs, m: Metrics, per_update: list, generated: list, *, step: int,
-             verified: dict) -> dict:
+def log_step(run: Run, logs, out: StepOut, *, step: int, verified: dict) -> dict:
     """The buffer's numbers and the verifier's error counts since `verified` into `m`, every rank's
     metrics reduced in one collective, the log files written, the canary checked; returns the
     step's reduced metrics."""
-    s = run.settings
+    s, m = run.settings, out.metrics
     buffer.report(run.replay, m)                       # the buffer's state after this step
     for key, count in verify.stats().items():         # errors would zero rewards: count them
         m.total(f"verify/{key}", count - verified[key])
-    row, *per_update_rows = metrics_lib.reduce_all([m, *per_update], run.world)
+    row, *per_update_rows = metrics_lib.reduce_all([m, *out.updates], run.world)
     row = {"step": step + 1, **row}
     metrics_lib.write_logs(logs, row, metrics_lib.log_line(row, LOG_LINE),
-                           generated[:s.log.log_samples], run.tok, per_update_rows)
-    rollout.check_canary(row.get("rollout/logprob_diff", 0.0), s.engine.max_logprob_diff,
-                         step + 1)
+                           out.generated[:s.log.log_samples], run.tok, per_update_rows)
+    engine_lib.check_canary(row.get("rollout/logprob_diff", 0.0), s.engine.max_logprob_diff,
+                            step + 1)
     return row
 
 
@@ -357,7 +321,7 @@ def train(run: Run) -> dict:
 
     def evaluate(m: Metrics) -> None:
         eval_lib.evaluate_shard(run.engine, run.tok, run.eval_sets, m, top_p=s.run.top_p,
-                                seed=run_setup.eval_seed(s.run.seed),
+                                seed=s.run.seed,
                                 max_new_tokens=s.run.max_new_tokens, rank=rank, world=world)
 
     if start == 0:                                     # step 0: the model before training
@@ -369,19 +333,18 @@ def train(run: Run) -> dict:
     row, ckpt = {}, run.resume
     for step in range(start, s.run.steps):
         verified = verify.stats()
-        m = Metrics()
         t0 = time.perf_counter()
-        fresh, generated, pos, per_update = step_of_run(run, pos, m, step=step, guard=guard)
-        m.max("time/step", time.perf_counter() - t0)
+        out = step_of_run(run, pos, step=step, guard=guard)
+        pos = out.pos
+        out.metrics.max("time/step", time.perf_counter() - t0)
         if s.eval.due(step, s.run.steps):
-            evaluate(m)
-        row = log_step(run, logs, m, per_update, generated, step=step, verified=verified)
+            evaluate(out.metrics)
+        row = log_step(run, logs, out, step=step, verified=verified)
         if (s.run.save_every and (step + 1) % s.run.save_every == 0) or step + 1 == s.run.steps:
             ckpt = checkpoint.save(os.path.join(s.run.out_dir, "checkpoints"), step + 1,
                                    run.model, run.opt, run.tok, run.flags, guard=guard,
                                    state=run.state, pos=pos, rank=rank, world=world)
             parallel.print0(f"saved {ckpt}", flush=True)
-    run.engine.close()                                 # vLLM: after the trainer's last collective
     final = ckpt and rank == 0 and checkpoint.point_final(s.run.out_dir, ckpt)
     last = final and metrics_lib.wrap([f"final -> {final}", *eval_lib.log_fields(row)], go_on="  ")
     metrics_lib.close_logs(logs, last)
@@ -419,7 +382,7 @@ def shard_model(model, device: str):
 
 # the loop's steps a method file may call (methods.Steps), handed to the door with Run
 STEPS = methods.Steps(sampling=sampling, generate=generate, grade=grade, score=score,
-                      credit=credit, generate_and_score=generate_and_score)
+                      credit=credit, generate_and_score=generate_and_score, canary=canary)
 
 
 def main(argv=None) -> int:
@@ -431,8 +394,8 @@ def main(argv=None) -> int:
     try:
         # bad input ends in one line and exit status 2; a bug past this point shows its traceback
         try:
-            run = run_setup.setup(args, rank=rank, world=world, device=device, make_run=Run,
-                                  shard=shard_model, steps=STEPS)
+            run = run_setup.setup(args, rank=rank, world=world, device=device, shard=shard_model,
+                                  steps=STEPS)
         except (ValueError, OSError) as e:
             return parallel.fail(f"error: {e}", 2)
         try:
@@ -440,12 +403,14 @@ def main(argv=None) -> int:
             if dist.is_initialized():
                 # gloo torn down while another rank still has work in flight can abort
                 dist.barrier()
-        except (parallel.NonFiniteError, rollout.EngineMismatchError) as e:
+        except (parallel.NonFiniteError, engine_lib.EngineMismatchError) as e:
             return parallel.fail(f"error: {e}", 1)
         except parallel.RanksStopped as e:           # bad input found mid-run, every rank stops
             return parallel.fail(f"error: {e}", 2)
         except reward_fn.RewardFnError as e:         # bad input found mid-run, on this rank
             return parallel.fail(f"error: {e}", 2, every_rank=True)
+        finally:
+            run.engine.close()     # vLLM: after the trainer's last collective, on every exit
         return 0
     finally:
         if dist.is_initialized():

@@ -250,6 +250,12 @@ class VLLMEngine:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
 
+    def serves_as_old(self, precision: str) -> bool:
+        """Whether its log-probs can be pi_old for a trainer computing at `precision`
+        (engine.TorchEngine's rule): the CPU build samples in fp32 beside an fp32 trainer; on CUDA
+        vLLM samples in bf16 with its own kernels."""
+        return not self.cuda and precision == "fp32"
+
     def sleep(self, push_follows: bool = False) -> None:
         """Free the engine's GPU memory until the next load_weights / generate, at
         sleep_level(push_follows): 2 when the caller pushes new weights before anything wakes the

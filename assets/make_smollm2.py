@@ -25,7 +25,7 @@ The tokenizer files are also copied to assets/smollm2-tokenizer (a few MB, commi
 can exercise the chat path without the 93 MB package (assets/make_tiny_llama.py uses them).
 
 At the end the script reloads the directory it wrote, checks its logits against the GGUF-loaded
-model's, greedily answers two chat prompts with rollout.TorchEngine, and prints the time and the
+model's, greedily answers two chat prompts with engine_lib.TorchEngine, and prints the time and the
 parameter count. Measured 2026-12-01 with --threads 1 on 2 shared cores of an Intel Xeon
 (transformers 5.24.0, torch 2.13.0, the cores busy with other work): 41 s and 61 s wall in two
 runs (31 s and 43 s to the saved directory), 2.0 GB peak RSS. The greedy answers: "4 * 7 = 28"
@@ -145,7 +145,8 @@ def check(out: str, src, gguf_tok) -> None:
     import torch
     from checkpoint import load_model
     from data import Prompt
-    from rollout import Sampling, TorchEngine
+    from engine import TorchEngine
+    from rollout import Sampling
     model, tok = load_model(out)
     ids = chat_prompt_ids(tok, CHECK_QUESTIONS[0])
     if ids != chat_prompt_ids(gguf_tok, CHECK_QUESTIONS[0]):

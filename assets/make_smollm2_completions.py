@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import data  # noqa: E402
 from checkpoint import load_model  # noqa: E402
-from rollout import Sampling, TorchEngine  # noqa: E402
+from engine import TorchEngine  # noqa: E402
+from rollout import Sampling  # noqa: E402
 
 MODEL = os.path.join(ROOT, "assets", "smollm2-135m-instruct")
 DRAWS = (("builtin_mixed", 40, 0.0, 0), ("builtin", 16, 0.0, 0), ("builtin_mixed", 24, 1.0, 1))

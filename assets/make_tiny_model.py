@@ -50,7 +50,8 @@ import data  # noqa: E402
 import verify  # noqa: E402
 from checkpoint import save_hf  # noqa: E402
 from data import Prompt  # noqa: E402
-from rollout import Sampling, TorchEngine  # noqa: E402
+from engine import TorchEngine  # noqa: E402
+from rollout import Sampling  # noqa: E402
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 STOP_DEV_ACC = 0.25          # the warm start stops at the first dev evaluation at or above this

@@ -55,7 +55,6 @@ import parallel  # noqa: E402
 import rollout  # noqa: E402
 import run_setup  # noqa: E402
 import train  # noqa: E402
-from metrics import Metrics  # noqa: E402
 
 PARTS = ("generate", "score", "sample+store", "update", "sync")
 # the update's targets on the built-in default: at most 15% padded forward positions, at most
@@ -159,17 +158,16 @@ def gradient(run, mbs, normaliser) -> list[torch.Tensor]:
     for prepare in run.hooks.prepare:
         mbs = prepare(model, mbs)
     for mb in mbs:
-        train.micro_batch_loss(run, mb, normaliser, Metrics()).backward()
+        train.micro_batch_loss(run, mb, normaliser)[0].backward()
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     return grads
 
 
-def build(argv: list[str]) -> "train.Run":
+def build(argv: list[str]) -> run_setup.Run:
     """The run train.main would make with flags `argv`, in one process on the CPU."""
     return run_setup.setup(flags.parse(list(argv), "train.py flags"), rank=0, world=1,
-                           device="cpu", make_run=train.Run, shard=train.shard_model,
-                           steps=train.STEPS)
+                           device="cpu", shard=train.shard_model, steps=train.STEPS)
 
 
 def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
@@ -190,7 +188,7 @@ def measure(argv: list[str] = (), warmup: int = 2, repeats: int = 3,
         timed.seconds, timed.tokens = 0.0, 0
         t0 = time.perf_counter()
         start = pos
-        fresh, generated, pos = train.generate_and_score(run, pos, step, Metrics())
+        fresh, generated, pos, _ = train.generate_and_score(run, pos, step)
         t1 = time.perf_counter()
         t["generate"], t["score"] = timed.seconds, (t1 - t0) - timed.seconds
         if generate and step >= warmup:                  # the same prompts, the same lengths

@@ -9,14 +9,14 @@ A wing is a module of this folder with some of:
     make(flags, run, steps)  the slots it fills for a run, {slot: object} ({} where its flags are
                              off), at the door (run_setup.build)
 
-`run` is the run (train.Run; its fields are documented there), for a wing to read, never to
+`run` is the run (run_setup.Run; its fields are documented there), for a wing to read, never to
 change: `run.settings` holds each owner's flags (the spine's; a wing's own come as `flags`).
 `steps` is `Steps`, the spine's step functions a wing may call, each train.py's own.
 
 The slots, the same for every method (the default step fills none):
 
-    allocate   allocate(prompts, mine, pos, *, step, metrics) -> (fresh, generated, pos): 1. and 2.
-               of a step in place of fixed groups (train.generate_and_score calls it)
+    allocate   allocate(prompts, mine, pos, *, step) -> (fresh, generated, pos, metrics.Metrics):
+               1. and 2. of a step in place of fixed groups (train.generate_and_score calls it)
     reward     reward(rollouts) -> [B], a term added to the shaped reward (every wing's adds)
     advantage  advantage(rewards, group_ids) -> [B], in place of grpo.grpo_advantages
     loss       an object with any of the six methods of `LossHooks` (every wing's adds)
@@ -25,6 +25,7 @@ The slots, the same for every method (the default step fills none):
                and MEAN_WEIGHTS / MAXIMA, how stats() reduce (buffer.report)
     step       wrap(train_step) -> a function of train_step's signature, run in its place: a
                wrapper around the loop step that owns its schedule, its report and its state
+               (train_step(run, pos, *, step, guard) -> rollout.StepOut)
 
 One wing at most fills each slot but reward and loss. Any slot object with state_dict() and
 load_state_dict(state) (the replay, a step wrapper) has that state saved in every checkpoint's
@@ -50,8 +51,10 @@ class Steps(NamedTuple):
     grade: Callable               # grade(run, rollouts): sets r.correct and r.formatted
     score: Callable               # score(run, rollouts) -> verdicts [B]; sets reward, advantage
     credit: Callable              # credit(rollouts, reward_flags) -> [B], the verdict's term
-    generate_and_score: Callable  # generate_and_score(run, pos, step, metrics) -> (fresh,
-                                  # generated, pos): 1. and 2. of a step, the allocate slot's too
+    generate_and_score: Callable  # generate_and_score(run, pos, step) -> (fresh, generated,
+                                  # pos, Metrics): 1. and 2. of a step, the allocate slot's too
+    canary: Callable              # canary(run, generated, step) -> Metrics: the engine check,
+                                  # every --check-every steps, run while the engine sleeps
 
 
 class LossHooks(NamedTuple):

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 import grpo
+from metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,9 @@ class Refill:
     def __init__(self, flags: Flags, run, steps):
         self.f, self.run, self.steps = flags, run, steps
 
-    def allocate(self, prompts: list, mine: list[int], pos: int, *, step: int, metrics):
+    def allocate(self, prompts: list, mine: list[int], pos: int, *, step: int):
         """1. and 2. for this rank's prompts `mine[pos:]` (wrapping around). Returns (fresh, every
-        generated rollout, new pos)."""
+        generated rollout, new pos, no numbers of its own)."""
         f, run, steps = self.f, self.run, self.steps
         fresh, generated = [], []
         rounds = 1 + f.dynamic_sampling_rounds
@@ -102,7 +103,7 @@ class Refill:
             fresh += new
             if len({r.prompt_id for r in fresh}) >= run.per_rank:
                 break
-        return fresh, generated, pos
+        return fresh, generated, pos, Metrics()
 
 
 class Overlong:

@@ -51,9 +51,9 @@ from torch import Tensor
 
 import grpo
 import parallel
-from metrics import Metrics, diversity, host_sum
 from data import Prompt
-from rollout import Sampling, completion_logits, forward_logprobs, micro_batches
+from metrics import Metrics, diversity, host_sum
+from rollout import Sampling, StepOut, completion_logits, forward_logprobs, micro_batches
 
 HEADS = ("none", "residual")
 KL_ANCHORS = ("initial", "current")   # the head's KL to: the model at step 0 | the current base
@@ -330,29 +330,30 @@ class Phases(R2PO):
         to 6. (`head_phase`). Every step reports its phase, r2po/phase (0 = the head's, 1 = the
         policy's); a step the loop evaluates after also probes the base policy (base_diversity,
         its own sampling round)."""
-        def step_in_phase(run, pos: int, m: Metrics, *, step: int, guard):
+        def step_in_phase(run, pos: int, *, step: int, guard):
             if self.phase(step) == "policy":
-                out = train_step(run, pos, m, step=step, guard=guard)
+                out = train_step(run, pos, step=step, guard=guard)
             else:
-                out = self.head_phase(run, pos, m, step=step)
-            m.max("r2po/phase", float(self.phase(step) == "policy"))
+                out = self.head_phase(run, pos, step=step)
+            out.metrics.max("r2po/phase", float(self.phase(step) == "policy"))
             if run.settings.eval.due(step, run.settings.run.steps):
                 sampling = self.steps.sampling(run, step, BASE_SAMPLING_ROUND)
                 base = dataclasses.replace(sampling, use_head=False)
-                self.base_diversity(run.engine, out[1], base, m)   # out[1]: every generated one
+                self.base_diversity(run.engine, out.generated, base, out.metrics)
             return out
         return step_in_phase
 
-    def head_phase(self, run, pos: int, m: Metrics, *, step: int):
+    def head_phase(self, run, pos: int, *, step: int):
         """A step of the head phase: the spine's 1. and 2., then one head_step on the fresh
         rollouts (the engine asleep, the base untouched: nothing to sync). Returns what train_step
-        does, with no optimizer step of the policy."""
-        fresh, generated, pos = self.steps.generate_and_score(run, pos, step, m)   # 1. and 2.
+        does (StepOut), with no optimizer step of the policy."""
+        fresh, generated, pos, m = self.steps.generate_and_score(run, pos, step)   # 1. and 2.
         t1 = time.perf_counter()
         run.engine.sleep(push_follows=False)     # no push follows: it wakes with its weights
+        m.merge(self.steps.canary(run, generated, step))
         m.merge(self.head_step(run.model, fresh, run.tok.pad_token_id, run.world))
         m.max("time/update", time.perf_counter() - t1)
-        return fresh, generated, pos, []
+        return StepOut(generated, pos, m, [])
 
 
 def make(flags: Flags, run, steps) -> dict:

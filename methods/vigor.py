@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 
 from data import Prompt
+from metrics import Metrics
 from rollout import Rollout
 
 ALLOCATIONS = ("fixed", "vigor")
@@ -106,10 +107,11 @@ class Vigor:
     def __init__(self, flags: Flags, run, steps):
         self.f, self.run, self.steps = flags, run, steps
 
-    def allocate(self, prompts: list, mine: list[int], pos: int, *, step: int, metrics):
+    def allocate(self, prompts: list, mine: list[int], pos: int, *, step: int):
         """1. and 2. for this rank's prompts `mine[pos:]` (wrapping around). Returns (fresh, every
-        generated rollout, new pos): the same rollouts twice."""
+        generated rollout, new pos, the rounds' numbers): the same rollouts twice."""
         f, run, steps = self.f, self.run, self.steps
+        metrics = Metrics()
         batch = [prompts[mine[(pos + i) % len(mine)]] for i in range(run.per_rank)]
         new, _ = vigor_generate(run.engine, batch, lambda k: steps.sampling(run, step, k), step,
                                 lambda rs: steps.grade(run, rs),
@@ -122,7 +124,7 @@ class Vigor:
             adv = torch.tensor([r.advantage for r in new]) * torch.tensor(prompt_weights(new))
             for r, a in zip(new, adv.tolist()):
                 r.advantage = a
-        return new, new, pos + run.per_rank
+        return new, new, pos + run.per_rank, metrics
 
 
 def make(flags: Flags, run, steps) -> dict:

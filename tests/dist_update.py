@@ -33,7 +33,8 @@ import parallel  # noqa: E402
 import run_setup  # noqa: E402
 import train  # noqa: E402
 from make_tiny_model import make_model, make_tokenizer  # noqa: E402
-from rollout import Rollout, TorchEngine  # noqa: E402
+from engine import TorchEngine  # noqa: E402
+from rollout import Rollout  # noqa: E402
 from tiny import update  # noqa: E402
 
 # SGD makes a parameter difference a gradient difference (times lr). AdamW divides each gradient

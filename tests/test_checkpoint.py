@@ -240,9 +240,9 @@ def test_non_finite_steps_are_skipped_then_end_the_run(task, tmp_path, monkeypat
     real = train.micro_batch_loss
 
     def poisoned(*args, **kw):
-        loss = real(*args, **kw)
+        loss, numbers = real(*args, **kw)
         calls.append(1)
-        return loss * float("nan") if len(calls) >= 3 else loss
+        return (loss * float("nan") if len(calls) >= 3 else loss), numbers
 
     monkeypatch.setattr(train, "micro_batch_loss", poisoned)
     out = tmp_path / "run"

@@ -260,7 +260,7 @@ def test_cli_end_to_end(model_dir, tmp_path):
     # model and settings.
     import torch
     from checkpoint import load_model
-    from rollout import TorchEngine
+    from engine import TorchEngine
     model, tok = load_model(str(model_dir))
     engine = TorchEngine(model, tok, batch_size=ev.Args.batch_size)
     threads = torch.get_num_threads()

@@ -201,7 +201,7 @@ def test_the_loop_sleeps_for_a_push_and_r2pos_head_phase_does_not():
 
     import train
     from methods import r2po
-    assert "run.engine.sleep(push_follows=True)" in inspect.getsource(train.update)
+    assert "run.engine.sleep(push_follows=True)" in inspect.getsource(train.train_step)
     assert "run.engine.sleep(push_follows=False)" in inspect.getsource(r2po.Phases.head_phase)
 
 
@@ -341,7 +341,6 @@ def test_a_micro_batch_reads_no_number_between_its_forward_and_its_backward(monk
     import rollout
     import train
     from make_tiny_model import make_model, make_tokenizer
-    from metrics import Metrics
     from rollout import Rollout
     from tiny import run_of
     tok = make_tokenizer()
@@ -388,8 +387,7 @@ def test_a_micro_batch_reads_no_number_between_its_forward_and_its_backward(monk
     watching[0] = False
     assert reads == ["__float__"]
     reads.clear()
-    m = Metrics()
-    train.optimizer_step(run, mbs, 10.0, guard=parallel.StepGuard(3), step=0, metrics=m)
+    m = train.optimizer_step(run, mbs, 10.0, guard=parallel.StepGuard(3), step=0)
     assert reads == []
     row = m.reduce(1)
     assert row["loss/tokens"] == sum(float(mb["completion_mask"].sum()) for mb in mbs)
@@ -453,19 +451,30 @@ def test_the_surrogates_ratio_metrics_without_a_boolean_index():
 
 # ---- 7. a sequence ratio on a bf16 engine: pi_old is the trainer's own forward -------------------
 
-@pytest.mark.parametrize("engine,device,ratio,tis,recomputes", [
-    ("vllm", "cuda:0", True, 0.0, True),      # GSPO or PNPO sampled by vLLM on a GPU
-    ("vllm", "cuda:0", False, 0.0, False),    # the token ratio: its 0.2 clip is far from 1e-3
-    ("torch", "cuda:0", True, 0.0, False),    # the PyTorch engine samples in the trainer's fp32
-    ("vllm", "cpu", True, 0.0, False),        # vLLM's CPU build: fp32 on both sides
-    ("torch", "cpu", False, 2.0, True),       # --tis-cap recomputes wherever it runs
+@pytest.mark.parametrize("engine,on,precision,ratio,tis,recomputes", [
+    ("vllm", "cuda", "fsdp-bf16", True, 0.0, True),      # GSPO or PNPO sampled by vLLM on a GPU
+    ("vllm", "cuda", "fsdp-bf16", False, 0.0, False),    # the token ratio: its 0.2 clip is far
+    ("torch", "cuda", "autocast-bf16", True, 0.0, True),   # fp32 engine, bf16 trainer
+    ("torch", "cpu", "autocast-bf16", True, 0.0, True),    # both bf16, rounded by other paths
+    ("torch", "cpu", "fp32", True, 0.0, False),          # both fp32: about 1e-6 apart
+    ("vllm", "cpu", "fp32", True, 0.0, False),           # vLLM's CPU build: fp32 on both sides
+    ("torch", "cpu", "fp32", False, 2.0, True),          # --tis-cap recomputes wherever it runs
 ])
-def test_pi_old_is_the_trainers_forward_for_a_sequence_ratio_on_vllm_on_cuda(
-        engine, device, ratio, tis, recomputes):
+def test_pi_old_is_the_trainers_forward_unless_the_engine_computes_as_the_trainer(
+        engine, on, precision, ratio, tis, recomputes):
+    """The pi_old rule follows the precision, not the engine's name (engine.serves_as_old)."""
+    import engine as engine_lib
     import train
-    run = SimpleNamespace(settings=SimpleNamespace(engine=SimpleNamespace(engine=engine),
-                                                   loss=SimpleNamespace(tis_cap=tis)),
-                          device=device, hooks=SimpleNamespace(ratio=object() if ratio else None))
+    import vllm_engine
+    if engine == "torch":       # TorchEngine's copy autocasts where the trainer does on a CPU
+        cls = engine_lib.TorchEngine
+        state = SimpleNamespace(autocast=on == "cpu" and precision == "autocast-bf16")
+    else:
+        cls, state = vllm_engine.VLLMEngine, SimpleNamespace(cuda=on == "cuda")
+    the_engine = SimpleNamespace(serves_as_old=lambda p: cls.serves_as_old(state, p))
+    run = SimpleNamespace(settings=SimpleNamespace(loss=SimpleNamespace(tis_cap=tis)),
+                          engine=the_engine, precision=precision,
+                          hooks=SimpleNamespace(ratio=object() if ratio else None))
     assert train.recomputes_old(run) is recomputes
 
 

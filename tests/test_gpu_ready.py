@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import checkpoint
+import engine as engine_lib
 import flags
 import rollout
 import run_setup
@@ -83,14 +84,14 @@ def test_canary_floor_is_what_bf16_alone_moves():
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0)
     rs = rollouts(len(tok))
-    floor = rollout.logprob_floor(model, rs, 1.0, tok.pad_token_id)
+    floor = engine_lib.logprob_floor(model, rs, 1.0, tok.pad_token_id)
     assert 1e-4 < floor < 0.5  # bf16 has 8 bits of mantissa: a visible, small gap
     wrapped = run_setup.autocast_bf16(copy.deepcopy(model), "cpu")
     forward = wrapped.forward
-    assert (rollout.logprob_floor(wrapped, rs, 1.0, tok.pad_token_id)
+    assert (engine_lib.logprob_floor(wrapped, rs, 1.0, tok.pad_token_id)
             == pytest.approx(floor, rel=1e-6))
     assert wrapped.forward is forward               # the wrapper is put back
-    assert rollout.logprob_floor(model, [], 1.0, tok.pad_token_id) == 0.0
+    assert engine_lib.logprob_floor(model, [], 1.0, tok.pad_token_id) == 0.0
 
 
 # ---- micro-batches by token budget ---------------------------------------------------------------

@@ -57,7 +57,8 @@ def test_zero_variance_is_exact_even_when_the_mean_rounds():
 
 
 def test_zero_std_fraction_and_dynamic_sampling():
-    assert grpo.zero_std_fraction(REWARDS, GROUPS) == 0.25                 # group 2 of {5, 2, 9, 4}
+    flat = GROUPS[grpo.flat_groups(REWARDS, GROUPS)].unique()
+    assert flat.tolist() == [2]                                   # group 2 of {5, 2, 9, 4}: flat
     keep = dapo.dynamic_sampling_keep(REWARDS, GROUPS)
     assert keep.tolist() == [True] * 4 + [False] * 4 + [True] * 4
 

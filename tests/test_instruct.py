@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import data
+import engine as engine_lib
 import eval as eval_lib
 import rollout
 import verify
@@ -157,7 +158,7 @@ def test_completion_only_logits_and_the_canary_on_a_49k_vocabulary(tiny_llama):
     model, tok = tiny_llama
     prompts = data.make_prompts([data.Example("3+4*2", "11"), data.Example("9*9-1+2*3", "86")],
                                 "instruct", tok)
-    engine = rollout.TorchEngine(model, tok)
+    engine = engine_lib.TorchEngine(model, tok)
     rs = engine.generate(prompts, 2, rollout.Sampling(temperature=1.0, max_new_tokens=6, seed=0))
     batch = rollout.collate(rs, tok.pad_token_id)
     s = rollout.first_predicting(rs)
@@ -171,4 +172,4 @@ def test_completion_only_logits_and_the_canary_on_a_49k_vocabulary(tiny_llama):
     mask = batch["completion_mask"].bool()
     want = full[:, s:-1].log_softmax(-1).gather(-1, batch["input_ids"][:, s + 1:, None])[..., 0]
     assert torch.allclose(logp[mask], want[mask], atol=1e-4)
-    assert rollout.logprob_diff(model, rs, 1.0, tok.pad_token_id) < 1e-4
+    assert engine_lib.logprob_diff(model, rs, 1.0, tok.pad_token_id) < 1e-4

@@ -133,8 +133,7 @@ def test_loss_is_the_masked_token_mean_without_clip():
     run = run_of(a, model)
     for prepare in run.hooks.prepare:
         (mb,) = prepare(model, [mb])
-    m = Metrics()
-    loss = train.micro_batch_loss(run, mb, 10.0, m)
+    loss, m = train.micro_batch_loss(run, mb, 10.0)
     order = rollout.length_buckets(rs, 4)[0]
     by_hand = 0.0
     for b, i in enumerate(order):

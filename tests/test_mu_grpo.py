@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+import engine as engine_lib
 import flags
 import metrics
 import rollout
@@ -40,7 +41,7 @@ def test_mu_grpo_stage_uses_stored_advantages_and_behaviour_logprobs_with_the_en
         monkeypatch):
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0)
-    engine = rollout.TorchEngine(model, tok)                    # its own copy: the behaviour policy
+    engine = engine_lib.TorchEngine(model, tok)                    # its own copy: the behaviour policy
     stage = [r for p in range(8) for r in group(p, 0, [1.0, 0.0, 0.0, 1.0])]
     for i, r in enumerate(stage):
         r.logprobs = [-0.5 - 0.01 * i, -1.0, -1.5]              # distinct behaviour log-probs
@@ -49,11 +50,11 @@ def test_mu_grpo_stage_uses_stored_advantages_and_behaviour_logprobs_with_the_en
     a = flags.Args(mini_batches=4, eps_low=1.0, eps_high=4.0, veto_scope="suffix", lr=1e-2)
     seen, real_loss = [], train.micro_batch_loss
 
-    def spy(run, mb, normaliser, metrics):
+    def spy(run, mb, normaliser):
         assert all(torch.equal(v, engine_start[k]) for k, v in engine.model.state_dict().items())
         seen.append({k: mb[k].clone()
                      for k in ("advantages", "behaviour_logprobs", "old_logprobs")})
-        return real_loss(run, mb, normaliser, metrics)
+        return real_loss(run, mb, normaliser)
     monkeypatch.setattr(train, "micro_batch_loss", spy)
     per_update, before = [], copy.deepcopy(model.state_dict())
     m = update(model, None, torch.optim.AdamW(model.parameters(), lr=a.lr), stage, [], a,
@@ -73,10 +74,10 @@ def test_mu_grpo_stage_uses_stored_advantages_and_behaviour_logprobs_with_the_en
 
 
 def test_stage_loop_syncs_the_engine_only_after_the_stage(monkeypatch, tmp_path):
-    events, real_loss, real_load = [], train.micro_batch_loss, rollout.TorchEngine.load_weights
+    events, real_loss, real_load = [], train.micro_batch_loss, engine_lib.TorchEngine.load_weights
     monkeypatch.setattr(train, "micro_batch_loss",
                         lambda *a: events.append("loss") or real_loss(*a))
-    monkeypatch.setattr(rollout.TorchEngine, "load_weights",
+    monkeypatch.setattr(engine_lib.TorchEngine, "load_weights",
                         lambda self, w: events.append("sync") or real_load(self, w))
     rc, rows, updates = run_main([*BASE, "--preset", "mu-grpo", "--mini-batches", "4",
                                   "--steps", "2"], tmp_path / "run")

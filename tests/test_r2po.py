@@ -28,7 +28,8 @@ from checkpoint import load_model
 from data import Prompt
 from methods import r2po
 from methods.r2po import R2PO, ResidualHead
-from rollout import Rollout, Sampling, TorchEngine
+from engine import TorchEngine
+from rollout import Rollout, Sampling
 from tiny import run_of, update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,6 @@ import metrics as metrics_lib
 import train
 import verify
 from methods import dapo
-from metrics import Metrics
 from rollout import Rollout
 from tiny import run_of
 
@@ -103,9 +102,7 @@ def test_four_classes_give_four_rewards_and_the_format_error_rate():
     rs = _rollouts(TEXTS + ["3+4=9x"], ANSWERS + ["7"])
     score(rs, reward="correct+format", reward_wrong=-1.0, max_new_tokens=8)
     assert [r.reward for r in rs] == [2.25, 0.25, 2.25, -2.0, -2.0]
-    m = Metrics()
-    metrics_lib.rollout_metrics(m, rs, rs)
-    row = m.reduce(1)
+    row = metrics_lib.rollout_metrics(rs, rs).reduce(1)
     assert row["rollout/format_error"] == pytest.approx(2 / 5)
     assert row["rollout/prompts_with_signal"] == 1 and row["rollout/zero_var_rollouts"] == 0
 

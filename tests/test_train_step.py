@@ -11,14 +11,13 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 import torch
 
+import engine as engine_lib
 import flags
 import parallel
 import rollout
-import run_setup
 import train
 from make_tiny_model import make_model, make_tokenizer
 from methods import vigor
-from metrics import Metrics
 from rollout import Rollout
 from tiny import run_of
 
@@ -36,7 +35,7 @@ def test_every_mini_batch_holds_its_share_of_fresh_and_replayed():
     seeded shuffles."""
     def mini_batches(n_fresh, n_replayed, a, step, epoch):                # as train.update calls it
         return rollout.mini_batches(n_fresh, n_replayed, a.mini_batches,
-                                    run_setup.shuffle_seed(a.seed, step, epoch) if epoch else None)
+                                    rollout.shuffle_seed(a.seed, step, epoch) if epoch else None)
     a = flags.Args(mini_batches=3, seed=5)
     for epoch in range(3):
         parts = mini_batches(512, 256, a, step=7, epoch=epoch)
@@ -78,11 +77,10 @@ def test_veto_uses_behaviour_logprobs_under_tis():
     mb["old_logprobs"] = torch.where(mask, current, 0.0)
     # behaviour: far more likely back then
     mb["behaviour_logprobs"] = torch.where(mask, current + 20.0, 0.0)
-    m, m_off = Metrics(), Metrics()
-    train.micro_batch_loss(run_of(a, model), mb, 2.0, m)
+    _, m = train.micro_batch_loss(run_of(a, model), mb, 2.0)
     assert m.reduce(1)["loss/veto_frac"] == pytest.approx(0.5)      # 2 tokens: the second is vetoed
     no_veto = dataclasses.replace(a, veto_scope="none")
-    train.micro_batch_loss(run_of(no_veto, model), mb, 2.0, m_off)
+    _, m_off = train.micro_batch_loss(run_of(no_veto, model), mb, 2.0)
     assert "loss/veto_frac" not in m_off.reduce(1)                  # no veto: not logged at all
 
 
@@ -119,7 +117,7 @@ def test_length_buckets_leave_the_loss_and_gradient_unchanged(kw):
         model.zero_grad(set_to_none=True)
         loss = 0.0
         for mb in mbs:
-            mb_loss = train.micro_batch_loss(run, mb, n, Metrics())
+            mb_loss = train.micro_batch_loss(run, mb, n)[0]
             mb_loss.backward()
             loss += mb_loss.item()
         return n, loss, [p.grad.clone() for p in model.parameters()]
@@ -161,7 +159,7 @@ def test_dynamic_sampling_drops_all_correct_groups_whatever_their_lengths():
     group1 = [_rollout(1, t, "5", 2) for t in ("5", "4", "4", "4")]          # one correct
     run = run_of(a, engine=FixedEngine(group0 + group1))
     run.prompts, run.mine = [None] * 2, [0, 1]
-    fresh, generated, _ = train.generate_and_score(run, 0, 0, Metrics())
+    fresh, generated, _, _ = train.generate_and_score(run, 0, 0)
     shaped = [r for r in generated if r.prompt_id == 0]
     # shaped rewards differ
     assert len({r.reward for r in shaped}) > 1 and any(r.advantage != 0 for r in shaped)
@@ -324,7 +322,7 @@ def test_canary_is_logged_every_check_every_steps(tmp_path):
 def test_a_stale_engine_stops_the_run(tmp_path, monkeypatch):
     """An engine whose weight sync silently does nothing samples from the base model; the canary
     ends the run."""
-    monkeypatch.setattr(rollout.TorchEngine, "load_weights", lambda self, named: None)
+    monkeypatch.setattr(engine_lib.TorchEngine, "load_weights", lambda self, named: None)
     err = io.StringIO()
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
         rc = train.main([*BASE, "--steps", "3", "--check-every", "1", "--lr", "1e-2",
@@ -367,7 +365,7 @@ def _graded(train_data, texts, answer, allocation="fixed", monkeypatch=None):
     if allocation == "fixed":
         run = run_of(a, engine=FixedEngine(rs))
         run.prompts, run.mine = [None], [0]
-        _, generated, _ = train.generate_and_score(run, 0, 0, Metrics())
+        _, generated, _, _ = train.generate_and_score(run, 0, 0)
         return [r.correct for r in generated]
 
     def vigor_generate(engine, prompts, sampling_for, version, grade, **kw):
@@ -376,7 +374,7 @@ def _graded(train_data, texts, answer, allocation="fixed", monkeypatch=None):
     monkeypatch.setattr(vigor, "vigor_generate", vigor_generate)
     run = run_of(a)
     run.prompts, run.mine = [None], [0]
-    train.generate_and_score(run, 0, 0, Metrics())
+    train.generate_and_score(run, 0, 0)
     return [r.correct for r in rs]
 
 
@@ -400,7 +398,8 @@ def test_dev_split_is_evaluated_as_dev_accuracy_and_eval_size_0_skips_the_test_e
     import eval as eval_lib
     import verify
     from checkpoint import load_model
-    from rollout import Sampling, TorchEngine
+    from engine import TorchEngine
+    from rollout import Sampling
 
     def rows(argv, name):
         rc, _, _ = run_steps(["--steps", "2", "--eval-every", "1", "--dev-size", "16", *argv],

@@ -12,7 +12,8 @@ import torch
 import data
 import verify
 from checkpoint import load_model
-from rollout import Sampling, TorchEngine
+from engine import TorchEngine
+from rollout import Sampling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")

@@ -15,7 +15,6 @@ import verify
 from data import Prompt
 from methods import vigor
 from methods.vigor import vigor_generate
-from metrics import Metrics
 from rollout import Rollout, Sampling
 from tiny import run_of
 
@@ -253,7 +252,7 @@ def test_score_scales_advantages_by_prompt_weight(monkeypatch):
 
     def score(args):
         run = run_of(args)
-        fresh, _, _ = train.generate_and_score(run, 0, 0, Metrics())
+        fresh, _, _, _ = train.generate_and_score(run, 0, 0)
         assert fresh == rs
     score(flags.Args(allocation="vigor"))
     plain = [r.advantage for r in rs]
@@ -510,7 +509,7 @@ def test_the_allocation_hands_vigor_the_credit_it_trains_on(reward):
                    vigor_top=2, vigor_budget=8, prompts_per_step=3, group_size=2)
     run = run_of(a, engine=ChainEngine())
     run.prompts, run.mine = [Prompt(q, [1]) for q in range(3)], [0, 1, 2]
-    _, generated, _ = train.generate_and_score(run, 0, 0, Metrics())
+    _, generated, _, _ = train.generate_and_score(run, 0, 0)
     sizes = [sum(r.prompt_id == q for r in generated) for q in range(3)]
     assert sizes == ([2, 2, 2] if reward == "correct" else [4, 2, 2])
     form = [1.25 if verify.integer_form(r.text) else -1.0 for r in generated]

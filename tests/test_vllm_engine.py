@@ -20,7 +20,8 @@ import data
 import vllm_engine
 from checkpoint import load_model
 from data import Prompt
-from rollout import Sampling, TorchEngine, collate, forward_logprobs, logprob_diff
+from engine import TorchEngine, logprob_diff
+from rollout import Sampling, collate, forward_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "assets", "tiny-arith")

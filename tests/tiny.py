@@ -80,18 +80,18 @@ def decided_prefix(model, prompt_ids: list[int], completion_ids: list[int],
 # ---- the run from a flat Args, as the door builds it (for tests of one piece) --------------------
 
 def setup(args, *, rank: int = 0, world: int = 1, device: str = "cpu", shard=None):
-    """run_setup.setup(args) with what train.main hands it (train.Run, train.shard_model or
-    `shard`, train.STEPS): the train.Run every step function takes."""
+    """run_setup.setup(args) with what train.main hands it (train.shard_model or `shard`,
+    train.STEPS): the run_setup.Run every step function takes."""
     import run_setup
     import train
-    return run_setup.setup(args, rank=rank, world=world, device=device, make_run=train.Run,
+    return run_setup.setup(args, rank=rank, world=world, device=device,
                            shard=shard or train.shard_model, steps=train.STEPS)
 
 
 def run_of(args, model=None, *, opt=None, initial=None, engine=None, rank: int = 0,
            world: int = 1, device: str = "cpu"):
     """The run the door builds from `args` (flags.Args; the model and data of args.model, the tiny
-    one by default, its first screen swallowed): the train.Run every step function takes, the
+    one by default, its first screen swallowed): the run_setup.Run every step function takes, the
     method files' slots filled from `args`. With `model`, that policy in place of the one loaded,
     used as given (not sharded here: the caller shards it if it must, dist_update.py), with `opt`
     (AdamW at --lr over it by default, as the door makes it) and `initial` (the KL reference; by
@@ -131,13 +131,17 @@ def update(model, initial, opt, fresh, replayed, args, *, step: int, pad_id: int
     import parallel
     import train
     run = run_of(args, model, opt=opt, initial=initial,
-                 engine=types.SimpleNamespace(logits_head=None, sleep=lambda **_: None),
+                 engine=types.SimpleNamespace(logits_head=None, sleep=lambda **_: None,
+                                              serves_as_old=lambda precision: True),
                  world=world)
     if pad_id != run.tok.pad_token_id:           # another tokenizer than args.model's: its pad
         run.tok = types.SimpleNamespace(pad_token_id=pad_id)
-    return train.update(run, fresh, replayed, step=step,
-                        guard=guard or parallel.StepGuard(args.max_bad_steps),
-                        per_update=per_update)
+        run.batching = run.batching._replace(pad_id=pad_id)
+    metrics, updates = train.update(run, fresh, replayed, step=step,
+                                    guard=guard or parallel.StepGuard(args.max_bad_steps))
+    if per_update is not None:
+        per_update += updates
+    return metrics
 
 
 def run_main(argv, out):

@@ -14,8 +14,8 @@ def pnpo(quick: bool) -> Experiment:
     regimes = ("4",) if quick else ("1", "4")
     arms, readings, claims = [], [], []
     # PNPO's diagnostic: the share of tokens whose exact prefix ratio is beyond e^+-1
-    # (grpo.far_prefix_fraction), where the prefix ratios (cumulative, PNPO's means, GSPO's
-    # sequence mean) can differ, so where normalising the prefix can act, at ACTED. Not
+    # (methods/pnpo.py's far_prefix_fraction), where the prefix ratios (cumulative, PNPO's means,
+    # GSPO's sequence mean) can differ, so where normalising the prefix can act, at ACTED. Not
     # ratio/gspo_differs_frac: any ratio but GSPO's own clips differently from GSPO at any
     # off-policy update (PNPO at 1 epoch: 9-11% with its prefixes all near 1), so it cannot fail
     acted = ("ratio/far_prefix_frac", f"mean > {ACTED:g}")
@@ -69,8 +69,10 @@ def pnpo(quick: bool) -> Experiment:
         tuple(settings),
         notes="Diagnostic: differs from GSPO = the share of tokens whose surrogate term (weight "
               "or clip) differs from the one GSPO's sequence ratio gives them "
-              "(grpo.gspo_differs_fraction), the claim's mechanism test; far prefixes = the "
-              "share whose exact prefix ratio is beyond e^+-1 (grpo.far_prefix_fraction). "
+              "(methods/pnpo.py's gspo_differs_fraction), the claim's mechanism test; far "
+              "prefixes = the "
+              "share whose exact prefix ratio is beyond e^+-1 (methods/pnpo.py's "
+              "far_prefix_fraction). "
               "steps-stress: the 4-epoch arms at one shared lr 1e-4, where GSPO is unstable on "
               "dev, 10 seeds (the 1-epoch claim is on par, not a stabiliser's, and is not run "
               "there).")
