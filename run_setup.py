@@ -29,6 +29,7 @@ import cli
 import data
 import eval as eval_lib  # the module eval.py, not the builtin
 import flags
+import memory
 import methods
 import metrics as metrics_lib
 import parallel
@@ -209,7 +210,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     if (slow := flags.bf16_cpu_warning(args.precision, device)):
         parallel.print0(f"warning: {slow}")
     value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
-    args, sizes, need, warning = flags.resolve_sizes(
+    args, sizes, need, warning = memory.resolve_sizes(
         args, model, prompts, world=world, device=device, value_bytes=value_bytes,
         frozen_bytes=frozen_dtype(device).itemsize)
     if warning:
@@ -220,7 +221,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
                                      sep=" ", go_on=" " * len("flags: ")))
     parallel.print0(metrics_lib.wrap([*sizes.fields(), f"device {device}", forward,
                                       f"engine {engine.kind} ({engine.why})",
-                                      f"memory about {need.total / flags.GiB:.1f} GiB a rank"]))
+                                      f"memory about {need.total / memory.GiB:.1f} GiB a rank"]))
     for key, what in eval_lib.eval_sets_about(eval_sets, run_flags.train_data,
                                               eval_flags.eval_data).items():
         parallel.print0(f"eval/{key}: {what}")
@@ -244,7 +245,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, make_run, shard,
     return run
 
 
-def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
+def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len: int, rank: int,
           world: int, device: str, initial: bool, make_run, shard, steps: methods.Steps,
           **given):
     """The run's objects, each from its owner's flags (`parts`: {owner class: its flags}), then

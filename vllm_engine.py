@@ -358,7 +358,7 @@ class Flags:
     gpu_memory_utilization: float = 0.0
     """vLLM: share of GPU memory for its weights and KV cache (it sleeps while the trainer
     updates); 0 = auto: what the GPU holds beside the trainer's resident state, at most 0.85
-    (flags.engine_share; 0.3 on the CPU, where vLLM ignores it); a share that cannot fit beside
+    (memory.engine_share; 0.3 on the CPU, where vLLM ignores it); a share that cannot fit beside
     the trainer is refused at start"""
     check_every: int = 10
     """log rollout/logprob_diff (mean |engine - trainer| log-prob, 16 rollouts) every N steps (0 =

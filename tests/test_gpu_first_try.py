@@ -11,12 +11,13 @@ import torch
 
 import checkpoint
 import flags
+import memory
 import run_setup
 import vllm_engine
 from tiny import setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GiB = flags.GiB
+GiB = memory.GiB
 QWEN_7B = SimpleNamespace(vocab_size=152_064, hidden_size=3_584, num_hidden_layers=28)
 
 
@@ -209,7 +210,7 @@ def test_the_loop_sleeps_for_a_push_and_r2pos_head_phase_does_not():
 
 def plan(args, model, world: int = 1, frozen_bytes: int = 2):
     prompts = [SimpleNamespace(ids=list(range(150)))]
-    return flags.plan_memory(args, model, prompts, world=world, device="cuda:0", value_bytes=2,
+    return memory.plan_memory(args, model, prompts, world=world, device="cuda:0", value_bytes=2,
                              frozen_bytes=frozen_bytes)
 
 
@@ -224,7 +225,7 @@ def test_engine_share_auto_fits_beside_the_trainer_and_a_bad_share_is_refused(mo
     args = flags.Args(engine="vllm", max_new_tokens=512)
     assert 0.75 < plan(args, qwen_7b(), world=8).engine_share < 0.77
     small = shaped(QWEN_7B, [100_000_000])                        # a small model: at most 0.85
-    assert plan(args, small, world=8).engine_share == flags.VLLM_SHARE_MAX
+    assert plan(args, small, world=8).engine_share == memory.VLLM_SHARE_MAX
     with pytest.raises(ValueError, match=r"--gpu-memory-utilization 0.95: .* at most 0\.76"):
         plan(dataclasses.replace(args, gpu_memory_utilization=0.95), qwen_7b(), world=8)
     with pytest.raises(ValueError, match="--gpu-memory-utilization"):
@@ -233,9 +234,9 @@ def test_engine_share_auto_fits_beside_the_trainer_and_a_bad_share_is_refused(mo
         plan(dataclasses.replace(args, gpu_memory_utilization=0.15), qwen_7b(), world=8)
     assert plan(dataclasses.replace(args, gpu_memory_utilization=0.5), qwen_7b(),
                 world=8).engine_share == 0.5
-    cpu = flags.plan_memory(args, qwen_7b(), [], world=1, device="cpu", value_bytes=4,
+    cpu = memory.plan_memory(args, qwen_7b(), [], world=1, device="cpu", value_bytes=4,
                             frozen_bytes=4)
-    assert cpu == (flags.AUTO_ACTIVATIONS, 0.3, 0)                 # the CPU: as it was
+    assert cpu == (memory.AUTO_ACTIVATIONS, 0.3, 0)                 # the CPU: as it was
 
 
 def test_the_micro_batch_budget_is_what_the_gpu_leaves(monkeypatch):
@@ -248,14 +249,14 @@ def test_the_micro_batch_budget_is_what_the_gpu_leaves(monkeypatch):
     args = flags.Args(engine="vllm", max_new_tokens=512)
     model = qwen_7b()
     p = plan(args, model, world=8)
-    resident = flags.update_memory(args, model, 150, 8, engine_copy=False, bytes_per_value=2,
+    resident = memory.update_memory(args, model, 150, 8, engine_copy=False, bytes_per_value=2,
                                    budget=0, frozen_bytes=2)
     assert p.engine_asleep == int(0.05 * 80 * GiB)
     assert p.budget == int((0.9 * 80 * GiB - resident.beside_micro_batch - p.engine_asleep)
                            / 1.75)
-    tokens = flags.sizes(args, model, 8, 2, p.budget, flags.AUTO_LOGITS_CUDA).micro_batch_tokens
-    assert 3_000 < tokens and flags.AUTO_LOGITS // QWEN_7B.vocab_size < 1_800
-    need = flags.update_memory(dataclasses.replace(args, micro_batch_tokens=tokens), model, 150,
+    tokens = memory.sizes(args, model, 8, 2, p.budget, memory.AUTO_LOGITS_CUDA).micro_batch_tokens
+    assert 3_000 < tokens and memory.AUTO_LOGITS // QWEN_7B.vocab_size < 1_800
+    need = memory.update_memory(dataclasses.replace(args, micro_batch_tokens=tokens), model, 150,
                                8, engine_copy=False, bytes_per_value=2, frozen_bytes=2,
                                engine_asleep=p.engine_asleep)
     assert need.total <= 0.9 * 80 * GiB
@@ -265,9 +266,9 @@ def test_the_micro_batch_budget_is_what_the_gpu_leaves(monkeypatch):
 
 # ---- 6. every term of the memory estimate --------------------------------------------------------
 
-def terms(**kw) -> flags.Memory:
+def terms(**kw) -> memory.Memory:
     args = flags.Args(max_new_tokens=64, **kw.pop("flags", {}))
-    return flags.update_memory(args, shaped(QWEN_7B, [1000, 3000]), 44, **kw)
+    return memory.update_memory(args, shaped(QWEN_7B, [1000, 3000]), 44, **kw)
 
 
 def test_memory_term_training_is_16_bytes_a_parameter_sharded():
@@ -297,13 +298,13 @@ def test_memory_term_copies_engine_whole_frozen_in_its_dtype_and_sharded():
 
 def test_memory_term_engine_asleep_and_the_runtime():
     assert terms(engine_asleep=5 * GiB).engine == 5 * GiB and terms().engine == 0
-    assert terms().runtime == flags.RUNTIME_BYTES
+    assert terms().runtime == memory.RUNTIME_BYTES
 
 
 def test_memory_total_holds_the_backward_or_the_optimizer_step_not_both():
     """The bf16 cast, the micro-batch and its backward are gone by opt.step, where AdamW's
     temporaries appear: the peak is the persistent part plus the larger of the two."""
-    m = flags.Memory(training=10, copies=1, micro_batch=5, runtime=2, slack=3, cast=4, optimizer=9,
+    m = memory.Memory(training=10, copies=1, micro_batch=5, runtime=2, slack=3, cast=4, optimizer=9,
                      engine=6)
     assert m.total == 10 + 1 + 2 + 6 + max(4 + 5 + 3, 9)
     assert m._replace(optimizer=20).total == 10 + 1 + 2 + 6 + 20
@@ -316,11 +317,11 @@ def test_a_7b_on_one_h200_is_refused_at_start_not_at_its_first_optimizer_step():
     GiB, plus AdamW's foreach temporaries at the step (28 GiB): more than the GPU, said at start
     (it was admitted at 125 GiB, then ran out of memory at the first opt.step)."""
     args = flags.Args(engine="vllm", max_new_tokens=512, micro_batch_tokens=1024)
-    need = flags.update_memory(args, qwen_7b(), 150, engine_copy=False, bytes_per_value=2,
+    need = memory.update_memory(args, qwen_7b(), 150, engine_copy=False, bytes_per_value=2,
                                frozen_bytes=2)
     assert need.optimizer == 4 * 7_615_002_944
     with pytest.raises(ValueError, match="alone do not fit"):
-        flags.check_memory(need, flags.peak_token_bytes(QWEN_7B, 2), checkpointing=False,
+        memory.check_memory(need, memory.peak_token_bytes(QWEN_7B, 2), checkpointing=False,
                            total=141 * GiB, available=141 * GiB, what="GPU memory")
 
 

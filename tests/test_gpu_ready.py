@@ -17,6 +17,7 @@ import torch
 
 import checkpoint
 import flags
+import memory
 import rollout
 import run_setup
 import train
@@ -148,21 +149,21 @@ def test_auto_token_budget_from_activations_and_logits():
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0)
     args = flags.Args()
-    assert flags.micro_batch_tokens(args, model) == 41_001 < flags.AUTO_LOGITS // len(tok)
-    assert flags.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
+    assert memory.micro_batch_tokens(args, model) == 41_001 < memory.AUTO_LOGITS // len(tok)
+    assert memory.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
     smol = SimpleNamespace(config=SMOLLM2)
-    assert flags.token_bytes(SMOLLM2) == 2_317_824
-    assert flags.micro_batch_tokens(args, smol) == 926
-    assert flags.micro_batch_tokens(args, smol, bytes_per_value=2) == 1477
+    assert memory.token_bytes(SMOLLM2) == 2_317_824
+    assert memory.micro_batch_tokens(args, smol) == 926
+    assert memory.micro_batch_tokens(args, smol, bytes_per_value=2) == 1477
     ckpt = dataclasses.replace(args, grad_checkpointing=True)
-    assert flags.token_bytes(SMOLLM2, checkpointing=True) == 716_544
-    assert flags.micro_batch_tokens(ckpt, smol) == 2997
-    assert flags.sizes(args, smol, 1).micro_batch_tokens == 926               # what a run prints
-    assert flags.sizes(args, smol, 1, 2, 4 * flags.AUTO_ACTIVATIONS).micro_batch_tokens == 5_461
+    assert memory.token_bytes(SMOLLM2, checkpointing=True) == 716_544
+    assert memory.micro_batch_tokens(ckpt, smol) == 2997
+    assert memory.sizes(args, smol, 1).micro_batch_tokens == 926               # what a run prints
+    assert memory.sizes(args, smol, 1, 2, 4 * memory.AUTO_ACTIVATIONS).micro_batch_tokens == 5_461
     vigor = dataclasses.replace(args, allocation="vigor")
-    assert flags.sizes(vigor, smol, 1).micro_batch_tokens == 926              # VIGOR's budget apart
+    assert memory.sizes(vigor, smol, 1).micro_batch_tokens == 926              # VIGOR's budget apart
     prompts = [SimpleNamespace(ids=[1, 2, 3])] * 64
-    flags.check_sizes(args, model, prompts, flags.sizes(args, model, 1))      # no error
+    memory.check_sizes(args, model, prompts, memory.sizes(args, model, 1))      # no error
 
 
 def test_memory_check_names_the_flag_that_fixes_it():
@@ -172,16 +173,16 @@ def test_memory_check_names_the_flag_that_fixes_it():
     alone do not fit; on a 24 GiB machine nothing, or a warning when little is free now."""
     model = shaped(SMOLLM2, [28_311_552] + [3_540_115] * 30 + [6])   # 134,515,008: the embedding
     args = flags.Args(max_new_tokens=64, micro_batch_size=64)
-    need = flags.update_memory(args, model, longest_prompt=44, foreach=False)   # the CPU
+    need = memory.update_memory(args, model, longest_prompt=44, foreach=False)   # the CPU
     assert need.training == 16 * 134_515_008 and need.copies == 4 * 134_515_008
     assert need.micro_batch == 926 * 2_317_824
     assert need.slack == int(926 * 0.75 * 1_728_000)           # the activations' part, 3/4 again
-    assert 6.0 < need.total / flags.GiB < 6.5
-    per_token = flags.peak_token_bytes(SMOLLM2)
-    gib = flags.GiB
+    assert 6.0 < need.total / memory.GiB < 6.5
+    per_token = memory.peak_token_bytes(SMOLLM2)
+    gib = memory.GiB
 
     def check(need, total, available, ranks_here=1):
-        return flags.check_memory(need, per_token, checkpointing=False, total=total * gib,
+        return memory.check_memory(need, per_token, checkpointing=False, total=total * gib,
                                   available=available * gib, what="RAM", ranks_here=ranks_here)
 
     assert check(need, 24, 20) is None
@@ -189,14 +190,14 @@ def test_memory_check_names_the_flag_that_fixes_it():
     with pytest.raises(ValueError, match=r"--micro-batch-tokens (\d+)") as e:
         check(need, 4, 4)
     fits = int(re.search(r"--micro-batch-tokens (\d+)", str(e.value)).group(1))
-    small = flags.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44,
+    small = memory.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44,
                                 foreach=False)
     assert small.total <= 0.9 * 4 * gib < small.total + per_token
     assert "--grad-checkpointing" in str(e.value)
     with pytest.raises(ValueError, match="alone do not fit"):
         check(need, 1, 1)
     # two ranks of one CPU node share its RAM: FSDP2 halves the training state, not the copies
-    two = flags.update_memory(args, model, 44, world=2, foreach=False)
+    two = memory.update_memory(args, model, 44, world=2, foreach=False)
     assert two.training == need.training // 2 and two.copies == need.copies
     with pytest.raises(ValueError, match="2 x"):
         check(two, 8, 8, ranks_here=2)
@@ -224,8 +225,8 @@ def test_the_memory_estimate_is_at_or_above_the_measured_peaks(what, shape, para
 
     model = SimpleNamespace(config=shape, parameters=lambda: [Params()])
     args = flags.Args(max_new_tokens=16 if "smollm2" in what else 8)
-    need = flags.update_memory(args, model, longest, bytes_per_value=value_bytes)
-    assert peak_gib <= need.total / flags.GiB <= 1.15 * peak_gib, need.line()
+    need = memory.update_memory(args, model, longest, bytes_per_value=value_bytes)
+    assert peak_gib <= need.total / memory.GiB <= 1.15 * peak_gib, need.line()
 
 
 def test_memory_estimate_of_a_05b_model_is_in_range():
@@ -239,7 +240,7 @@ def test_memory_estimate_of_a_05b_model_is_in_range():
     config = SimpleNamespace(vocab_size=151_936, hidden_size=896, num_hidden_layers=24)
     model = SimpleNamespace(config=config, parameters=lambda: [Params()])
     args = flags.Args(max_new_tokens=512)
-    need = flags.update_memory(args, model, longest_prompt=150, bytes_per_value=2)
+    need = memory.update_memory(args, model, longest_prompt=150, bytes_per_value=2)
     assert 8 * 2 ** 30 < need.total < 20 * 2 ** 30
 
 
