@@ -59,18 +59,44 @@ def token_bytes(config, bytes_per_value: int = 4, checkpointing: bool = False) -
     """Bytes one padded token of a micro-batch holds from its forward to its backward, measured on
     SmolLM2-135M in fp32 on the CPU (peak resident memory of one forward and backward at 512 to
     2,048 tokens: 1.69 MB a token without logits, 98 d bytes a layer; +0.43 MB with the logits, 8.8
-    V): 100 d bytes a layer in fp32 (25 d values: the attention and SwiGLU inputs and outputs, the
-    norms, the residual), half in bf16; with --grad-checkpointing each layer keeps only its input
-    (d values) and one layer is recomputed at a time; plus the logits, their log-softmax and
-    gradient (12 V bytes, fp32 whatever the forward's precision: grpo.token_logprobs)."""
+    V): layer_values a layer (25 d values at SmolLM2's MLP width), 4 bytes each in fp32, 2 in
+    bf16; with --grad-checkpointing each layer keeps only its input (d values) and one layer is
+    recomputed at a time; plus the logits, their log-softmax and gradient (12 V bytes, fp32
+    whatever the forward's precision: grpo.token_logprobs)."""
     return activation_bytes(config, bytes_per_value, checkpointing) + 12 * config.vocab_size
+
+
+def layer_values(config) -> int:
+    """Values one decoder layer keeps of one token for its backward: the SwiGLU MLP's four tensors
+    of its width ff (config.intermediate_size: the gate and up projections, the gate's SiLU, their
+    product: 4 ff) and 43/3 d of the rest (the attention's inputs and outputs, the norms, the
+    residual), so that SmolLM2-135M's measured 25 d holds at its ff = 8/3 d. Qwen2's MLP is
+    5.3-5.8 d wide: 1.4-1.5x SmolLM2's 25 d. A config without intermediate_size: SmolLM2's
+    width."""
+    d = config.hidden_size
+    ff = getattr(config, "intermediate_size", None) or 8 * d // 3
+    return (43 * d + 12 * ff) // 3
 
 
 def activation_bytes(config, bytes_per_value: int = 4, checkpointing: bool = False) -> int:
     """token_bytes without the logits: what the decoder layers keep of one token."""
     d, layers = config.hidden_size, config.num_hidden_layers
-    per_layer = 25 * d * bytes_per_value
+    per_layer = layer_values(config) * bytes_per_value
     return layers * d * bytes_per_value + per_layer if checkpointing else layers * per_layer
+
+
+def bf16_weights(config, n_params: int, world: int) -> int:
+    """Bytes of bf16 weights the backward holds beside the fp32 master (a bf16 run): in one process
+    autocast's cast of every weight (2 n); under FSDP2 (`world` > 1) only what is gathered: the
+    root's parameters (the embedding and an untied head, kept from the forward to the backward)
+    and two decoder layers' (the one computing and the one prefetched), the rest stays sharded
+    (a 7B on 8 ranks: 2.9 GiB, not 14.2)."""
+    if world == 1:
+        return 2 * n_params
+    tied = getattr(config, "tie_word_embeddings", False)
+    root = config.vocab_size * config.hidden_size * (1 if tied else 2)
+    layer = max(n_params - root, 0) // config.num_hidden_layers
+    return min(2 * (root + 2 * layer), 2 * n_params)
 
 
 # Above a micro-batch's kept activations, measured (peak resident memory, the README's your-data
@@ -92,7 +118,7 @@ def micro_batch_tokens(args, model, bytes_per_value: int = 4,
                        budget: int = AUTO_ACTIVATIONS, logits: int = AUTO_LOGITS) -> int:
     """--micro-batch-tokens, with 0 resolved to what fits `budget` bytes (token_bytes) and
     `logits` / the vocabulary size, whichever is fewer (SmolLM2-135M in fp32 on the CPU, 2 GiB:
-    926 tokens; the built-in tiny model: 41,001, no bound in practice). The budget: AUTO_ACTIVATIONS
+    926 tokens; the built-in tiny model: 38,977, no bound in practice). The budget: AUTO_ACTIVATIONS
     on the CPU, what the GPU's memory leaves on CUDA (activation_budget)."""
     if args.micro_batch_tokens:
         return args.micro_batch_tokens
@@ -121,27 +147,42 @@ VLLM_ASLEEP_SHARE = 0.05  # what vLLM keeps while it sleeps (CUDA graphs' pools,
 #                           workspaces): an estimate until a GPU run measures it (ops/gpu_check.sh)
 
 
-def engine_share(asked: float, *, total: int, trainer: int, engine_weights: int) -> float:
+def engine_share(asked: float, *, total: int, trainer: int, engine_weights: int,
+                 others: int = 0) -> float:
     """vLLM's share of a GPU of `total` bytes: --gpu-memory-utilization `asked`, or with 0 (auto)
     all that GPU_USABLE leaves beside the `trainer`'s bytes while the engine is awake
-    (Memory.between_updates), at most VLLM_SHARE_MAX (an 80 GB GPU beside a 7B's FSDP shard on 8
-    ranks: 0.85, ~50 GB of KV cache; the old fixed 0.3 left ~4 GB). A ValueError naming the flag
-    when the share cannot fit beside the trainer (the engine's first wake after an update would
-    run out of memory), or holds no more than its own `engine_weights` and a fifth for the KV
-    cache."""
-    room = GPU_USABLE - trainer / total
+    (Memory.between_updates) and the `others` bytes in use on the GPU that are not this trainer's
+    (gpu_memory: another process, an engine not yet closed, a second job), at most
+    VLLM_SHARE_MAX (an 80 GB GPU beside a 7B's FSDP shard on 8 ranks: 0.85, ~50 GB of KV cache;
+    the old fixed 0.3 left ~4 GB). vLLM refuses to start when less than its share is free, so a
+    share that counts on memory another process holds would stop it. A ValueError naming the flag
+    when the share cannot fit beside the trainer and the others (the engine's start or its first
+    wake after an update would run out of memory), or holds no more than its own `engine_weights`
+    and a fifth for the KV cache."""
+    room = GPU_USABLE - (trainer + others) / total
     share = asked or min(VLLM_SHARE_MAX, room)
     if share > room:
+        held = f" and the {others / GiB:.1f} GiB other processes hold" if others else ""
         raise ValueError(f"--gpu-memory-utilization {share:.2f}: vLLM's {share * total / GiB:.1f} "
-                         f"GiB and the {trainer / GiB:.1f} GiB the trainer keeps between updates "
-                         f"exceed {GPU_USABLE:.0%} of this GPU's {total / GiB:.1f} GiB: set it "
-                         f"to at most {max(room, 0):.2f}, or 0 (auto)")
+                         f"GiB, the {trainer / GiB:.1f} GiB the trainer keeps between updates"
+                         f"{held} exceed {GPU_USABLE:.0%} of this GPU's {total / GiB:.1f} GiB: "
+                         f"set it to at most {max(room, 0):.2f}, or 0 (auto)")
     if share * total < 1.2 * engine_weights:
         raise ValueError(f"--gpu-memory-utilization {share:.2f}: {share * total / GiB:.1f} GiB "
                          f"leaves no room for a KV cache beside the engine's "
                          f"{engine_weights / GiB:.1f} GiB of bf16 weights: raise it, shard the "
                          f"trainer over more GPUs (torchrun), or use --engine torch")
     return share
+
+
+def gpu_memory(device: str) -> tuple[int, int]:
+    """(total, others) bytes of the GPU `device`: its memory, and what is in use on it that this
+    process's caching allocator does not hold (torch.cuda.mem_get_info's used less
+    memory_reserved: other processes, this process's CUDA context)."""
+    import torch
+    total = torch.cuda.get_device_properties(device).total_memory
+    free = torch.cuda.mem_get_info(device)[0]
+    return total, max(total - free - torch.cuda.memory_reserved(device), 0)
 
 
 class GpuPlan(NamedTuple):
@@ -156,12 +197,13 @@ def plan_memory(args, model, prompts: list, *, world: int, device: str, value_by
     """The micro-batch's budget and vLLM's share for this run on `device`. On the CPU nothing
     changes with the machine: AUTO_ACTIVATIONS, and the share vLLM's CPU build ignores (0.3 for
     auto). On CUDA the trainer's resident state comes first (update_memory): with vLLM, its share
-    is checked against it (engine_share) and VLLM_ASLEEP_SHARE of the GPU stays the engine's while
-    it sleeps; the budget is what is left (activation_budget)."""
+    is checked against it and against what other processes hold on the GPU (engine_share,
+    gpu_memory) and VLLM_ASLEEP_SHARE of the GPU stays the engine's while it sleeps; the budget is
+    what is left (activation_budget)."""
     import torch
     if torch.device(device).type != "cuda":
         return GpuPlan(AUTO_ACTIVATIONS, args.gpu_memory_utilization or 0.3, 0)
-    total = torch.cuda.get_device_properties(device).total_memory
+    total, others = gpu_memory(device)
     longest = max(len(p.ids) for p in prompts)
     resident = update_memory(args, model, longest, world, engine_copy=args.engine == "torch",
                              bytes_per_value=value_bytes, budget=0, frozen_bytes=frozen_bytes)
@@ -169,9 +211,11 @@ def plan_memory(args, model, prompts: list, *, world: int, device: str, value_by
     if args.engine == "vllm":
         n_params = sum(p.numel() for p in model.parameters())
         share = engine_share(args.gpu_memory_utilization, total=total,
-                             trainer=resident.between_updates, engine_weights=2 * n_params)
+                             trainer=resident.between_updates, engine_weights=2 * n_params,
+                             others=others)
         asleep = int(VLLM_ASLEEP_SHARE * total)
-    return GpuPlan(activation_budget(device, resident.beside_micro_batch + asleep), share, asleep)
+    beside = resident.beside_micro_batch + asleep + others
+    return GpuPlan(activation_budget(device, beside), share, asleep)
 
 
 class Memory(NamedTuple):
@@ -183,7 +227,7 @@ class Memory(NamedTuple):
     micro_batch: int      # one micro-batch's activations and logits (token_bytes)
     runtime: int          # the interpreter, torch and transformers themselves
     slack: int = 0        # the backward's gradients and the allocator's keep (ACTIVATION_SLACK)
-    cast: int = 0         # under bf16 autocast: the weights cast to bf16, kept for the backward
+    cast: int = 0         # in bf16: the bf16 weights kept for the backward (bf16_weights)
     optimizer: int = 0    # AdamW's temporaries at opt.step (foreach: a value a parameter)
     engine: int = 0       # what vLLM keeps on the GPU while it sleeps (VLLM_ASLEEP_SHARE)
 
@@ -223,8 +267,9 @@ def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_co
     - copies: 4 for TorchEngine's whole copy (`engine_copy`), `frozen_bytes` for the frozen
       reference of --kl-coef or a method's anchor (run_setup.frozen_dtype: 2 on CUDA, 4 on the
       CPU), sharded as the policy;
-    - cast: in bf16 (`bytes_per_value` 2), 2 a parameter, the weights cast to bf16 that autocast
-      keeps from the forward to the backward;
+    - cast: in bf16 (`bytes_per_value` 2), the bf16 weights kept from the forward to the backward
+      (bf16_weights: autocast's 2 a parameter in one process; under FSDP2 the root and two
+      layers);
     - micro_batch and slack: one micro-batch's tokens (the fewer of --micro-batch-tokens and
       --micro-batch-size rows of the longest prompt + --max-new-tokens) at token_bytes each, and
       ACTIVATION_SLACK of their activations again (its backward, the allocator);
@@ -241,7 +286,7 @@ def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_co
     tokens = min(micro_batch_tokens(args, model, bytes_per_value, budget), rows)
     frozen = args.kl_coef > 0 or flags.needs_initial(args)
     copies = 4 * n_params * int(engine_copy) + frozen_bytes * n_params * int(frozen) // world
-    cast = 2 * n_params if bytes_per_value == 2 else 0
+    cast = bf16_weights(c, n_params, world) if bytes_per_value == 2 else 0
     return Memory(16 * n_params // world, copies,
                   tokens * token_bytes(c, bytes_per_value, args.grad_checkpointing),
                   RUNTIME_BYTES,
@@ -253,13 +298,13 @@ def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_co
 
 def machine_memory(device: str) -> tuple[int, int, str]:
     """(total, available, what) bytes of the memory a run on `device` lives in: the GPU's on CUDA
-    (all of it counted available: this process is its only user at start), else the machine's RAM
+    (available: all but what other processes hold, gpu_memory), else the machine's RAM
     (/proc/meminfo's MemTotal and MemAvailable; where there is none, the physical pages, all
     counted available)."""
     import torch
     if torch.device(device).type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        return total, total, "GPU memory"
+        total, others = gpu_memory(device)
+        return total, total - others, "GPU memory"
     try:
         info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
         total, available = (int(info[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable"))

@@ -274,10 +274,13 @@ def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len
         if torch.device(device).type == "cpu" and engine is not None:
             autocast_bf16(engine.model, "cpu")     # --precision bf16: sample as the trainer scores
     if engine is None:
+        # the completions of one generate call: vLLM sizes its buffers for no more
+        sequences = sizes.completions or sizes.prompts * sizes.group_size
         engine = vllm_engine.start_vllm(model, tok, s.run.model, device,
                                         seed=replay_seed(s.run.seed, rank), max_model_len=max_len,
                                         distributed=world > 1,
-                                        gpu_memory_utilization=s.engine.gpu_memory_utilization)
+                                        gpu_memory_utilization=s.engine.gpu_memory_utilization,
+                                        sequences=sequences)
     opt = torch.optim.AdamW(model.parameters(), lr=s.optim.lr, weight_decay=s.optim.weight_decay)
     replay = buffer.make(s.replay, seed=replay_seed(s.run.seed, rank))
     run = make_run(settings=s, engine=engine, model=model, opt=opt, replay=replay, initial=frozen,

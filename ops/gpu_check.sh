@@ -173,9 +173,10 @@ res["vllm_start_s"] = time.perf_counter() - t
 greedy = Sampling(temperature=0.0, max_new_tokens=min(NEW, 32))
 before = [r.completion_ids for r in engine.generate(prompts[:16], 1, greedy)]
 engine.sleep(push_follows=True)                # level 2: the weights dropped, the push restores
-if cuda:                                       # what vLLM keeps asleep (memory.VLLM_ASLEEP_SHARE)
-    free, total = torch.cuda.mem_get_info()
-    res["gpu_used_asleep_gib"] = (total - free - torch.cuda.memory_reserved()) / 2 ** 30
+if cuda:                                       # what vLLM keeps asleep (memory.VLLM_ASLEEP_SHARE):
+    # free memory before it started less free now (memory_reserved() would read about -20 GiB)
+    res["gpu_used_asleep_gib"] = engine.asleep_bytes() / 2 ** 30
+    res["gpu_asleep_share"] = engine.asleep_bytes() / torch.cuda.mem_get_info()[1]
 engine.load_weights(model.named_parameters())  # wakes the weights, pushes, wakes the KV cache
 after_push = [r.completion_ids for r in engine.generate(prompts[:16], 1, greedy)]
 engine.sleep()

@@ -60,6 +60,8 @@ def test_one_process_cuda_setup_takes_the_bf16_path(monkeypatch):
     monkeypatch.setattr(checkpoint, "load_model", lambda path, device, *a: real(path, "cpu", *a))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=2 ** 40))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 ** 40, 2 ** 40))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
     args = flags.Args(engine="torch", replay="none", eval_size=8)
     run = setup(args, device="cuda")
     assert run.precision == "autocast-bf16"
@@ -131,7 +133,8 @@ def test_token_budget_leaves_the_update_alone():
     assert (moved[0] - moved[1]).abs().max() <= 1e-4 * scale
 
 
-SMOLLM2 = SimpleNamespace(vocab_size=49_152, hidden_size=576, num_hidden_layers=30)
+SMOLLM2 = SimpleNamespace(vocab_size=49_152, hidden_size=576, num_hidden_layers=30,
+                          intermediate_size=1_536)
 
 
 def shaped(config, numels: list[int]):
@@ -145,11 +148,12 @@ def test_auto_token_budget_from_activations_and_logits():
     SmolLM2-135M's shape by hand: fp32 25 * 576 * 4 * 30 + 12 * 49,152 = 2,317,824 bytes a token,
     2^31 // that = 926 tokens; bf16 (halved activations) 1,453,824 -> 1,477; fp32 with
     --grad-checkpointing 30 * 576 * 4 + 25 * 576 * 4 + 589,824 = 716,544 -> 2,997. The tiny model
-    (d 128, 4 layers, V 98): 51,200 + 1,176 = 52,376 bytes, 41,001 tokens (its logits: 2.7M)."""
+    (d 128, ff 384, 4 layers, V 98): (43 * 128 + 12 * 384) // 3 = 3,370 values a layer, 53,920 +
+    1,176 = 55,096 bytes, 38,977 tokens (its logits: 2.7M)."""
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0)
     args = flags.Args()
-    assert memory.micro_batch_tokens(args, model) == 41_001 < memory.AUTO_LOGITS // len(tok)
+    assert memory.micro_batch_tokens(args, model) == 38_977 < memory.AUTO_LOGITS // len(tok)
     assert memory.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
     smol = SimpleNamespace(config=SMOLLM2)
     assert memory.token_bytes(SMOLLM2) == 2_317_824
@@ -161,7 +165,7 @@ def test_auto_token_budget_from_activations_and_logits():
     assert memory.sizes(args, smol, 1).micro_batch_tokens == 926               # what a run prints
     assert memory.sizes(args, smol, 1, 2, 4 * memory.AUTO_ACTIVATIONS).micro_batch_tokens == 5_461
     vigor = dataclasses.replace(args, allocation="vigor")
-    assert memory.sizes(vigor, smol, 1).micro_batch_tokens == 926              # VIGOR's budget apart
+    assert memory.sizes(vigor, smol, 1).micro_batch_tokens == 926      # VIGOR's budget apart
     prompts = [SimpleNamespace(ids=[1, 2, 3])] * 64
     memory.check_sizes(args, model, prompts, memory.sizes(args, model, 1))      # no error
 
@@ -183,7 +187,7 @@ def test_memory_check_names_the_flag_that_fixes_it():
 
     def check(need, total, available, ranks_here=1):
         return memory.check_memory(need, per_token, checkpointing=False, total=total * gib,
-                                  available=available * gib, what="RAM", ranks_here=ranks_here)
+                                   available=available * gib, what="RAM", ranks_here=ranks_here)
 
     assert check(need, 24, 20) is None
     assert "available now" in check(need, 24, 3)
@@ -191,7 +195,7 @@ def test_memory_check_names_the_flag_that_fixes_it():
         check(need, 4, 4)
     fits = int(re.search(r"--micro-batch-tokens (\d+)", str(e.value)).group(1))
     small = memory.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44,
-                                foreach=False)
+                                 foreach=False)
     assert small.total <= 0.9 * 4 * gib < small.total + per_token
     assert "--grad-checkpointing" in str(e.value)
     with pytest.raises(ValueError, match="alone do not fit"):
@@ -206,8 +210,8 @@ def test_memory_check_names_the_flag_that_fixes_it():
 @pytest.mark.parametrize("what, shape, params, longest, value_bytes, peak_gib", [
     # the README's your-data line on the tiny model, its file under the plain template (76 tokens
     # a prompt), fp32: printed 1.7 GiB, peaked at 2.4 over 100 steps (an Intel Xeon)
-    ("your data", SimpleNamespace(vocab_size=98, hidden_size=128, num_hidden_layers=4), 801_152,
-     76, 4, 2.4),
+    ("your data", SimpleNamespace(vocab_size=98, hidden_size=128, num_hidden_layers=4,
+                                  intermediate_size=384), 801_152, 76, 4, 2.4),
     # SmolLM2-135M --precision bf16: printed 5.2 GiB, peaked at 5.6-5.8 GiB
     ("smollm2 bf16", SMOLLM2, 134_515_008, 44, 2, 5.8),
     # the README's SmolLM2 line, fp32: 5.9 GB peak
@@ -237,7 +241,8 @@ def test_memory_estimate_of_a_05b_model_is_in_range():
         def numel(self):
             return 494_032_768
 
-    config = SimpleNamespace(vocab_size=151_936, hidden_size=896, num_hidden_layers=24)
+    config = SimpleNamespace(vocab_size=151_936, hidden_size=896, num_hidden_layers=24,
+                             intermediate_size=4_864)
     model = SimpleNamespace(config=config, parameters=lambda: [Params()])
     args = flags.Args(max_new_tokens=512)
     need = memory.update_memory(args, model, longest_prompt=150, bytes_per_value=2)
