@@ -54,8 +54,8 @@ def vllm_problem(installed: str | None = None) -> str | None:
     return None
 
 
-HOW_TO_INSTALL = (f"Install it with: pip install 'vllm{VLLM_VERSIONS}' (docs/gpus.md), "
-                  f"or use --engine torch.")
+HOW_TO_INSTALL = (f"Install it with: pip install 'vllm{VLLM_VERSIONS}', then the rest of "
+                  f"requirements.txt without torch (docs/gpus.md), or use --engine torch.")
 
 
 def _vllm_module():

@@ -10,11 +10,11 @@
 #      tokens/s, each for VLLMEngine next to TorchEngine on the same work. It prints a table and
 #      one JSON line.
 #
-#   pip install -r requirements.txt 'vllm>=0.32,<0.33'    # vllm brings its own CUDA torch
-#   bash ops/gpu_check.sh                                # on the GPU machine, from anywhere
-#   bash ops/gpu_check.sh --dry-run                      # CPU, toy sizes: checks that the
-#                                                          # script itself runs (needs vllm,
-#                                                          # e.g. the CPU build of .ci/run)
+#   pip install 'vllm>=0.32,<0.33'                                   # vLLM 0.32.0, its CUDA torch
+#   grep -v '^torch' requirements.txt | pip install -r /dev/stdin    # the rest (docs/gpus.md)
+#   bash ops/gpu_check.sh                         # on the GPU machine, from anywhere
+#   bash ops/gpu_check.sh --dry-run               # CPU, toy sizes: checks that the script itself
+#                                                 # runs (needs vllm, e.g. the CPU build of .ci/run)
 #   4. train.py --engine vllm for 2 steps with --kl-coef (the bf16 frozen reference, level-2
 #      sleep before each push), and under torchrun on 2 GPUs (FSDP2) when the node has them.
 # One compile cache (runs/gpu_check/cache, kept between runs) serves every step: a cold one
@@ -41,9 +41,10 @@ problem = vllm_engine.vllm_problem()
 print("torch", torch.__version__, "| cuda", torch.version.cuda, "| GPUs", torch.cuda.device_count(),
       "|", problem or "vllm ok")
 if problem:
-    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}' "
-                     f"(this script checks the vLLM engine; without vLLM, ops/gpu_smoke.sh "
-                     f"checks the rest)")
+    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}', "
+                     f"then the rest of requirements.txt without torch (docs/gpus.md; this "
+                     f"script checks the vLLM engine; without vLLM, ops/gpu_smoke.sh checks the "
+                     f"rest)")
 EOF
 [ $? = 0 ] || exit 1
 

@@ -90,6 +90,23 @@ def test_the_tested_vllm_range_is_pinned_where_users_install_it():
             assert pin in f.read(), name
 
 
+# the one install route with vLLM: vLLM first, then the rest with torch left as vLLM installed it
+INSTALL = (f"pip install 'vllm{vllm_engine.VLLM_VERSIONS}'",
+           "grep -v '^torch' requirements.txt | pip install -r /dev/stdin")
+
+
+def test_one_install_route_with_vllm_everywhere_it_is_written():
+    """Every place that says how to install vLLM writes the same two steps, in that order; none
+    writes the one command that cannot resolve (vLLM 0.32.0 pins transformers < 5.20, and
+    requirements.txt 5.24-5.25) or a vLLM release that does not exist (0.32.1)."""
+    for name in ("requirements.txt", "docs/gpus.md", "ops/README.md", "ops/gpu_check.sh"):
+        with open(os.path.join(ROOT, name)) as f:
+            text = f.read()
+        at = [text.find(step) for step in INSTALL]
+        assert -1 < at[0] < at[1], (name, at)
+        assert "-r requirements.txt 'vllm" not in text and "0.32.1" not in text, name
+
+
 # ---- 2. a method's engine rule, before any engine starts -----------------------------------------
 
 def test_r2po_with_vllm_is_refused_before_vllm_is_touched(monkeypatch):
