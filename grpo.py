@@ -51,7 +51,7 @@ COMBINE = {**EXTREMES, **{f"loss/clip_frac_{p}": f"loss/tokens_{p}" for p in THI
 
 def group_ids(rollouts) -> Tensor:
     """The GRPO group key [B]: a rollout's group is its prompt_id, so the completions of one prompt
-    generated in one step are one group (a step never generates a prompt twice: flags.check_sizes;
+    generated in one step are one group (a step never generates a prompt twice: memory.check_sizes;
     replay keeps each rollout's advantage from its own group). Takes any records with a
     .prompt_id (rollout.Rollout)."""
     return torch.tensor([r.prompt_id for r in rollouts])

@@ -31,6 +31,7 @@ import cli
 import data
 import eval as eval_lib  # the module eval.py, not the builtin
 import flags
+import memory
 import methods
 import metrics as metrics_lib
 import parallel
@@ -221,7 +222,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
     if (slow := flags.bf16_cpu_warning(args.precision, device)):
         parallel.print0(f"warning: {slow}")
     value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
-    args, sizes, need, warning = flags.resolve_sizes(
+    args, sizes, need, warning = memory.resolve_sizes(
         args, model, prompts, world=world, device=device, value_bytes=value_bytes,
         frozen_bytes=frozen_dtype(device).itemsize)
     if warning:
@@ -232,7 +233,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
                                      sep=" ", go_on=" " * len("flags: ")))
     parallel.print0(metrics_lib.wrap([*sizes.fields(), f"device {device}", forward,
                                       f"engine {engine.kind} ({engine.why})",
-                                      f"memory about {need.total / flags.GiB:.1f} GiB a rank"]))
+                                      f"memory about {need.total / memory.GiB:.1f} GiB a rank"]))
     for key, what in eval_lib.eval_sets_about(eval_sets, run_flags.train_data,
                                               eval_flags.eval_data).items():
         parallel.print0(f"eval/{key}: {what}")
@@ -256,7 +257,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
     return run
 
 
-def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len: int, rank: int,
+def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len: int, rank: int,
           world: int, device: str, initial: bool, shard, steps: methods.Steps, **given) -> Run:
     """The run's objects, each from its owner's flags (`parts`: {owner class: its flags}), then
     the slots the method files fill (methods.build, handed the run and `steps`). TorchEngine copies
@@ -285,10 +286,13 @@ def build(parts: dict, model, tok, sizes: flags.Sizes, *, forward: str, max_len:
             autocast_bf16(engine.model, "cpu")     # --precision bf16: sample as the trainer scores
             engine.autocast = True
     if engine is None:
+        # the completions of one generate call: vLLM sizes its buffers for no more
+        sequences = sizes.completions or sizes.prompts * sizes.group_size
         engine = vllm_engine.start_vllm(model, tok, s.run.model, device,
                                         seed=replay_seed(s.run.seed, rank), max_model_len=max_len,
                                         distributed=world > 1,
-                                        gpu_memory_utilization=s.engine.gpu_memory_utilization)
+                                        gpu_memory_utilization=s.engine.gpu_memory_utilization,
+                                        sequences=sequences)
     opt = torch.optim.AdamW(model.parameters(), lr=s.optim.lr, weight_decay=s.optim.weight_decay)
     replay = buffer.make(s.replay, seed=replay_seed(s.run.seed, rank))
     batching = rollout.Batching(s.optim.epochs, s.optim.mini_batches, s.optim.micro_batch_size,

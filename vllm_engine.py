@@ -13,6 +13,7 @@
 
 vllm is imported lazily (`_import_vllm`), so nothing here costs anything without it.
 """
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -53,8 +54,8 @@ def vllm_problem(installed: str | None = None) -> str | None:
     return None
 
 
-HOW_TO_INSTALL = (f"Install it with: pip install 'vllm{VLLM_VERSIONS}' (docs/gpus.md), "
-                  f"or use --engine torch.")
+HOW_TO_INSTALL = (f"Install it with: pip install 'vllm{VLLM_VERSIONS}', then the rest of "
+                  f"requirements.txt without torch (docs/gpus.md), or use --engine torch.")
 
 
 def _vllm_module():
@@ -185,6 +186,25 @@ def _checkpoint_names(path: str) -> set[str] | None:
     return names
 
 
+def free_gpu_bytes() -> int:
+    """The GPU's free memory as the driver sees it, after this process's caching allocator has
+    handed back what it holds unused (torch.cuda.mem_get_info after empty_cache)."""
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
+
+# vLLM's own default on GPUs of 70 GiB and more; a call with more sequences runs in waves
+MAX_NUM_SEQS = 1024
+
+
+def num_seqs(sequences: int) -> int:
+    """vLLM's max_num_seqs for an engine whose largest generate call samples `sequences`
+    completions (a rank's prompts x group size): that many, at most MAX_NUM_SEQS. vLLM's default,
+    1,024, sizes buffers a rank never fills: a [1024, V] int32 penalty buffer (0.6 GiB at Qwen's
+    vocabulary) and the sampler's warm-up at start (~1.5 GiB)."""
+    return max(1, min(sequences, MAX_NUM_SEQS))
+
+
 def sleep_level(push_follows: bool) -> int:
     """vLLM's sleep level for a sleep that `push_follows` or not: 2 when new weights are pushed
     before the engine samples again (the loop's update, then its sync): the weights are dropped,
@@ -215,15 +235,19 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, tokenizer, *, seed: int = 0, max_model_len: int = 2048,
                  gpu_memory_utilization: float = 0.3, dtype: str = "auto",
-                 distributed: bool = False, enforce_eager: bool | None = None):
+                 distributed: bool = False, enforce_eager: bool | None = None,
+                 max_num_seqs: int | None = None):
         vllm = _import_vllm()
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self.cuda = torch.cuda.is_available()
         self.expected = _checkpoint_names(model_path)   # every one must be pushed by load_weights
+        self.free_at_start = free_gpu_bytes() if self.cuda else 0    # asleep_bytes' baseline
         kw = {}
         if distributed:
             kw = dict(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
+        if max_num_seqs:
+            kw["max_num_seqs"] = max_num_seqs
         eager = (not self.cuda) if enforce_eager is None else enforce_eager
         _QuietVLLM.install()
         with _KeepProcessState():
@@ -249,6 +273,17 @@ class VLLMEngine:
         if self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
+            if self.cuda:                  # its memory back to the GPU, for whatever runs next
+                gc.collect()
+                torch.cuda.empty_cache()
+
+    def asleep_bytes(self) -> int:
+        """What the engine keeps on the GPU while it sleeps (call it asleep, with the trainer's
+        tensors as they were when the engine started: anything allocated since counts too): the
+        GPU's free memory before vLLM started less what is free now (free_gpu_bytes). Not total -
+        free - memory_reserved(): torch still counts the segments vLLM's allocator released behind
+        its back as reserved, and that reads about -20 GiB for a 0.5B model at share 0.3."""
+        return self.free_at_start - free_gpu_bytes()
 
     def serves_as_old(self, precision: str) -> bool:
         """Whether its log-probs can be pi_old for a trainer computing at `precision`
@@ -364,7 +399,7 @@ class Flags:
     gpu_memory_utilization: float = 0.0
     """vLLM: share of GPU memory for its weights and KV cache (it sleeps while the trainer
     updates); 0 = auto: what the GPU holds beside the trainer's resident state, at most 0.85
-    (flags.engine_share; 0.3 on the CPU, where vLLM ignores it); a share that cannot fit beside
+    (memory.engine_share; 0.3 on the CPU, where vLLM ignores it); a share that cannot fit beside
     the trainer is refused at start"""
     check_every: int = 10
     """log rollout/logprob_diff (mean |engine - trainer| log-prob, 16 rollouts) every N steps (0 =
@@ -422,17 +457,19 @@ def engine_kind(kind: str) -> str:
 
 def start_vllm(model, tokenizer, model_path: str, device, *, seed: int = 0,
                max_model_len: int = 2048, gpu_memory_utilization: float = 0.3,
-               distributed: bool = False) -> "VLLMEngine":
+               distributed: bool = False, sequences: int | None = None) -> "VLLMEngine":
     """The vLLM engine (a ValueError saying how to install it when vllm does not import): it loads
     `model_path`, then takes `model`'s weights (so it holds exactly the trainer's), in bf16 on CUDA
     and fp32 on CPU. Start it after FSDP sharding, on every rank (a sharded model is gathered, a
     collective): starting vLLM in one process initialises torch.distributed (gloo, world size 1),
-    which code that asks dist.is_initialized() would take for torchrun. At the end,
-    `engine.close()` replaces dist.destroy_process_group()."""
+    which code that asks dist.is_initialized() would take for torchrun. `sequences`: the most
+    completions one generate call samples (a rank's prompts x group size: num_seqs), None for
+    vLLM's default. At the end, `engine.close()` replaces dist.destroy_process_group()."""
     _import_vllm()
     cuda = torch.device(device).type == "cuda"
     engine = VLLMEngine(model_path, tokenizer, seed=seed, max_model_len=max_model_len,
                         gpu_memory_utilization=gpu_memory_utilization,
-                        dtype="bfloat16" if cuda else "float32", distributed=distributed)
+                        dtype="bfloat16" if cuda else "float32", distributed=distributed,
+                        max_num_seqs=num_seqs(sequences) if sequences else None)
     engine.load_weights(model.named_parameters())
     return engine

@@ -86,7 +86,8 @@ class Flags:
         return self.vigor_budget or prompts_per_step * group_size
 
     def completions(self, prompts_per_step: int, group_size: int) -> int:
-        """The step's completions over all ranks when VIGOR allocates them, else 0 (flags.sizes)."""
+        """The step's completions over all ranks when VIGOR allocates them, else 0
+        (memory.sizes)."""
         return self.budget(prompts_per_step, group_size) if self.allocation == "vigor" else 0
 
 

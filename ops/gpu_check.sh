@@ -10,11 +10,11 @@
 #      tokens/s, each for VLLMEngine next to TorchEngine on the same work. It prints a table and
 #      one JSON line.
 #
-#   pip install -r requirements.txt 'vllm>=0.32,<0.33'    # vllm brings its own CUDA torch
-#   bash ops/gpu_check.sh                                # on the GPU machine, from anywhere
-#   bash ops/gpu_check.sh --dry-run                      # CPU, toy sizes: checks that the
-#                                                          # script itself runs (needs vllm,
-#                                                          # e.g. the CPU build of .ci/run)
+#   pip install 'vllm>=0.32,<0.33'                                   # vLLM 0.32.0, its CUDA torch
+#   grep -v '^torch' requirements.txt | pip install -r /dev/stdin    # the rest (docs/gpus.md)
+#   bash ops/gpu_check.sh                         # on the GPU machine, from anywhere
+#   bash ops/gpu_check.sh --dry-run               # CPU, toy sizes: checks that the script itself
+#                                                 # runs (needs vllm, e.g. the CPU build of .ci/run)
 #   4. train.py --engine vllm for 2 steps with --kl-coef (the bf16 frozen reference, level-2
 #      sleep before each push), and under torchrun on 2 GPUs (FSDP2) when the node has them.
 # One compile cache (runs/gpu_check/cache, kept between runs) serves every step: a cold one
@@ -41,9 +41,10 @@ problem = vllm_engine.vllm_problem()
 print("torch", torch.__version__, "| cuda", torch.version.cuda, "| GPUs", torch.cuda.device_count(),
       "|", problem or "vllm ok")
 if problem:
-    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}' "
-                     f"(this script checks the vLLM engine; without vLLM, ops/gpu_smoke.sh "
-                     f"checks the rest)")
+    raise SystemExit(f"gpu_check: {problem}; pip install 'vllm{vllm_engine.VLLM_VERSIONS}', "
+                     f"then the rest of requirements.txt without torch (docs/gpus.md; this "
+                     f"script checks the vLLM engine; without vLLM, ops/gpu_smoke.sh checks the "
+                     f"rest)")
 EOF
 [ $? = 0 ] || exit 1
 
@@ -63,7 +64,9 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 import grpo  # noqa: E402
-from rollout import Prompt, Sampling, TorchEngine, collate, logprob_diff  # noqa: E402
+from data import Prompt  # noqa: E402
+from engine import TorchEngine, logprob_diff  # noqa: E402
+from rollout import Sampling, collate  # noqa: E402
 from vllm_engine import start_vllm  # noqa: E402
 
 DRY = os.environ["DRY"] == "1"
@@ -173,9 +176,10 @@ res["vllm_start_s"] = time.perf_counter() - t
 greedy = Sampling(temperature=0.0, max_new_tokens=min(NEW, 32))
 before = [r.completion_ids for r in engine.generate(prompts[:16], 1, greedy)]
 engine.sleep(push_follows=True)                # level 2: the weights dropped, the push restores
-if cuda:                                       # what vLLM keeps asleep (flags.VLLM_ASLEEP_SHARE)
-    free, total = torch.cuda.mem_get_info()
-    res["gpu_used_asleep_gib"] = (total - free - torch.cuda.memory_reserved()) / 2 ** 30
+if cuda:                                       # what vLLM keeps asleep (memory.VLLM_ASLEEP_SHARE):
+    # free memory before it started less free now (memory_reserved() would read about -20 GiB)
+    res["gpu_used_asleep_gib"] = engine.asleep_bytes() / 2 ** 30
+    res["gpu_asleep_share"] = engine.asleep_bytes() / torch.cuda.mem_get_info()[1]
 engine.load_weights(model.named_parameters())  # wakes the weights, pushes, wakes the KV cache
 after_push = [r.completion_ids for r in engine.generate(prompts[:16], 1, greedy)]
 engine.sleep()

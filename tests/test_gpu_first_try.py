@@ -11,13 +11,16 @@ import torch
 
 import checkpoint
 import flags
+import memory
 import run_setup
 import vllm_engine
+from rollout import TorchEngine
 from tiny import setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GiB = flags.GiB
-QWEN_7B = SimpleNamespace(vocab_size=152_064, hidden_size=3_584, num_hidden_layers=28)
+GiB = memory.GiB
+QWEN_7B = SimpleNamespace(vocab_size=152_064, hidden_size=3_584, num_hidden_layers=28,
+                          intermediate_size=18_944, tie_word_embeddings=False)
 
 
 def shaped(config, numels: list[int]):
@@ -31,9 +34,16 @@ def qwen_7b():
     return shaped(QWEN_7B, [545_001_472] * 2 + [6_525_000_000])
 
 
-def fake_gpu(monkeypatch, gib: float) -> None:
+def fake_gpu(monkeypatch, gib: float, free_gib: float | None = None,
+             reserved_gib: float = 0) -> None:
+    """A made-up GPU of `gib`, `free_gib` of it free (all of it when None), `reserved_gib` held by
+    this process's caching allocator."""
+    free = gib if free_gib is None else free_gib
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=int(gib * GiB)))
+    monkeypatch.setattr(torch.cuda, "mem_get_info",
+                        lambda device=None: (int(free * GiB), int(gib * GiB)))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: int(reserved_gib * GiB))
 
 
 # ---- 1. the engine named, and why ----------------------------------------------------------------
@@ -62,9 +72,9 @@ def test_auto_on_cuda_without_a_tested_vllm_warns_naming_the_version(monkeypatch
 
 
 def test_auto_on_cuda_with_a_tested_vllm_picks_it(monkeypatch):
-    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.32.1")
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.32.0")
     monkeypatch.setattr(vllm_engine, "_vllm_module", lambda: (object(), None))
-    assert vllm_engine.choose_engine("auto", cuda=True) == ("vllm", "auto: CUDA and vllm 0.32.1",
+    assert vllm_engine.choose_engine("auto", cuda=True) == ("vllm", "auto: CUDA and vllm 0.32.0",
                                                             None)
 
 
@@ -78,6 +88,23 @@ def test_the_tested_vllm_range_is_pinned_where_users_install_it():
     for name in ("requirements.txt", os.path.join("docs", "gpus.md")):
         with open(os.path.join(ROOT, name)) as f:
             assert pin in f.read(), name
+
+
+# the one install route with vLLM: vLLM first, then the rest with torch left as vLLM installed it
+INSTALL = (f"pip install 'vllm{vllm_engine.VLLM_VERSIONS}'",
+           "grep -v '^torch' requirements.txt | pip install -r /dev/stdin")
+
+
+def test_one_install_route_with_vllm_everywhere_it_is_written():
+    """Every place that says how to install vLLM writes the same two steps, in that order; none
+    writes the one command that cannot resolve (vLLM 0.32.0 pins transformers < 5.20, and
+    requirements.txt 5.24-5.25) or a vLLM release that does not exist (0.32.1)."""
+    for name in ("requirements.txt", "docs/gpus.md", "ops/README.md", "ops/gpu_check.sh"):
+        with open(os.path.join(ROOT, name)) as f:
+            text = f.read()
+        at = [text.find(step) for step in INSTALL]
+        assert -1 < at[0] < at[1], (name, at)
+        assert "-r requirements.txt 'vllm" not in text and "0.32.1" not in text, name
 
 
 # ---- 2. a method's engine rule, before any engine starts -----------------------------------------
@@ -196,6 +223,56 @@ def test_sleep_level_2_where_a_push_follows_1_where_none_does(monkeypatch):
         engine.wake_up()
 
 
+def test_asleep_bytes_is_what_sleep_left_of_the_free_memory(monkeypatch):
+    """What vLLM keeps asleep, from the driver's free memory before the engine started and after
+    it sleeps (4 GiB here), not total - free - memory_reserved(): torch still counts as reserved
+    the 30 GiB of segments vLLM's allocator released, which would read 80 - 70 - 30 = -20 GiB."""
+    free = {"now": 70 * GiB}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["now"], 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 * GiB)
+    engine = fake_engine(monkeypatch)
+    engine.free_at_start = vllm_engine.free_gpu_bytes()        # what __init__ takes on CUDA
+    free["now"] = 40 * GiB                                      # vLLM awake, at its share
+    engine.sleep(push_follows=True)
+    free["now"] = 66 * GiB                                      # asleep: its pools released
+    assert engine.asleep_bytes() == 4 * GiB
+
+
+def test_vllm_is_sized_for_one_generate_call(monkeypatch):
+    """max_num_seqs is the completions of one generate call on a rank (prompts x group size, or a
+    method's budget), at most vLLM's own default of 1,024 (which costs ~2 GiB a rank in buffers
+    sized for it): setup hands start_vllm the number and start_vllm hands it to vLLM."""
+    assert vllm_engine.num_seqs(64 * 8) == 512 and vllm_engine.num_seqs(10_000) == 1024
+    made = {}
+
+    class Engine:
+        def __init__(self, *a, **kw):
+            made.update(kw)
+
+        def load_weights(self, named):
+            pass
+
+    monkeypatch.setattr(vllm_engine, "_import_vllm", lambda: None)
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", Engine)
+    model = torch.nn.Linear(1, 1)
+    vllm_engine.start_vllm(model, None, "path", "cpu", sequences=32)
+    assert made["max_num_seqs"] == 32
+    vllm_engine.start_vllm(model, None, "path", "cpu")
+    assert made["max_num_seqs"] is None                          # vLLM's default
+
+    started = {}
+
+    def start(model, tok, path, device, **kw):
+        started.update(kw)
+        return TorchEngine(model, tok)
+
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.32.0")
+    monkeypatch.setattr(vllm_engine, "_vllm_module", lambda: (object(), None))
+    monkeypatch.setattr(vllm_engine, "start_vllm", start)
+    setup(flags.Args(engine="vllm", replay="none", eval_size=8, prompts_per_step=8, group_size=4))
+    assert started["sequences"] == 8 * 4
+
+
 def test_the_loop_sleeps_for_a_push_and_r2pos_head_phase_does_not():
     import inspect
 
@@ -209,8 +286,8 @@ def test_the_loop_sleeps_for_a_push_and_r2pos_head_phase_does_not():
 
 def plan(args, model, world: int = 1, frozen_bytes: int = 2):
     prompts = [SimpleNamespace(ids=list(range(150)))]
-    return flags.plan_memory(args, model, prompts, world=world, device="cuda:0", value_bytes=2,
-                             frozen_bytes=frozen_bytes)
+    return memory.plan_memory(args, model, prompts, world=world, device="cuda:0", value_bytes=2,
+                              frozen_bytes=frozen_bytes)
 
 
 def test_engine_share_auto_fits_beside_the_trainer_and_a_bad_share_is_refused(monkeypatch):
@@ -224,7 +301,7 @@ def test_engine_share_auto_fits_beside_the_trainer_and_a_bad_share_is_refused(mo
     args = flags.Args(engine="vllm", max_new_tokens=512)
     assert 0.75 < plan(args, qwen_7b(), world=8).engine_share < 0.77
     small = shaped(QWEN_7B, [100_000_000])                        # a small model: at most 0.85
-    assert plan(args, small, world=8).engine_share == flags.VLLM_SHARE_MAX
+    assert plan(args, small, world=8).engine_share == memory.VLLM_SHARE_MAX
     with pytest.raises(ValueError, match=r"--gpu-memory-utilization 0.95: .* at most 0\.76"):
         plan(dataclasses.replace(args, gpu_memory_utilization=0.95), qwen_7b(), world=8)
     with pytest.raises(ValueError, match="--gpu-memory-utilization"):
@@ -233,9 +310,9 @@ def test_engine_share_auto_fits_beside_the_trainer_and_a_bad_share_is_refused(mo
         plan(dataclasses.replace(args, gpu_memory_utilization=0.15), qwen_7b(), world=8)
     assert plan(dataclasses.replace(args, gpu_memory_utilization=0.5), qwen_7b(),
                 world=8).engine_share == 0.5
-    cpu = flags.plan_memory(args, qwen_7b(), [], world=1, device="cpu", value_bytes=4,
-                            frozen_bytes=4)
-    assert cpu == (flags.AUTO_ACTIVATIONS, 0.3, 0)                 # the CPU: as it was
+    cpu = memory.plan_memory(args, qwen_7b(), [], world=1, device="cpu", value_bytes=4,
+                             frozen_bytes=4)
+    assert cpu == (memory.AUTO_ACTIVATIONS, 0.3, 0)                 # the CPU: as it was
 
 
 def test_the_micro_batch_budget_is_what_the_gpu_leaves(monkeypatch):
@@ -248,26 +325,53 @@ def test_the_micro_batch_budget_is_what_the_gpu_leaves(monkeypatch):
     args = flags.Args(engine="vllm", max_new_tokens=512)
     model = qwen_7b()
     p = plan(args, model, world=8)
-    resident = flags.update_memory(args, model, 150, 8, engine_copy=False, bytes_per_value=2,
-                                   budget=0, frozen_bytes=2)
+    resident = memory.update_memory(args, model, 150, 8, engine_copy=False, bytes_per_value=2,
+                                    budget=0, frozen_bytes=2)
     assert p.engine_asleep == int(0.05 * 80 * GiB)
     assert p.budget == int((0.9 * 80 * GiB - resident.beside_micro_batch - p.engine_asleep)
                            / 1.75)
-    tokens = flags.sizes(args, model, 8, 2, p.budget, flags.AUTO_LOGITS_CUDA).micro_batch_tokens
-    assert 3_000 < tokens and flags.AUTO_LOGITS // QWEN_7B.vocab_size < 1_800
-    need = flags.update_memory(dataclasses.replace(args, micro_batch_tokens=tokens), model, 150,
-                               8, engine_copy=False, bytes_per_value=2, frozen_bytes=2,
-                               engine_asleep=p.engine_asleep)
+    tokens = memory.sizes(args, model, 8, 2, p.budget, memory.AUTO_LOGITS_CUDA).micro_batch_tokens
+    assert 3_000 < tokens and memory.AUTO_LOGITS // QWEN_7B.vocab_size < 1_800
+    need = memory.update_memory(dataclasses.replace(args, micro_batch_tokens=tokens), model, 150,
+                                8, engine_copy=False, bytes_per_value=2, frozen_bytes=2,
+                                engine_asleep=p.engine_asleep)
     assert need.total <= 0.9 * 80 * GiB
     fake_gpu(monkeypatch, 141)
     assert plan(args, model, world=8).budget > p.budget
 
 
+def test_the_share_and_the_budget_leave_what_other_processes_hold(monkeypatch):
+    """vLLM refuses to start when less than its share is free: a GPU where another process holds
+    25 of 80 GiB (a test's engine at share 0.3, never closed, when train.py starts) gets an auto
+    share that fits what is free beside the trainer (it was 0.85, 68 GiB, and vLLM refused to
+    start), and a given share that does not is refused naming the others' GiB; memory this
+    process's own allocator holds is the trainer's, not another's. The micro-batch's budget
+    leaves the others' memory too."""
+    args = flags.Args(engine="vllm", max_new_tokens=512)
+    small = shaped(QWEN_7B, [100_000_000])
+    fake_gpu(monkeypatch, 80)
+    alone = plan(args, small, world=8)
+    assert alone.engine_share == memory.VLLM_SHARE_MAX
+    fake_gpu(monkeypatch, 80, free_gib=55)
+    shared = plan(args, small, world=8)
+    trainer = memory.update_memory(args, small, 150, 8, engine_copy=False, bytes_per_value=2,
+                                   budget=0, frozen_bytes=2).between_updates
+    assert shared.engine_share == pytest.approx(0.9 - (trainer + 25 * GiB) / (80 * GiB))
+    assert shared.engine_share * 80 * GiB < 55 * GiB - trainer         # vLLM's start check passes
+    assert shared.budget == pytest.approx(alone.budget - 25 * GiB / 1.75, abs=1)
+    with pytest.raises(ValueError, match=r"0\.85: .* 25\.0 GiB other processes hold .* at most"):
+        plan(dataclasses.replace(args, gpu_memory_utilization=0.85), small, world=8)
+    fake_gpu(monkeypatch, 80, free_gib=55, reserved_gib=25)             # this process's own
+    assert plan(args, small, world=8) == alone
+    assert memory.engine_share(0, total=100, trainer=10, engine_weights=1, others=30) == \
+        pytest.approx(0.5)
+
+
 # ---- 6. every term of the memory estimate --------------------------------------------------------
 
-def terms(**kw) -> flags.Memory:
+def terms(**kw) -> memory.Memory:
     args = flags.Args(max_new_tokens=64, **kw.pop("flags", {}))
-    return flags.update_memory(args, shaped(QWEN_7B, [1000, 3000]), 44, **kw)
+    return memory.update_memory(args, shaped(QWEN_7B, [1000, 3000]), 44, **kw)
 
 
 def test_memory_term_training_is_16_bytes_a_parameter_sharded():
@@ -277,6 +381,44 @@ def test_memory_term_training_is_16_bytes_a_parameter_sharded():
 def test_memory_term_cast_is_2_bytes_a_parameter_under_bf16_only():
     """autocast's bf16 copies of the weights, kept from the forward to the backward."""
     assert terms(bytes_per_value=2).cast == 2 * 4000 and terms().cast == 0
+
+
+def test_memory_term_cast_under_fsdp2_is_the_root_and_two_layers():
+    """Under FSDP2 (world > 1) a rank holds bf16 weights only where they are gathered: the root (the
+    embedding, an untied head), kept from the forward to the backward, and two decoder layers (the
+    one computing, the one prefetched), not the whole model's 2 n. A made-up model: vocabulary 100,
+    width 10, 4 layers of 500 parameters."""
+    config = SimpleNamespace(vocab_size=100, hidden_size=10, num_hidden_layers=4,
+                             intermediate_size=30, tie_word_embeddings=False)
+    n = 2 * 100 * 10 + 4 * 500
+    assert memory.bf16_weights(config, n, world=1) == 2 * n
+    assert memory.bf16_weights(config, n, world=2) == 2 * (2_000 + 2 * 500)
+    tied = SimpleNamespace(**{**vars(config), "tie_word_embeddings": True})
+    assert memory.bf16_weights(tied, n - 1_000, world=8) == 2 * (1_000 + 2 * 500)
+    args = flags.Args(max_new_tokens=64)
+    model = shaped(config, [1_000, 1_000] + [500] * 4)
+    fsdp = memory.update_memory(args, model, 44, 4, bytes_per_value=2)
+    assert fsdp.cast == 2 * (2_000 + 2 * 500)
+    assert memory.update_memory(args, model, 44, 1, bytes_per_value=2).cast == 2 * n
+    # a 7B on 8 ranks: 2.9 GiB of bf16 weights a rank, not 14.2
+    assert 2.8 < memory.bf16_weights(QWEN_7B, 7_615_002_944, world=8) / GiB < 3.0
+
+
+def test_the_activation_term_follows_the_mlp_width():
+    """A layer keeps 25 d values of a token at SmolLM2's MLP width (ff = 8/3 d, where it was
+    measured) and 4 more for each unit of ff beyond: a made-up width-30 model at ff 80 (8/3 d),
+    120 (4 d) and 160 (16/3 d, Qwen's ratio), and one without intermediate_size (SmolLM2's)."""
+    def config(ff):
+        return SimpleNamespace(vocab_size=7, hidden_size=30, num_hidden_layers=2,
+                               intermediate_size=ff)
+    assert memory.layer_values(config(80)) == 25 * 30
+    assert memory.layer_values(config(120)) == 25 * 30 + 4 * 40
+    assert memory.layer_values(config(160)) == 25 * 30 + 4 * 80
+    assert memory.layer_values(config(None)) == 25 * 30
+    assert memory.activation_bytes(config(160), 2) == 2 * 2 * (25 * 30 + 4 * 80)
+    assert memory.token_bytes(config(160), 2) == 2 * 2 * (25 * 30 + 4 * 80) + 12 * 7
+    # Qwen2.5-7B: 1.42x what SmolLM2's 25 d a layer gave
+    assert 1.4 < memory.layer_values(QWEN_7B) / (25 * QWEN_7B.hidden_size) < 1.45
 
 
 def test_memory_term_optimizer_is_adamws_temporaries_at_its_step():
@@ -297,14 +439,14 @@ def test_memory_term_copies_engine_whole_frozen_in_its_dtype_and_sharded():
 
 def test_memory_term_engine_asleep_and_the_runtime():
     assert terms(engine_asleep=5 * GiB).engine == 5 * GiB and terms().engine == 0
-    assert terms().runtime == flags.RUNTIME_BYTES
+    assert terms().runtime == memory.RUNTIME_BYTES
 
 
 def test_memory_total_holds_the_backward_or_the_optimizer_step_not_both():
     """The bf16 cast, the micro-batch and its backward are gone by opt.step, where AdamW's
     temporaries appear: the peak is the persistent part plus the larger of the two."""
-    m = flags.Memory(training=10, copies=1, micro_batch=5, runtime=2, slack=3, cast=4, optimizer=9,
-                     engine=6)
+    m = memory.Memory(training=10, copies=1, micro_batch=5, runtime=2, slack=3, cast=4,
+                      optimizer=9, engine=6)
     assert m.total == 10 + 1 + 2 + 6 + max(4 + 5 + 3, 9)
     assert m._replace(optimizer=20).total == 10 + 1 + 2 + 6 + 20
     assert m.beside_micro_batch == 10 + 1 + 2 + 6 + 4
@@ -316,12 +458,12 @@ def test_a_7b_on_one_h200_is_refused_at_start_not_at_its_first_optimizer_step():
     GiB, plus AdamW's foreach temporaries at the step (28 GiB): more than the GPU, said at start
     (it was admitted at 125 GiB, then ran out of memory at the first opt.step)."""
     args = flags.Args(engine="vllm", max_new_tokens=512, micro_batch_tokens=1024)
-    need = flags.update_memory(args, qwen_7b(), 150, engine_copy=False, bytes_per_value=2,
-                               frozen_bytes=2)
+    need = memory.update_memory(args, qwen_7b(), 150, engine_copy=False, bytes_per_value=2,
+                                frozen_bytes=2)
     assert need.optimizer == 4 * 7_615_002_944
     with pytest.raises(ValueError, match="alone do not fit"):
-        flags.check_memory(need, flags.peak_token_bytes(QWEN_7B, 2), checkpointing=False,
-                           total=141 * GiB, available=141 * GiB, what="GPU memory")
+        memory.check_memory(need, memory.peak_token_bytes(QWEN_7B, 2), checkpointing=False,
+                            total=141 * GiB, available=141 * GiB, what="GPU memory")
 
 
 # ---- 9. and 10. the update reads no number before its optimizer step -----------------------------

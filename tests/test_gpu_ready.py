@@ -18,6 +18,7 @@ import torch
 import checkpoint
 import engine as engine_lib
 import flags
+import memory
 import rollout
 import run_setup
 import train
@@ -60,6 +61,8 @@ def test_one_process_cuda_setup_takes_the_bf16_path(monkeypatch):
     monkeypatch.setattr(checkpoint, "load_model", lambda path, device, *a: real(path, "cpu", *a))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=2 ** 40))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 ** 40, 2 ** 40))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
     args = flags.Args(engine="torch", replay="none", eval_size=8)
     run = setup(args, device="cuda")
     assert run.precision == "autocast-bf16"
@@ -131,7 +134,8 @@ def test_token_budget_leaves_the_update_alone():
     assert (moved[0] - moved[1]).abs().max() <= 1e-4 * scale
 
 
-SMOLLM2 = SimpleNamespace(vocab_size=49_152, hidden_size=576, num_hidden_layers=30)
+SMOLLM2 = SimpleNamespace(vocab_size=49_152, hidden_size=576, num_hidden_layers=30,
+                          intermediate_size=1_536)
 
 
 def shaped(config, numels: list[int]):
@@ -145,25 +149,26 @@ def test_auto_token_budget_from_activations_and_logits():
     SmolLM2-135M's shape by hand: fp32 25 * 576 * 4 * 30 + 12 * 49,152 = 2,317,824 bytes a token,
     2^31 // that = 926 tokens; bf16 (halved activations) 1,453,824 -> 1,477; fp32 with
     --grad-checkpointing 30 * 576 * 4 + 25 * 576 * 4 + 589,824 = 716,544 -> 2,997. The tiny model
-    (d 128, 4 layers, V 98): 51,200 + 1,176 = 52,376 bytes, 41,001 tokens (its logits: 2.7M)."""
+    (d 128, ff 384, 4 layers, V 98): (43 * 128 + 12 * 384) // 3 = 3,370 values a layer, 53,920 +
+    1,176 = 55,096 bytes, 38,977 tokens (its logits: 2.7M)."""
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0)
     args = flags.Args()
-    assert flags.micro_batch_tokens(args, model) == 41_001 < flags.AUTO_LOGITS // len(tok)
-    assert flags.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
+    assert memory.micro_batch_tokens(args, model) == 38_977 < memory.AUTO_LOGITS // len(tok)
+    assert memory.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
     smol = SimpleNamespace(config=SMOLLM2)
-    assert flags.token_bytes(SMOLLM2) == 2_317_824
-    assert flags.micro_batch_tokens(args, smol) == 926
-    assert flags.micro_batch_tokens(args, smol, bytes_per_value=2) == 1477
+    assert memory.token_bytes(SMOLLM2) == 2_317_824
+    assert memory.micro_batch_tokens(args, smol) == 926
+    assert memory.micro_batch_tokens(args, smol, bytes_per_value=2) == 1477
     ckpt = dataclasses.replace(args, grad_checkpointing=True)
-    assert flags.token_bytes(SMOLLM2, checkpointing=True) == 716_544
-    assert flags.micro_batch_tokens(ckpt, smol) == 2997
-    assert flags.sizes(args, smol, 1).micro_batch_tokens == 926               # what a run prints
-    assert flags.sizes(args, smol, 1, 2, 4 * flags.AUTO_ACTIVATIONS).micro_batch_tokens == 5_461
+    assert memory.token_bytes(SMOLLM2, checkpointing=True) == 716_544
+    assert memory.micro_batch_tokens(ckpt, smol) == 2997
+    assert memory.sizes(args, smol, 1).micro_batch_tokens == 926               # what a run prints
+    assert memory.sizes(args, smol, 1, 2, 4 * memory.AUTO_ACTIVATIONS).micro_batch_tokens == 5_461
     vigor = dataclasses.replace(args, allocation="vigor")
-    assert flags.sizes(vigor, smol, 1).micro_batch_tokens == 926              # VIGOR's budget apart
+    assert memory.sizes(vigor, smol, 1).micro_batch_tokens == 926      # VIGOR's budget apart
     prompts = [SimpleNamespace(ids=[1, 2, 3])] * 64
-    flags.check_sizes(args, model, prompts, flags.sizes(args, model, 1))      # no error
+    memory.check_sizes(args, model, prompts, memory.sizes(args, model, 1))      # no error
 
 
 def test_memory_check_names_the_flag_that_fixes_it():
@@ -173,31 +178,31 @@ def test_memory_check_names_the_flag_that_fixes_it():
     alone do not fit; on a 24 GiB machine nothing, or a warning when little is free now."""
     model = shaped(SMOLLM2, [28_311_552] + [3_540_115] * 30 + [6])   # 134,515,008: the embedding
     args = flags.Args(max_new_tokens=64, micro_batch_size=64)
-    need = flags.update_memory(args, model, longest_prompt=44, foreach=False)   # the CPU
+    need = memory.update_memory(args, model, longest_prompt=44, foreach=False)   # the CPU
     assert need.training == 16 * 134_515_008 and need.copies == 4 * 134_515_008
     assert need.micro_batch == 926 * 2_317_824
     assert need.slack == int(926 * 0.75 * 1_728_000)           # the activations' part, 3/4 again
-    assert 6.0 < need.total / flags.GiB < 6.5
-    per_token = flags.peak_token_bytes(SMOLLM2)
-    gib = flags.GiB
+    assert 6.0 < need.total / memory.GiB < 6.5
+    per_token = memory.peak_token_bytes(SMOLLM2)
+    gib = memory.GiB
 
     def check(need, total, available, ranks_here=1):
-        return flags.check_memory(need, per_token, checkpointing=False, total=total * gib,
-                                  available=available * gib, what="RAM", ranks_here=ranks_here)
+        return memory.check_memory(need, per_token, checkpointing=False, total=total * gib,
+                                   available=available * gib, what="RAM", ranks_here=ranks_here)
 
     assert check(need, 24, 20) is None
     assert "available now" in check(need, 24, 3)
     with pytest.raises(ValueError, match=r"--micro-batch-tokens (\d+)") as e:
         check(need, 4, 4)
     fits = int(re.search(r"--micro-batch-tokens (\d+)", str(e.value)).group(1))
-    small = flags.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44,
-                                foreach=False)
+    small = memory.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44,
+                                 foreach=False)
     assert small.total <= 0.9 * 4 * gib < small.total + per_token
     assert "--grad-checkpointing" in str(e.value)
     with pytest.raises(ValueError, match="alone do not fit"):
         check(need, 1, 1)
     # two ranks of one CPU node share its RAM: FSDP2 halves the training state, not the copies
-    two = flags.update_memory(args, model, 44, world=2, foreach=False)
+    two = memory.update_memory(args, model, 44, world=2, foreach=False)
     assert two.training == need.training // 2 and two.copies == need.copies
     with pytest.raises(ValueError, match="2 x"):
         check(two, 8, 8, ranks_here=2)
@@ -206,8 +211,8 @@ def test_memory_check_names_the_flag_that_fixes_it():
 @pytest.mark.parametrize("what, shape, params, longest, value_bytes, peak_gib", [
     # the README's your-data line on the tiny model, its file under the plain template (76 tokens
     # a prompt), fp32: printed 1.7 GiB, peaked at 2.4 over 100 steps (an Intel Xeon)
-    ("your data", SimpleNamespace(vocab_size=98, hidden_size=128, num_hidden_layers=4), 801_152,
-     76, 4, 2.4),
+    ("your data", SimpleNamespace(vocab_size=98, hidden_size=128, num_hidden_layers=4,
+                                  intermediate_size=384), 801_152, 76, 4, 2.4),
     # SmolLM2-135M --precision bf16: printed 5.2 GiB, peaked at 5.6-5.8 GiB
     ("smollm2 bf16", SMOLLM2, 134_515_008, 44, 2, 5.8),
     # the README's SmolLM2 line, fp32: 5.9 GB peak
@@ -225,8 +230,8 @@ def test_the_memory_estimate_is_at_or_above_the_measured_peaks(what, shape, para
 
     model = SimpleNamespace(config=shape, parameters=lambda: [Params()])
     args = flags.Args(max_new_tokens=16 if "smollm2" in what else 8)
-    need = flags.update_memory(args, model, longest, bytes_per_value=value_bytes)
-    assert peak_gib <= need.total / flags.GiB <= 1.15 * peak_gib, need.line()
+    need = memory.update_memory(args, model, longest, bytes_per_value=value_bytes)
+    assert peak_gib <= need.total / memory.GiB <= 1.15 * peak_gib, need.line()
 
 
 def test_memory_estimate_of_a_05b_model_is_in_range():
@@ -237,10 +242,11 @@ def test_memory_estimate_of_a_05b_model_is_in_range():
         def numel(self):
             return 494_032_768
 
-    config = SimpleNamespace(vocab_size=151_936, hidden_size=896, num_hidden_layers=24)
+    config = SimpleNamespace(vocab_size=151_936, hidden_size=896, num_hidden_layers=24,
+                             intermediate_size=4_864)
     model = SimpleNamespace(config=config, parameters=lambda: [Params()])
     args = flags.Args(max_new_tokens=512)
-    need = flags.update_memory(args, model, longest_prompt=150, bytes_per_value=2)
+    need = memory.update_memory(args, model, longest_prompt=150, bytes_per_value=2)
     assert 8 * 2 ** 30 < need.total < 20 * 2 ** 30
 
 

@@ -17,9 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Bottom to top (../shared/DESIGN.md): plain machinery that imports no method (the math, the data,
 # the verifier, collectives, checkpoints, metrics); the record and its batching (rollout.py); the
-# engines (engine.py, vllm_engine.py), the replay and the eval; the method files (methods/, each a wing
-# over the spine, and their registry); flags.py, which composes every owner's flags; the door that
-# builds the run (run_setup.py); train.py.
+# engines (engine.py, vllm_engine.py), the replay and the eval; the method files (methods/, each a
+# wing over the spine, and their registry); flags.py, which composes every owner's flags;
+# memory.py, what the flags imply a run holds; the door that builds the run (run_setup.py);
+# train.py.
 FLOORS = [
     ("mathparse", "cli", "data", "grpo", "reward_fn"),
     ("mathcheck", "parallel"),
@@ -30,6 +31,7 @@ FLOORS = [
     ("vllm_engine", "buffer", "eval"),
     ("methods",),
     ("flags",),
+    ("memory",),
     ("run_setup",),
     ("train",),
 ]
@@ -39,21 +41,20 @@ WINGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "methods"))
 SPINE = ("train.py", "rollout.py", "grpo.py", "buffer.py")      # the algorithm's four files
 SPINE_LINES = 1900
 ALGORITHM = ("train.py", "run_setup.py", "grpo.py", "buffer.py", "rollout.py", "engine.py",
-             "metrics.py",
-             "parallel.py", "flags.py", "cli.py", "reward_fn.py",
+             "metrics.py", "parallel.py", "flags.py", "memory.py", "cli.py", "reward_fn.py",
              *(f"methods/{w}.py" for w in WINGS), "methods/__init__.py")
 # Where train.py's flags may be taken whole: the door (run_setup.setup and start, train.main;
-# flags.py's bounds, sizes and memory check; cli.part, which cuts an owner's flags out of them) and
-# the checkpoint's (de)serialiser, which writes them as args.json (it takes them as a dict).
+# flags.py's bounds; memory.py's sizes and memory check; cli.part, which cuts an owner's flags
+# out of them) and the checkpoint's (de)serialiser, which writes them as args.json (it takes them as a dict).
 # eval.py's own CLI has its own Args.
-TAKE_ARGS = {("run_setup", "setup"), ("flags", "resolve_sizes"),
-             ("train", "main"), ("cli", "part"), ("flags", "plan_memory"),
+TAKE_ARGS = {("run_setup", "setup"), ("memory", "resolve_sizes"),
+             ("train", "main"), ("cli", "part"), ("memory", "plan_memory"),
              ("flags", "torch_engine_needed"),
-             ("flags", "check_args"), ("flags", "fits_machine"), ("flags", "method_parts"),
+             ("flags", "check_args"), ("memory", "fits_machine"), ("flags", "method_parts"),
              ("flags", "needs_initial"),
-             ("flags", "_rules"), ("flags", "sizes"), ("flags", "changed"),
-             ("flags", "micro_batch_tokens"), ("flags", "update_memory"),
-             ("flags", "check_sizes"), ("eval", "load_inputs"), ("eval", "main")}
+             ("flags", "_rules"), ("memory", "sizes"), ("flags", "changed"),
+             ("memory", "micro_batch_tokens"), ("memory", "update_memory"),
+             ("memory", "check_sizes"), ("eval", "load_inputs"), ("eval", "main")}
 
 
 def source(name: str) -> str:

@@ -5,7 +5,8 @@ Runs where vllm imports: the CPU build in CI (.ci/run makes a second environment
 where REQUIRE_VLLM=1 turns a skip into a failure), CUDA through ops/gpu_check.sh. Elsewhere the
 vLLM tests are skipped with the reason; the engine-independent ones (engine_kind, logprob_diff) run
 everywhere. One engine (about 15 s to start on CPU,
-import included) is shared by the in-process tests.
+import included) is shared by the in-process tests, and closed before the train.py tests start
+(`no_engine_open`): on CUDA it would hold its share of the GPU while train.py starts its own.
 """
 import copy
 import json
@@ -89,6 +90,9 @@ def tiny():
     return model.eval(), tok
 
 
+OPEN = []          # the module's engine while it is open
+
+
 @pytest.fixture(scope="module")
 def engine(tiny, tmp_path_factory):
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
@@ -102,7 +106,22 @@ def engine(tiny, tmp_path_factory):
     # back
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.set_num_threads is set_threads and torch.get_num_threads() == threads
-    return e
+    OPEN.append(e)
+    yield e
+    close_engines()
+
+
+def close_engines():
+    while OPEN:
+        OPEN.pop().close()
+
+
+@pytest.fixture
+def no_engine_open():
+    """The module's engine closed, if it started (a module fixture lives to the module's end, past
+    the tests that use it). On CUDA it holds 0.3 of the GPU, and train.py's vLLM refuses to start
+    when less than its own share is free. The train.py tests come last: none uses it after."""
+    close_engines()
 
 
 # ---- engine-independent: run in every environment --------------------------------------------
@@ -134,6 +153,26 @@ def test_logprob_diff_canary_on_torch_engine(tiny):
         stale.model.embed_tokens.weight.mul_(1.5)
     assert logprob_diff(stale, rs, 1.0, tok.pad_token_id) > WRONG
     assert logprob_diff(model, [], 1.0, tok.pad_token_id) == 0.0
+
+
+def test_the_engine_is_closed_before_train_py_starts():
+    """The train.py tests ask for no_engine_open, which closes the module's engine (a stand-in
+    here), so that on CUDA train.py's vLLM finds the GPU free."""
+    import inspect
+
+    class Stand:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    stand = Stand()
+    OPEN.append(stand)
+    close_engines()
+    assert stand.closed and not OPEN
+    for test in (test_train_with_vllm_engine_single_process,
+                 test_train_with_vllm_engine_torchrun_two_ranks):
+        assert "no_engine_open" in inspect.signature(test).parameters
 
 
 # ---- vLLM ------------------------------------------------------------------------------------
@@ -268,13 +307,13 @@ def _run_train(launcher, tmp_path, timeout=600):
 
 
 @needs_vllm
-def test_train_with_vllm_engine_single_process(tmp_path):
+def test_train_with_vllm_engine_single_process(tmp_path, no_engine_open):
     _run_train([sys.executable], tmp_path)
 
 
 @needs_vllm
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
                     reason="with CUDA, train.py puts each rank on its own GPU: 2 ranks need 2 GPUs")
-def test_train_with_vllm_engine_torchrun_two_ranks(tmp_path):
+def test_train_with_vllm_engine_torchrun_two_ranks(tmp_path, no_engine_open):
     _run_train([sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2"], tmp_path)
