@@ -19,6 +19,8 @@ One checkpoint, `out_dir/checkpoints/step_000040/`:
                                   state_dict() of each object with state, by name: the replay
                                   buffer (contents, RNG, last stats), a slot's (R²PO's head and
                                   its optimizer: methods/r2po.py)
+    r2po_head.safetensors, ...    an object's own files (its `files()`, rank 0's): what a user
+                                  loads without the trainer's state (R²PO's rollout head)
     COMPLETE                      the marker, written last
 
 Atomic: everything is written into `checkpoints/.tmp-step_000040`, every file is fsynced, the marker
@@ -161,8 +163,9 @@ def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, sta
     if rank == 0:
         save_hf(model, tokenizer, tmp, state_dict=full)
         _write_json(os.path.join(tmp, "args.json"), flags)
-        state = {**trainer_state, "world_size": world}
-        _write_json(os.path.join(tmp, "trainer", "state.json"), state)
+        _write_json(os.path.join(tmp, "trainer", "state.json"),
+                    {**trainer_state, "world_size": world})
+        save_files(state, tmp)
     del full
     # plain `python`: a single-process DCP save is what we mean, say nothing
     with warnings.catch_warnings():
@@ -187,6 +190,17 @@ def save(root: str, step: int, model, opt, tokenizer, flags: dict, *, guard, sta
         shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
+
+
+def save_files(state: dict, where: str) -> None:
+    """Each object's own files beside the checkpoint (`files()` -> {file name: {tensor name:
+    tensor}}, written as safetensors): what a user reads with `safetensors.torch.load_file`,
+    without the trainer's optimizer (R²PO's head)."""
+    from safetensors.torch import save_file
+    for obj in state.values():
+        for name, tensors in getattr(obj, "files", dict)().items():
+            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                      os.path.join(where, name))
 
 
 def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):

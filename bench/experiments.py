@@ -71,8 +71,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))    # bench/: run as a s
 from design import EXTEND, LR_GRID, QUICK_GRID, ROOT  # noqa: E402
 from papers import EXPERIMENTS  # noqa: E402
 from protocol import REUSE_STALE, Plan, Stopped, run_setting  # noqa: E402
-from report import (headline_rows, headline_table, look_tables, write_pooled,  # noqa: E402
-                    write_progress, write_setting)
+from headline import headline_rows, headline_table  # noqa: E402
+from report import look_tables, write_pooled, write_progress, write_setting  # noqa: E402
 from runs import (MAKE_MODEL, missing_model, pack_runs, recorded_models,  # noqa: E402
                   slow_bf16, unpack_runs)
 from verdicts import VERDICT_RULE  # noqa: E402

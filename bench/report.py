@@ -1,6 +1,6 @@
 """The report: a setting's results.md (the arms' table, the verdicts, the sweep), sweep.md, the
-plots and summary.json (write_setting), and the README's headline table from every summary.json
-(headline_rows, headline_table). Numbers come from bench/verdicts.py's analyse; nothing here runs.
+plots (bench/plots.py) and summary.json (write_setting). The README's headline table from every
+summary.json: bench/headline.py. Numbers come from bench/verdicts.py's analyse; nothing here runs.
 """
 import json
 import statistics
@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from design import EXTEND, Experiment
-from papers import EXPERIMENTS
+from plots import plots, swept
 from protocol import code_line
 from stats import mean_std
-from verdicts import BUDGETS, PAR_MARGIN, TARGET_FRAC, VERDICT_RULE, X_COL, analyse, pooled
+from verdicts import BUDGETS, PAR_MARGIN, TARGET_FRAC, VERDICT_RULE, analyse, pooled
 
 
 def md_row(cells) -> str:
@@ -409,11 +409,6 @@ def post_hoc_cell(c: dict) -> str:
     return f"; {label}: {acted_cell(g)} → {g['verdict']}"
 
 
-def swept(summary: dict) -> bool:
-    """Whether the setting has dev-sweep runs (not one whose lr was fixed elsewhere: smollm2's)."""
-    return any(summary["sweep"].get(a.name) for a in summary["setting"].arms)
-
-
 def sweep_table(summary: dict) -> str:
     s = summary["setting"]
     if not swept(summary):
@@ -453,90 +448,6 @@ def sweep_table(summary: dict) -> str:
             out.append(f"The best on dev whatever {s.band[0]}: **{best}**, reported too (not "
                        f"the headline).")
     return "\n".join(out) + "\n"
-
-
-def plots(summary: dict, out: Path) -> bool:
-    """accuracy.png, sweep.png (where there are sweep runs) and seeds.png (where the setting
-    asks); False without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    s, runs = summary["setting"], summary["runs"]
-    col = {"fresh": 1, "updates": 2}[s.x]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True)
-    colors = plt.get_cmap("tab10").colors
-    for i, a in enumerate(a for a in s.arms if a.name in runs):
-        rs = runs[a.name]
-        n = min(len(r["curve"]) for r in rs)
-        accs = [[100 * r["curve"][j][4] for r in rs] for j in range(n)]
-        mean = [statistics.mean(v) for v in accs]
-        for ax, xs in zip(axes, ([rs[0]["curve"][j][col] for j in range(n)],
-                                 [statistics.mean(r["curve"][j][3] for r in rs)
-                                  for j in range(n)])):
-            line, = ax.plot(xs, mean, marker="o", markersize=3, color=colors[i % 10],
-                            label=f"{a.name} (lr {summary['chosen'][a.name]:g}, {len(rs)} seeds)")
-            ax.fill_between(xs, [min(v) for v in accs], [max(v) for v in accs],
-                            color=line.get_color(), alpha=0.15)
-    axes[0].set(xlabel={"fresh": "fresh rollouts generated", "updates": "optimizer updates"}[s.x],
-                ylabel="test accuracy (%)")
-    axes[1].set(xlabel="training wall time (s, eval excluded)", ylabel="test accuracy (%)")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3,
-               fontsize=8, frameon=False)
-    fig.suptitle(f"{s.label}: mean over seeds, band min..max", fontsize=10)
-    fig.savefig(out / "accuracy.png", dpi=90)
-    plt.close(fig)
-    if swept(summary):
-        sweep_plot(summary, out, plt)
-    if s.seed_curves:
-        seed_plot(summary, out, plt)
-    return True
-
-
-def sweep_plot(summary: dict, out: Path, plt) -> None:
-    """sweep.png: each arm's mean final dev accuracy against the lr."""
-    s = summary["setting"]
-    colors = plt.get_cmap("tab10").colors
-    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
-    for i, a in enumerate(s.arms):
-        grid = sorted(summary["sweep"][a.name])
-        ax.plot(grid, [100 * statistics.mean(summary["sweep"][a.name][lr]) for lr in grid],
-                marker="o", color=colors[i % 10], label=a.name)
-    ax.set(xscale="log", xlabel="learning rate", ylabel="final dev accuracy (%)",
-           title=f"{s.label}: the sweep (mean over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.savefig(out / "sweep.png", dpi=90)
-    plt.close(fig)
-
-
-def seed_plot(summary: dict, out: Path, plt) -> None:
-    """seeds.png: every reported run's test accuracy against the x-axis, a panel per arm, a line
-    per seed (the same colour for a seed in every panel: paired seeds side by side)."""
-    s, runs = summary["setting"], summary["runs"]
-    col = X_COL[s.x]
-    names = [a.name for a in s.arms if a.name in runs]
-    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4.5), sharey=True,
-                             constrained_layout=True, squeeze=False)
-    colors = plt.get_cmap("tab10").colors
-    seeds = sorted({r["seed"] for name in names for r in runs[name]})
-    for ax, name in zip(axes[0], names):
-        for r in runs[name]:
-            ax.plot([p[col] for p in r["curve"]], [100 * p[4] for p in r["curve"]], marker="o",
-                    markersize=3, color=colors[seeds.index(r["seed"]) % 10],
-                    label=f"seed {r['seed']}")
-        ax.set(title=f"{name} (lr {summary['chosen'][name]:g})",
-               xlabel={"fresh": "fresh rollouts generated", "updates": "optimizer updates"}[s.x])
-        ax.grid(alpha=0.3)
-    axes[0][0].set(ylabel="test accuracy (%)")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"{s.label}: each seed", fontsize=10)
-    fig.savefig(out / "seeds.png", dpi=90)
-    plt.close(fig)
 
 
 def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> str:
@@ -604,102 +515,3 @@ def write_progress(progress: dict, out: Path, why: str) -> str:
     (out / "sweep.md").write_text(sweep_table(progress))
     (out / "summary.json").unlink(missing_ok=True)          # no reading before the first look
     return text + sweep
-
-
-# ---- the README's headline table --------------------------------------------------------------
-
-def headline_rows(results_dir: Path, every: bool = False) -> tuple[list[list[str]], list[Path]]:
-    """(rows, skipped): a row [paper, setting, arm vs reference, the paper's claim, Δ [95% CI],
-    pairing, verdict, Holm verdict] per headline claim (Claim.headline; a setting without one: its
-    first claim with a direction), or with `every` per claim with a direction, of every
-    RESULTS_DIR/*/**/summary.json (the experiments in EXPERIMENTS' order, then by path); skipped:
-    the summary.json files without comparisons (written before verdicts were)."""
-    rows, skipped = [], []
-    for path, data in summaries(results_dir):
-        if "comparisons" not in data:
-            skipped.append(path)
-            continue
-        directed = [c for c in data["comparisons"] if c["direction"] is not None]
-        if not every:
-            directed = [c for c in directed if c.get("headline")] or directed[:1]
-        for c in directed:
-            rows.append([data.get("paper") or path.parent.parent.name, data["setting"],
-                         claim_cell(c), claim_words(c["direction"]),
-                         points(c), pairing(c), c["verdict"], c.get("holm", "—")])
-    return rows, skipped
-
-
-def summaries(results_dir: Path) -> list[tuple[Path, dict]]:
-    """Every RESULTS_DIR/*/**/summary.json, the experiments in EXPERIMENTS' order, then by path."""
-    order = {name: i for i, name in enumerate(EXPERIMENTS)}
-    paths = sorted(Path(results_dir).glob("*/**/summary.json"),
-                   key=lambda p: (order.get(p.relative_to(results_dir).parts[0], len(order)), p))
-    return [(path, json.loads(path.read_text())) for path in paths]
-
-
-def lr_text(lr: float | str) -> str:
-    """An lr as the docs write it: 1e-4, 3e-5, 2e-5."""
-    mantissa, exponent = f"{float(lr):.0e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
-
-
-def stress_lr_rows(results_dir: Path) -> list[list[str]]:
-    """A row [experiment, setting, arm, its mean final dev accuracy at every lr of the dev sweep
-    (the shared lr in bold), its best there, the shared lr's cost against that best] per arm of
-    every shared-lr setting whose summary.json has dev_lrs: the shared lr was chosen by the
-    baseline's collapse alone (stress_lr), and this is what it costs each arm."""
-    rows = []
-    for path, data in summaries(results_dir):
-        shared = data.get("shared_lr")
-        for arm, per in (data.get("dev_lrs") or {}).items():
-            if not per:
-                continue
-            cells = [f"**{lr_text(k)}: {100 * v:.1f}**" if float(k) == shared
-                     else f"{lr_text(k)}: {100 * v:.1f}"
-                     for k, v in sorted(per.items(), key=lambda kv: float(kv[0]))]
-            best_lr, best = max(per.items(), key=lambda kv: kv[1])
-            best_lr = lr_text(best_lr)
-            at = per.get(f"{shared:g}")
-            cost = "—" if at is None else f"{100 * (at - best):+.1f}"
-            rows.append([data.get("experiment") or path.parent.parent.name,
-                         f"{data['setting']} (shared lr {lr_text(shared)})", arm,
-                         ", ".join(cells), f"{100 * best:.1f} at {best_lr}", cost])
-    return rows
-
-
-def headline_table(results_dir: Path, every: bool = False) -> str:
-    """The README's headline table (markdown) from the experiments' summary.json files: paper,
-    setting, arm vs baseline, what the paper claims, Δ [95% CI] in points (final test accuracy
-    unless the claim names another metric), paired or unpaired (Welch), the verdict; a row per
-    headline claim, or with `every` per claim (docs/results.md's); then, beside the stress rows,
-    every arm of each shared-lr setting at every lr of its dev sweep (stress_lr_rows)."""
-    text = headline_markdown(headline_rows(results_dir, every)[0])
-    stress = stress_lr_rows(results_dir)
-    if not stress:
-        return text
-    intro = ("\nThe stress rows' shared lr, each arm on its setting's dev sweep: mean final dev "
-             "accuracy (%) at the shared lr against its own best lr there. The shared lr was "
-             "chosen by the baseline alone: where it is unstable on dev (stress_lr; R²PO's "
-             "arith-stress: the lr every arm chose, its stress the head's lr), by no other "
-             "arm.\n\n")
-    if not every:                      # the README's: a row per setting, its intro there
-        by_setting = {}
-        for row in stress:
-            at = row[3].split("**")[1].split(": ")[1] if "**" in row[3] else "—"
-            by_setting.setdefault((row[0], row[1]), []).append(f"{row[2]} {at} (best {row[4]})")
-        text += "\n| experiment | setting | each arm at the shared lr (its best on dev) |\n"
-        text += "|---|---|---|\n"
-        return text + "".join(md_row([e, s, "; ".join(cells)]) + "\n"
-                              for (e, s), cells in by_setting.items())
-    text += intro
-    text += ("| experiment | setting | arm | dev accuracy by lr (the shared lr in bold) | its best "
-             "| shared lr's cost (points) |\n|---|---|---|---|---|---|\n")
-    return text + "".join(md_row(row) + "\n" for row in stress)
-
-
-def headline_markdown(rows: list[list[str]]) -> str:
-    out = ["| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | paired? | "
-           "verdict | Holm (setting) |", "|---|---|---|---|---|---|---|---|"]
-    out += [md_row(r) for r in rows]
-    return "\n".join(out) + "\n"
-

@@ -297,6 +297,11 @@ class R2PO:
         (the same on every rank) and its AdamW state; the phase is a function of the step."""
         return {"head": self.head.state_dict(), "head_opt": self.opt.state_dict()}
 
+    def files(self) -> dict:
+        """The head alone, beside each checkpoint (checkpoint.save_files: HEAD_FILE): loads with
+        safetensors.torch.load_file into a ResidualHead, without the trainer's state."""
+        return {HEAD_FILE: self.head.state_dict()}
+
     def load_state_dict(self, state: dict) -> None:
         self.head.load_state_dict(state["head"])
         self.opt.load_state_dict(state["head_opt"])
@@ -306,6 +311,7 @@ class R2PO:
 # in the head phase, the head's loss
 LOG = ("r2po phase {r2po/phase:.0f}", "head loss {r2po/head_loss:+.4f}")
 BASE_SAMPLING_ROUND = 999          # the probe of the base policy at eval: its own sampling round
+HEAD_FILE = "r2po_head.safetensors"   # the head alone, in each checkpoint (R2PO.files)
 
 PRESETS = {
     "r2po": ("R²PO (arXiv 2601.11960, official code): rank-64 residual rollout head, 8 head "

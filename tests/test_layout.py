@@ -235,3 +235,12 @@ def test_train_py_s_docstring_is_a_short_contract_that_starts_with_grpo_and_repl
     doc = ast.get_docstring(ast.parse(source("train.py")), clean=False)
     assert len(doc.splitlines()) <= 25
     assert doc.startswith("GRPO with rollout-level, advantage-prioritized experience replay")
+
+
+def test_the_experiment_harness_files_under_600_lines():
+    """bench/'s harness is split by job (design, protocol, runs, verdicts, report, plots,
+    headline, ...): no file of it grows past 600 lines."""
+    bench = os.path.join(ROOT, "bench")
+    long = {f: n for f in sorted(os.listdir(bench)) if f.endswith(".py")
+            and (n := len(source(os.path.join("bench", f)).splitlines())) > 600}
+    assert not long, long

@@ -26,9 +26,9 @@ import vllm_engine
 from conftest import cpu_env
 from checkpoint import load_model
 from data import Prompt
+from engine import TorchEngine
 from methods import r2po
 from methods.r2po import R2PO, ResidualHead
-from engine import TorchEngine
 from rollout import Rollout, Sampling
 from tiny import run_of, update
 
@@ -407,6 +407,10 @@ def test_r2po_preset_trains_saves_and_resumes_exactly(tmp_path):
     assert [no_time(m) for m in ma[3:]] == [no_time(m) for m in metrics(b)]
     hb = head_saved(b / "checkpoints" / "step_000004")
     assert all(torch.equal(saved[n], hb[n]) for n in saved)
+    # the head alone, beside the checkpoint: no trainer state needed to load it
+    from safetensors.torch import load_file
+    alone = load_file(b / "checkpoints" / "step_000004" / r2po.HEAD_FILE)
+    assert alone.keys() == hb.keys() and all(torch.equal(alone[n], hb[n]) for n in hb)
 
 
 def head_saved(ckpt, rank: int = 0) -> dict:

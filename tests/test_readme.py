@@ -49,7 +49,7 @@ def test_readme_and_results_page_headline_tables_are_generated():
     print from the committed bench/results/*/**/summary.json, not written by hand."""
     import sys
     sys.path.insert(0, str(ROOT / "bench"))
-    from report import headline_table
+    from headline import headline_table
     for page, every in (("README.md", False), ("docs/results.md", True)):
         want = headline_table(ROOT / "bench" / "results", every).strip()
         text = (ROOT / page).read_text(encoding="utf-8")
@@ -74,3 +74,28 @@ def test_smollm2_page_look_tables_are_generated():
     text = (ROOT / "docs" / "smollm2.md").read_text(encoding="utf-8")
     got = between(text, LOOK, "docs/smollm2.md")
     assert got == want, "docs/smollm2.md's look tables are stale: run bench/experiments.py --look"
+
+
+READING = (r"calls\s+(\d+)\s+project\s+functions\s+within\s+3\s+calls\s+of\s+`train\(\)`,\s+in\s+"
+           r"(\d+)\s+files\s+with\s+(\d+)\s+file\s+switches;\s+the\s+four\s+files\s+are\s+"
+           r"([\d,]+)\s+lines")
+
+
+def test_readme_reading_path_is_what_trace_step_prints(tmp_path):
+    """README's reading path (the functions one default step opens within 3 calls of train(), in
+    how many files, with how many file switches, and the spine's four files' lines) is what
+    `python bench/trace_step.py` counts now: a refactor that moves them says so here."""
+    import re
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    import trace_step
+    order, _ = trace_step.trace(3, str(tmp_path / "run"))
+    switches = sum(a[0] != b[0] for a, b in zip(order, order[1:]))
+    lines = sum(len((ROOT / name).read_text().splitlines()) for name in trace_step.SPINE)
+    found = re.search(READING, readme())
+    assert found, "README.md lost its reading-path sentence"
+    said = [int(g.replace(",", "")) for g in found.groups()]
+    assert said == [len(order), len({f for f, _ in order}), switches, lines], (
+        "README's reading path is stale: `python bench/trace_step.py` prints "
+        f"{len(order)} functions, {len({f for f, _ in order})} files, {switches} switches, "
+        f"{lines} lines")

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import report  # noqa: E402  (where plots lives: patched there)
+import headline  # noqa: E402
+import report  # noqa: E402  (where plots is called: patched there)
 import stats  # noqa: E402
 import verdicts  # noqa: E402
 from curves import (ToTarget, final_accuracy, ratio_bound, run_final,  # noqa: E402
@@ -512,7 +513,7 @@ def test_headline_table_from_hand_made_summaries(tmp_path):
                               0.003, -0.026, 0.033, False, direction=0, metric="at 50%")])
     (tmp_path / "dapo" / "arith").mkdir(parents=True)
     (tmp_path / "dapo" / "arith" / "summary.json").write_text(json.dumps({"runs": {}}))  # old
-    text = report.headline_table(tmp_path)
+    text = headline.headline_table(tmp_path)
     lines = text.splitlines()
     assert lines[0] == ("| paper | setting | arm vs baseline | the paper claims | Δ [95% CI] | "
                         "paired? | verdict | Holm (setting) |")
@@ -521,7 +522,7 @@ def test_headline_table_from_hand_made_summaries(tmp_path):
         "| reproduced | — |",
         "| mu-GRPO | steps | mu-grpo vs grpo mu=4 (at 50%) | on par (±2) | +0.3 [-2.6, +3.3] | "
         "unpaired (Welch) | inconclusive (95% CI [-2.6, +3.3]) | — |"]
-    rows, skipped = report.headline_rows(tmp_path)
+    rows, skipped = headline.headline_rows(tmp_path)
     assert skipped == [tmp_path / "dapo" / "arith" / "summary.json"]
     proc = subprocess.run([sys.executable, "bench/experiments.py", "--headline", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -539,11 +540,11 @@ def test_headline_rows_are_the_headline_claims_and_every_claim_on_request(tmp_pa
                   [other, head])
     write_summary(tmp_path / "dapo" / "arith" / "summary.json", "DAPO", "arith",
                   [comparison("dapo", "grpo", "reproduced", 0.04, 0.01, 0.07, True), other])
-    rows, _ = report.headline_rows(tmp_path)
+    rows, _ = headline.headline_rows(tmp_path)
     assert [r[2] for r in rows] == ["rollout-replay vs grpo", "dapo vs grpo"]
-    rows, _ = report.headline_rows(tmp_path, every=True)
+    rows, _ = headline.headline_rows(tmp_path, every=True)
     assert [r[2] for r in rows] == ["rollout-replay vs naive-replay", "rollout-replay vs grpo",
                                     "dapo vs grpo", "rollout-replay vs naive-replay"]
     proc = subprocess.run([sys.executable, "bench/experiments.py", "--headline", str(tmp_path),
                            "--every-claim"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout == report.headline_table(tmp_path, True)
+    assert proc.returncode == 0 and proc.stdout == headline.headline_table(tmp_path, True)

@@ -21,8 +21,8 @@ from papers.r2po import r2po_exp  # noqa: E402
 from papers.replay import PRIORITIZED, PRIORITY_LIFT, replay  # noqa: E402
 from papers.vigor import vigor  # noqa: E402
 from protocol import Plan, Stopped, run_dir  # noqa: E402
-from report import (claim_cell, cpu_line, headline_rows, pairing, post_hoc_cell,  # noqa: E402
-                    write_pooled)
+from headline import headline_rows  # noqa: E402
+from report import claim_cell, cpu_line, pairing, post_hoc_cell, write_pooled  # noqa: E402
 from runs import KEPT, recorded_models, run_train  # noqa: E402
 from verdicts import (NOT_ACTED, analyse, diagnostic_value, mechanism_acted, pooled,  # noqa: E402
                       predicate_keys)
