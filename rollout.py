@@ -68,7 +68,8 @@ class StepOut(NamedTuple):
 
 
 def collate(rollouts: list[Rollout], pad_id: int,
-            old_logprobs: list[list[float]] | None = None) -> dict:
+            old_logprobs: list[list[float]] | None = None,
+            ref_logprobs: list[list[float]] | None = None) -> dict:
     """Right-padded tensors for a forward pass over prompt + completion.
 
     Every per-token tensor covers only the positions a completion token can be predicted from: from
@@ -78,7 +79,8 @@ def collate(rollouts: list[Rollout], pad_id: int,
     `completion_mask[b, t]` is 1 where input_ids[b, s + t + 1] is a completion token,
     `behaviour_logprobs[b, t]` its behaviour log-prob (the engine's, at generation). `old_logprobs`
     (the ratio's denominator) is the same tensor unless other per-rollout log-probs are given
-    (train.py's --tis-cap: recomputed by the trainer; a logits head's step: the head's).
+    (train.py's --tis-cap: recomputed by the trainer; a logits head's step: the head's);
+    `ref_logprobs`, where given, the KL reference's (`ref_logprobs[b, t]`, computed once a step).
     EOS, when generated, is a completion token and is in the mask (the policy chose to stop).
     `truncated` [B] says which rollouts hit the length limit (DAPO's overlong filter masks them:
     a method's loss).
@@ -91,6 +93,7 @@ def collate(rollouts: list[Rollout], pad_id: int,
     completion_mask = torch.zeros(B, L - 1 - s)
     behaviour = torch.zeros(B, L - 1 - s)
     old = behaviour if old_logprobs is None else torch.zeros(B, L - 1 - s)
+    ref = None if ref_logprobs is None else torch.zeros(B, L - 1 - s)
     for b, r in enumerate(rollouts):   # one slice copy per sequence, not per token
         P, T = len(r.prompt_ids), len(r.completion_ids)
         input_ids[b, :P + T] = torch.tensor(r.prompt_ids + r.completion_ids)
@@ -100,11 +103,14 @@ def collate(rollouts: list[Rollout], pad_id: int,
         behaviour[b, t0:t0 + T] = torch.tensor(r.logprobs, dtype=torch.float)
         if old_logprobs is not None:
             old[b, t0:t0 + T] = torch.tensor(old_logprobs[b], dtype=torch.float)
+        if ref is not None:
+            ref[b, t0:t0 + T] = torch.tensor(ref_logprobs[b], dtype=torch.float)
     advantages = torch.tensor([r.advantage for r in rollouts], dtype=torch.float)  # [B]
     truncated = torch.tensor([r.truncated for r in rollouts], dtype=torch.bool)     # [B]
-    return dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
-                behaviour_logprobs=behaviour, old_logprobs=old, advantages=advantages,
-                truncated=truncated)
+    out = dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
+               behaviour_logprobs=behaviour, old_logprobs=old, advantages=advantages,
+               truncated=truncated)
+    return out if ref is None else {**out, "ref_logprobs": ref}
 
 
 def first_predicting(rollouts: list[Rollout]) -> int:
@@ -168,7 +174,8 @@ def length_buckets(rollouts: list[Rollout], size: int, max_tokens: int = 0) -> l
 
 
 def micro_batches(rollouts: list[Rollout], size: int, pad_id: int, device, *,
-                  old_logprobs: list | None = None, max_tokens: int = 0) -> list[dict]:
+                  old_logprobs: list | None = None, max_tokens: int = 0,
+                  ref_logprobs: list | None = None) -> list[dict]:
     """`rollouts` in micro-batches of at most `size` rows and `max_tokens` padded positions (0: no
     bound), in the chunks of `length_buckets`, each collated once and moved to `device`. Neither
     changes the gradient: the loss is a sum over tokens with a normaliser fixed before the first
@@ -176,7 +183,8 @@ def micro_batches(rollouts: list[Rollout], size: int, pad_id: int, device, *,
     out = []
     for idx in length_buckets(rollouts, size, max_tokens):
         old = [old_logprobs[i] for i in idx] if old_logprobs else None
-        batch = collate([rollouts[i] for i in idx], pad_id, old)
+        ref = [ref_logprobs[i] for i in idx] if ref_logprobs else None
+        batch = collate([rollouts[i] for i in idx], pad_id, old, ref)
         out.append({k: v.to(device) for k, v in batch.items()})
     return out
 
@@ -196,23 +204,24 @@ class Batching(NamedTuple):
 
 
 def optimizer_steps(b: Batching, fresh: list[Rollout], replayed: list[Rollout], *, step: int,
-                    model, old: list | None = None, adjust: list = (), prepare: list = (),
-                    followers: tuple = ()):
+                    model, old: list | None = None, ref: list | None = None, adjust: list = (),
+                    prepare: list = ()):
     """Yield (micro-batches, N) per optimizer step of the update at `step`: `epochs` passes over
     fresh + replayed (the first in batch order, the others shuffled: shuffle_seed), each cut into
     `mini_batches` fresh-anchored mini-batches, each of those into length-bucketed micro-batches
-    (with pi_old's log-probs `old` where the trainer recomputed them); a method's `adjust(mbs)`
-    hooks, then N = the global normaliser over every rank (a step no rank has a rollout in is
-    skipped), then its `prepare(model, mbs)` hooks (a step-wide pass). The micro-batches come
-    wrapped in parallel.lockstep: iterated to the end, this rank makes the passes it lacks (with
-    the frozen `followers`' forwards), so every rank joins FSDP's collectives alike."""
+    (with pi_old's log-probs `old` where the trainer recomputed them, and the KL reference's
+    `ref`, each in batch order); a method's `adjust(mbs)` hooks, then N = the global normaliser
+    over every rank (a step no rank has a rollout in is skipped), then its `prepare(model, mbs)`
+    hooks (a step-wide pass). The micro-batches come wrapped in parallel.lockstep: iterated to the
+    end, this rank makes the passes it lacks, so every rank joins FSDP's collectives alike."""
     batch = fresh + replayed
     for epoch in range(b.epochs):
         order = shuffle_seed(b.seed, step, epoch) if epoch else None
         for idx in mini_batches(len(fresh), len(replayed), b.mini_batches, order):
             olds = None if old is None else [old[i] for i in idx]
+            refs = None if ref is None else [ref[i] for i in idx]
             mbs = micro_batches([batch[i] for i in idx], b.rows, b.pad_id, b.device,
-                                old_logprobs=olds, max_tokens=b.tokens)
+                                old_logprobs=olds, max_tokens=b.tokens, ref_logprobs=refs)
             for hook in adjust:
                 mbs = hook(mbs)
             n = parallel.global_normaliser(mbs, b.agg, b.max_len, b.world)
@@ -220,8 +229,7 @@ def optimizer_steps(b: Batching, fresh: list[Rollout], replayed: list[Rollout], 
                 continue
             for hook in prepare:
                 mbs = hook(model, mbs)
-            yield parallel.lockstep(mbs, model, b.pad_id, b.world, backward=True,
-                                    followers=followers), n
+            yield parallel.lockstep(mbs, model, b.pad_id, b.world, backward=True), n
 
 
 @functools.lru_cache(maxsize=None)

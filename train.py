@@ -20,10 +20,11 @@ engine, optimizer and replay buffer made, the method files' slots filled). Each 
 6. sync      the engine gets the new weights (and wakes);
 then eval every `eval_every` steps, the log line and metrics.jsonl, a checkpoint every
 `save_every`. Each step function returns its numbers (metrics.Metrics); the loop merges them
-once a step and reduces them over ranks once. A replayed rollout's ratio is against the policy that generated it, up to tau_max
-steps old: what makes replay off-policy and what the clip guards. Under torchrun each rank takes
-every world-th prompt and keeps its own buffer; the normaliser is summed over ranks and each
-loss multiplied by the world size, so a step equals the 1-rank step over the same global batch.
+once a step and reduces them over ranks once. A replayed rollout's ratio is against the policy
+that generated it, up to tau_max steps old: what makes replay off-policy and what the clip
+guards. Under torchrun each rank takes every world-th prompt and keeps its own buffer; the
+normaliser is summed over ranks and each loss multiplied by the world size, so a step equals the
+1-rank step over the same global batch.
 """
 import os
 import sys
@@ -182,10 +183,8 @@ def micro_batch_loss(run: Run, mb: dict, normaliser: float) -> tuple[torch.Tenso
             logged.update(diagnostics(logp, mb, log_w, eps))
         if w_tis is not None:
             logged["loss/tis_weight"] = grpo.masked_mean(w_tis, mask)
-    if f.kl_coef > 0:
-        with torch.no_grad():
-            ref_logp = rollout.forward_logprobs(run.initial, mb, temperature)[1]       # [b, T]
-        kl = grpo.kl_penalty(logp, ref_logp, f.kl_estimator)                            # [b, T]
+    if f.kl_coef > 0:                              # the reference's log-probs: once a step (update)
+        kl = grpo.kl_penalty(logp, mb["ref_logprobs"], f.kl_estimator)                  # [b, T]
         loss = loss + f.kl_coef * grpo.aggregate(kl, loss_mask, f.agg, normaliser)
         logged["kl"] = grpo.masked_mean(kl.detach(), mask)
     numbers = Metrics()
@@ -222,14 +221,15 @@ def update(run: Run, fresh: list, replayed: list, *, step: int,
     behaviour log-probs the engine recorded, or the trainer's own forward before the update where
     those cannot serve: with --tis-cap (each token then weighted by min(pi_old / pi_behaviour,
     C)), and for a method's own ratio (a sequence ratio clips at a few 1e-4) unless the engine
-    computes as the trainer does (engine.serves_as_old: both fp32). Returns this rank's numbers
+    computes as the trainer does (engine.serves_as_old: both fp32). The KL reference's log-probs
+    (--kl-coef) are computed once, before the first optimizer step. Returns this rank's numbers
     and each optimizer step's own (updates.jsonl)."""
     f = run.settings.loss
-    old = trainer_logprobs(run, fresh, replayed) if recomputes_old(run) else None
-    reference = (run.initial,) if f.kl_coef > 0 else ()    # the KL reference's forwards: lockstep
+    old = trainer_logprobs(run, run.model, fresh, replayed) if recomputes_old(run) else None
+    ref = trainer_logprobs(run, run.initial, fresh, replayed) if f.kl_coef > 0 else None
     batches = rollout.optimizer_steps(run.batching, fresh, replayed, step=step, model=run.model,
-                                      old=old, adjust=run.hooks.batch,
-                                      prepare=run.hooks.prepare, followers=reference)
+                                      old=old, ref=ref, adjust=run.hooks.batch,
+                                      prepare=run.hooks.prepare)
     updates = [optimizer_step(run, mbs, n, guard=guard, step=step) for mbs, n in batches]
     numbers = Metrics()
     for u in updates:
@@ -246,14 +246,15 @@ def recomputes_old(run: Run) -> bool:
                                              and not run.engine.serves_as_old(run.precision))
 
 
-def trainer_logprobs(run: Run, fresh: list, replayed: list) -> list:
-    """pi_old by the trainer's own forward, without gradient (every rank), in the micro-batches
-    the update's first epoch forms (the same shapes: in bf16 another batching rounds otherwise,
-    and the first ratio would not be exactly 1), in batch order."""
+def trainer_logprobs(run: Run, model, fresh: list, replayed: list) -> list:
+    """Each rollout's log-probs under `model` (the policy: pi_old; the frozen reference: the KL's),
+    without gradient (every rank), in the micro-batches the update's first epoch forms (the same
+    shapes: in bf16 another batching rounds otherwise, and the first ratio would not be exactly
+    1), in batch order."""
     b, batch = run.batching, fresh + replayed
     old = [None] * len(batch)
     for idx in rollout.mini_batches(len(fresh), len(replayed), b.mini_batches):
-        part = rollout.lockstep_logprobs(run.model, [batch[i] for i in idx], b.rows,
+        part = rollout.lockstep_logprobs(model, [batch[i] for i in idx], b.rows,
                                          run.settings.run.temperature, b.pad_id, b.world, b.tokens)
         for i, logprobs in zip(idx, part):
             old[i] = logprobs

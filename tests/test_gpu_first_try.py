@@ -491,8 +491,10 @@ def test_a_micro_batch_reads_no_number_between_its_forward_and_its_backward(monk
     rollouts = [Rollout(prompt_id=i // 2, prompt_ids=tok.encode(f"{i}+1="),
                         completion_ids=tok.encode(str(i + 1)), logprobs=[-1.5] * len(str(i + 1)),
                         advantage=(-1.0) ** i) for i in range(6)]
+    ref = [[-1.6] * len(r.completion_ids) for r in rollouts] if kw.get("kl_coef") else None
     mbs = rollout.micro_batches(rollouts, 2, tok.pad_token_id, "cpu",
-                                old_logprobs=[[-1.4] * len(r.completion_ids) for r in rollouts])
+                                old_logprobs=[[-1.4] * len(r.completion_ids) for r in rollouts],
+                                ref_logprobs=ref)       # the KL reference's: once a step (update)
     watching, reads = [False], []
 
     def watch(name):

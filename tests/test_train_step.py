@@ -19,7 +19,7 @@ import train
 from make_tiny_model import make_model, make_tokenizer
 from methods import vigor
 from rollout import Rollout
-from tiny import run_of
+from tiny import run_of, update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # train.main in process, on the CPU whatever the machine has (conftest's cpu_only): on CUDA it would
@@ -82,6 +82,24 @@ def test_veto_uses_behaviour_logprobs_under_tis():
     no_veto = dataclasses.replace(a, veto_scope="none")
     _, m_off = train.micro_batch_loss(run_of(no_veto, model), mb, 2.0)
     assert "loss/veto_frac" not in m_off.reduce(1)                  # no veto: not logged at all
+
+
+def test_the_kl_reference_is_scored_once_a_step_not_every_epoch():
+    """--kl-coef over 3 epochs: the frozen reference's forward runs once a step, on the first
+    epoch's micro-batches (train.trainer_logprobs), not once an epoch (it cost PNPO + KL a quarter
+    of its update), and the KL is logged."""
+    import copy
+    model, tok = _tiny_policy()
+    a = flags.Args(kl_coef=0.1, epochs=3)
+    initial = copy.deepcopy(model).eval().requires_grad_(False)
+    calls, real = [], initial.forward
+    initial.forward = lambda *x, **k: calls.append(1) or real(*x, **k)
+    rs = [Rollout(k, tok.encode(f"{k}*3="), tok.encode(str(3 * k)), [-1.0] * len(str(3 * k)),
+                  advantage=(-1.0) ** k) for k in range(8)]
+    m = update(model.train(), initial, torch.optim.SGD(model.parameters(), lr=0.1), rs, [], a,
+               step=0, pad_id=tok.pad_token_id).reduce(1)
+    assert len(calls) == len(rollout.micro_batches(rs, a.micro_batch_size, tok.pad_token_id, "cpu"))
+    assert m["stage/updates"] == 3 and math.isfinite(m["kl"])
 
 
 # ---- 5. length-bucketed micro-batches: the gradient of the whole batch, float rounding aside -----
