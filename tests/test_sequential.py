@@ -294,3 +294,55 @@ def test_the_draws_setting_at_its_final_look_reads_every_claim_with_holm(tmp_pat
     assert "Read at look 2 of 2 (20 complete seeds" in text
     assert "the last look: the runs stop here, the primary not crossing." in text
     assert "not decided" not in text and "continues to" not in text
+
+
+def test_an_interim_look_that_goes_on_reads_the_primarys_arms_alone(monkeypatch, tmp_path):
+    """Setting.interim_primary_only (smollm2-compute): at a look where the primary does not cross,
+    the arms outside the primary claim are withheld (not in the runs, the claims or the report,
+    which names them); at the look that decides, every arm is read."""
+    three = (*ARMS, Arm("c", ("--replay", "none")))
+    finals = {"a": lambda sd: 0.3 + 0.05 * (-1) ** sd, "b": lambda sd: 0.3, "c": lambda sd: 0.2}
+    _fake(monkeypatch, finals)
+
+    def setting(**kw):
+        return dataclasses.replace(_setting(**kw), arms=three, interim_primary_only=True,
+                                   claims=(Claim("a", 1), Claim("c", 1, against="a")))
+    run_setting(setting(seeds=(1, 2), looks=()), Plan(tmp_path, 1, 1, False))
+    out = run_setting(setting(), Plan(tmp_path, 1, 1, False, train=False))
+    assert sorted(out["runs"]) == ["a", "b"] and out["withheld"] == ["c"]
+    text = write_setting(out, tmp_path / "report")
+    assert "Withheld at this look: c." in text
+    assert "c vs a" not in text and "| c |" not in text
+    out = run_setting(setting(), Plan(tmp_path, 1, 1, False))           # the final look: all
+    assert sorted(out["runs"]) == ["a", "b", "c"] and out["withheld"] == []
+
+
+def test_the_compute_settings_gates_read_the_update_tokens():
+    """smollm2-compute's claim 2 (replay vs GRPO-96) holds its gate where the two updates' tokens
+    are within 10% either way and is not testable where they are not; claim 3 (GRPO-96 vs GRPO-64)
+    where GRPO-96's update is at least 1.3x GRPO-64's."""
+    from papers.replay import GRPO_64, GRPO_96, compute_gates
+    (s,) = [s for s in replay(False).settings if s.label == "smollm2-compute"]
+    tokens = {GRPO_64: 880.0, "rollout-replay": 1280.0, GRPO_96: 1320.0}
+
+    def read(tokens):
+        runs = _hand_made_runs({GRPO_64: lambda sd: 0.13 + 0.01 * (sd % 3),
+                                "rollout-replay": lambda sd: 0.15 + 0.01 * (sd % 2),
+                                GRPO_96: lambda sd: 0.14 + 0.01 * (sd % 2)}, 20)
+        for arm, rs in runs.items():
+            for r in rs:
+                r["means"] = {**r["means"], "loss/tokens": tokens[arm], "batch/fresh":
+                              96 if arm == GRPO_96 else 64}
+        summary = {"setting": s, "runs": runs, "chosen": {a.name: 2e-5 for a in s.arms},
+                   "sweep": {a.name: {} for a in s.arms}, "grid": s.grid, "sweep_seeds": (0,),
+                   "picked": {}, "also": {}, "band": {}}
+        a = analyse(summary)
+        return {(c["arm"], c["against"]): c for c in a["comparisons"]}, a
+    claims, a = read(tokens)
+    assert claims[("rollout-replay", GRPO_96)]["diagnostic"]["acted"]
+    assert claims[("rollout-replay", GRPO_96)]["diagnostic"]["value"] == pytest.approx(1280 / 1320)
+    assert claims[(GRPO_96, GRPO_64)]["diagnostic"]["acted"]
+    assert [g["holds"] for g in a["arms"][GRPO_96]["gates"]] == [True, True]
+    claims, _ = read({**tokens, GRPO_96: 1500.0})                      # 1280 / 1500 = 0.85
+    assert claims[("rollout-replay", GRPO_96)]["verdict"].startswith("not testable here")
+    assert compute_gates("rollout-replay", [_run({**PRIORITIZED_RUN, "loss/tokens": 1.0})])[1][2]
