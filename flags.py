@@ -262,7 +262,11 @@ def check_args(args, world: int = 1) -> None:
     """Reject bad input up front with one clear sentence (a ValueError that main prints). Every
     float flag must be finite; each owner's bounds (AT_LEAST_1, AT_LEAST_0) and rules come first,
     then the rules between owners. The bounds are what the code can run with, not a judgement of
-    taste."""
+    taste. First of all, a method file that the registry (methods.WINGS) does not name."""
+    stray = methods.unregistered()
+    if stray:
+        raise ValueError(f"methods/{stray[0]} is not a method yet: add \"{stray[0][:-3]}\" to "
+                         f"methods/__init__.py's WINGS")
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
         if isinstance(value, float) and not math.isfinite(value):

@@ -41,11 +41,15 @@ def test_preset_flags_are_overridden_by_explicit_flags():
 
 
 def test_presets_carry_their_experiments_lr_and_say_so():
-    """A preset's lr is its experiment's dev choice (flags.py's note above PRESETS); the one-line
-    description (--help, docs/methods.md) states it. drgrpo has no experiment: the default."""
+    """A preset sets only what it changes: one without an lr runs at the default (drgrpo has no
+    experiment). A preset's lr is its experiment's dev choice (flags.py's note above PRESETS), and
+    the one-line description (--help, docs/methods.md) states it; a preset named after an
+    experiment with results (bench/results/NAME) carries one."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    experiments = set(os.listdir(os.path.join(root, "bench", "results")))
     for name, (text, values) in flags.PRESETS.items():
-        if name == "drgrpo":
-            assert "lr" not in values
+        if "lr" not in values:
+            assert name not in experiments, name
             continue
         assert values["lr"] < flags.Args().lr, name          # 3e-4 collapses these methods
         assert f"lr {values['lr']:.0e}".replace("e-0", "e-") in text, name

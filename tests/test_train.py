@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import cli
 import flags
+import methods
 import train
 from conftest import cpu_env
 
@@ -196,9 +197,12 @@ def test_help_shows_the_first_group_in_its_first_screen():
 
 # ---- the flags, grouped by owner; a method's own flags carry its prefix --------------------------
 
-# each owner's groups (flags.OWNERS), in their order
-GROUPS = ("run", "optimisation", "reward", "objective", "replay", "Dr. GRPO", "PNPO", "mu-GRPO",
-          "M2PO", "DAPO", "Headroom-Drift", "VIGOR", "R²PO", "engine", "eval and logs")
+# each owner's groups (flags.OWNERS), in their order: the spine's, each method file's (in the
+# registry's order, methods.WINGS), then the engine's and the eval's
+METHOD_GROUPS = tuple(dict.fromkeys(g for owner in methods.owners()
+                                    for g in cli.field_groups(owner).values()))
+GROUPS = ("run", "optimisation", "reward", "objective", "replay", *METHOD_GROUPS, "engine",
+          "eval and logs")
 # a method's flags: the prefix of their names, their group, the first word of their help
 METHODS = {"vigor_": ("VIGOR", "VIGOR:"), "r2po_": ("R²PO", "R²PO:"),
            "hd_": ("Headroom-Drift", "Headroom-Drift:")}
@@ -235,6 +239,5 @@ def test_a_methods_own_flags_carry_its_prefix():
     old = {"n_init", "n_step", "rollout_budget", "rollout_head", "rollout_head_rank", "headroom",
            "replay_groups", "drift_candidates", "drift_max"}
     assert not old & set(groups)                                  # the names before the prefixes
-    import methods
     for owner in methods.owners():
         assert len({groups[f.name] for f in dataclasses.fields(owner)}) == 1, owner
