@@ -128,8 +128,12 @@ class OptimFlags:
     torchrun), fp32 on the CPU; bf16 = bf16 autocast on the CPU too, for the trainer and
     TorchEngine alike (fp32 weights, gradients and AdamW; SmolLM2-135M's log-probs moved by
     ~0.05). On a CPU with AMX a SmolLM2 step took 0.83x fp32's time (update 0.76x, generation
-    1.09x); on one without bf16 units (avx512_bf16, amx_bf16) bf16 is emulated, several times
-    slower, and a run warns (docs/smollm2.md)"""
+    1.09x); on one without bf16 units (avx512_bf16, amx_bf16) bf16 is emulated: 2 SmolLM2 steps
+    took 368 s against fp32's 40 s (12-13x; the update 13-16x), so a run refuses it there unless
+    --allow-slow-bf16 (docs/smollm2.md)"""
+    allow_slow_bf16: bool = False
+    """run --precision bf16 on a CPU without bf16 units all the same (emulated: about 12x fp32's
+    step time), with a warning"""
     epochs: int = 1
     """passes over each step's batch"""
     mini_batches: int = 1
@@ -244,15 +248,14 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
 
 
 def bf16_cpu_warning(choice: str, device: str, cpuinfo: str | None = None) -> str | None:
-    """The warning for --precision `choice` on `device`: bf16 asked for on a CPU without bf16
-    units (cpu_has_bf16 False), where torch emulates bf16 autocast's matmuls (on an AVX2-only AMD
-    EPYC a SmolLM2 greedy batch took 4.6x fp32's time); None otherwise (fp32, a GPU, a CPU with
-    them, or one that cannot tell)."""
+    """Why --precision `choice` on `device` is slow: bf16 asked for on a CPU without bf16 units
+    (cpu_has_bf16 False), where torch emulates bf16 autocast's matmuls (2 SmolLM2 steps: 368 s
+    against fp32's 40 s, 12-13x; a greedy batch 4.6x); None otherwise (fp32, a GPU, a CPU with
+    them, or one that cannot tell). A run refuses it unless --allow-slow-bf16, then warns."""
     if choice != "bf16" or device.split(":")[0] != "cpu" or cpu_has_bf16(cpuinfo) is not False:
         return None
-    return (f"--precision bf16 on a CPU without bf16 units (none of {', '.join(BF16_CPU)} in "
-            "/proc/cpuinfo): torch emulates them, several times slower than fp32 here "
-            "(4.6x measured on an AVX2-only CPU); drop --precision bf16 for fp32")
+    return "--precision bf16: no bf16 units on this CPU, 12x slower than fp32"
+
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
