@@ -54,6 +54,15 @@ def shown_default(value):
     return value
 
 
+def shown_path(path: str) -> str:
+    """A path as an error line names it: relative to the directory the user ran in where that is
+    shorter (a checkout's absolute path makes a line of 160-230 characters), else as given."""
+    if not os.path.isabs(path):
+        return path
+    relative = os.path.relpath(path)
+    return relative if len(relative) < len(path) else path
+
+
 def compose(name: str, owners: tuple, module: str, more_choices: dict | None = None) -> type:
     """One flat frozen dataclass `name` (defined in `module`) with the fields of every owner
     dataclass in `owners`, in order; `cls.owners` keeps them, for the help texts and groups. Two
