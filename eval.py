@@ -335,7 +335,8 @@ def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_
 @dataclass
 class Args:
     model: str = "assets/tiny-arith"
-    """Hugging Face model directory; assets/tiny-arith is the built-in tiny model"""
+    """Hugging Face model directory (assets/tiny-arith is the built-in tiny model), or a Hub id
+    (org/name), fetched where the Hub is reachable, as train.py's --model"""
     benchmarks: str = data.BUILTIN
     """comma-separated benchmark names (builtin, gsm8k, math500, aime24, amc23, minerva,
     olympiadbench, ...) or .jsonl/.json/.parquet files"""
@@ -401,8 +402,9 @@ def load_inputs(args: Args):
         raise ValueError("--benchmarks is empty")
     baseline = load_baseline(args.baseline, benches) if args.baseline else None
     model_dir = _repo_relative(args.model)
-    if not os.path.isdir(model_dir):   # before importing torch: a typo answers at once
-        raise FileNotFoundError(f"model directory not found: {args.model}")
+    problem = cli.model_problem(model_dir)      # before importing torch: a typo answers at once
+    if problem:
+        raise ValueError(problem)
     from transformers.utils import logging as hf_logging
     from checkpoint import load_model
     hf_logging.disable_progress_bar()     # no bar for loading the weights, as in train.py's runs

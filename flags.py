@@ -62,7 +62,9 @@ class RunFlags:
     preset: Literal["none", *PRESETS] = "none"
     """a paper's method (the list below; docs/methods.md has their flags); explicit flags win"""
     model: str = os.path.join(HERE, "assets", "tiny-arith")
-    """local Hugging Face model directory (the default is the built-in tiny model)"""
+    """local Hugging Face model directory (the default is the built-in tiny model), or a Hub id
+    (org/name), fetched as transformers does where the Hub is reachable (elsewhere: hf download ID
+    --local-dir DIR where it is, then --model DIR)"""
     train_data: str = "builtin"
     """prompt set: 'builtin' (synthetic arithmetic, 2-3 operands), builtin_steps (5-6 operands,
     worked step by step), builtin_mixed (2-6 operands), a benchmark name (gsm8k_train, ...) or a
@@ -293,6 +295,7 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
              *([args.eval_data] if args.eval_data != "auto" else [])]
     files = [name for name in named if name not in data.BENCHMARK_NAMES]
     torch_needed = torch_engine_needed(args)
+    model_problem = cli.model_problem(args.model)         # a Hub id passes: fetched at load
     return [
         (args.prompts_per_step % world,
          f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world size "
@@ -309,7 +312,7 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
          f"--engine vllm: {torch_needed}; use --engine torch (or auto, which picks it)"),
         (args.tensorboard and importlib.util.find_spec("tensorboard") is None,
          "--tensorboard needs the tensorboard package: pip install -r requirements-bench.txt"),
-        (not os.path.isdir(args.model), f"--model: no such directory: {args.model}"),
+        (bool(model_problem), model_problem),
         (args.overwrite and args.resume,
          "--overwrite starts over, --resume continues: choose one"),
         (args.reward_fn and args.reward.startswith("partial"),
