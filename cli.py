@@ -63,6 +63,16 @@ def shown_path(path: str) -> str:
     return relative if len(relative) < len(path) else path
 
 
+# an absolute path inside a line of text (not a URL's //host/..., not the middle of a relative path)
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])/[^\s'\",:;()\[\]]+")
+
+
+def relative_paths(line: str) -> str:
+    """`line` (an error) with each absolute path in it as shown_path names it: relative to where the
+    user ran, where that is shorter."""
+    return ABSOLUTE_PATH.sub(lambda m: shown_path(m.group(0)), line)
+
+
 # a model's weights, one of these in its directory (transformers' names, sharded or not)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")

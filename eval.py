@@ -484,6 +484,6 @@ if __name__ == "__main__":
     try:
         inputs = load_inputs(args)
     except (ValueError, OSError, ImportError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(cli.relative_paths(f"error: {e}"), file=sys.stderr)
         sys.exit(2)
     main(args, *inputs)

@@ -77,9 +77,10 @@ def start(out_dir: str, resume: str, overwrite: bool) -> tuple[int, int, str] | 
     try:
         checkpoint.claim_out_dir(out_dir, resume=resume, overwrite=overwrite)
     except ValueError as e:
+        line = cli.relative_paths(f"error: {e}")
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
-        parallel.record_error(f"error: {e}")      # torchrun's summary shows the one line
+            print(line, file=sys.stderr)
+        parallel.record_error(line)               # torchrun's summary shows the one line
         return None
     try:
         return setup_distributed()

@@ -150,6 +150,26 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     assert len(lines) == 1, err.getvalue()
 
 
+@pytest.mark.usefixtures("cpu_only")
+def test_an_error_names_paths_relative_to_where_the_user_ran(tmp_path, monkeypatch):
+    """A path the user gave absolute (or the checkout's own) is named relative to the directory
+    they ran in, where that is shorter: the line stays readable (a checkout's absolute paths made
+    lines of 160-230 characters); a URL is left alone."""
+    deep = tmp_path / ("a-folder-with-a-long-name-" * 4) / "inside"
+    deep.mkdir(parents=True)
+    (deep / "bad.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{not json\n')
+    monkeypatch.chdir(deep)
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        rc = train.main(["--steps", "1", "--train-data", str(deep / "bad.jsonl"),
+                         "--out-dir", str(tmp_path / "run")])
+    assert rc == 2 and err.getvalue().startswith("error: bad.jsonl:2: "), err.getvalue()
+    assert len(err.getvalue().strip()) <= 100
+    url = "see https://huggingface.co/docs/x and /proc/cpuinfo"
+    assert cli.relative_paths(url) == url.replace("/proc/cpuinfo", cli.shown_path("/proc/cpuinfo"))
+    assert cli.relative_paths(f"x {deep}/y.py:3: z") == "x y.py:3: z"
+
+
 def test_unreadable_data_file(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1", "answer": "2"}\n{not json\n')
