@@ -361,7 +361,8 @@ class Args:
     question_key: str = ""
     """question field of a generic data file (dotted for nested)"""
     answer_key: str = ""
-    """gold answer field of a generic data file (dotted for nested)"""
+    """gold answer field of a generic data file (dotted for nested); a list there is one answer of
+    several parts, all to be given, as train.py's --answer-key"""
     baseline: str = ""
     """summary.json of a baseline model's eval: adds AES per benchmark and for the macro row"""
     limit: int = 0

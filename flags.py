@@ -36,7 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the tiny model, not chosen on dev; the replay experiment's longer runs chose 1e-4.
 SPINE_PRESETS = {
     "grpo": ("original GRPO (DeepSeekMath, arXiv 2402.03300): no replay, symmetric clip 0.2, "
-             "per-sequence token mean; lr 1e-4",
+             "per-sequence token mean; lr 1e-4; its logged loss is 0 at every step by "
+             "construction (on-policy: ratio 1, each group's A sums to 0; the gradient is not 0)",
              dict(replay="none", ratio="token", agg="seq-mean-token-mean", eps_low=0.2,
                   eps_high=0.2, lr=1e-4)),
     "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults "
@@ -74,7 +75,8 @@ class RunFlags:
     the first of question, problem, prompt)"""
     answer_key: str = ""
     """the gold answer field of such a file, dotted for nested ('' = the first of answer,
-    final_answer, ground_truth)"""
+    final_answer, ground_truth); a list there (["1", "2"]) is one answer of several parts, "1, 2":
+    a response must give them all (any order), not one of them"""
     prompt_template: Literal["auto", *data.TEMPLATES] = "auto"
     """plain | chat | builtin | instruct (data.apply_template); auto = for the built-in tasks
     instruct when the tokenizer has a chat template, else builtin; plain for any other set"""
@@ -224,7 +226,7 @@ Args = cli.compose("Args", OWNERS, __name__, more_choices={
 
 
 # --help's first line: argparse's own would list all ~100 flags before the groups that explain them
-USAGE = "%(prog)s [--preset NAME] [--model DIR] [--FLAG VALUE ...]   (every flag: below)"
+USAGE = "%(prog)s [--preset NAME] [--model DIR] [--FLAG VALUE ...]   (every flag: --help)"
 
 
 def parse(argv=None, description: str = "") -> Args:
