@@ -228,6 +228,16 @@ METHODS = {"vigor_": ("VIGOR", "VIGOR:"), "r2po_": ("R²PO", "R²PO:"),
            "hd_": ("Headroom-Drift", "Headroom-Drift:")}
 
 
+def test_the_usage_line_points_to_help(capsys):
+    """A bad flag prints argparse's usage line and its error: the usage line names --help for
+    every flag (nothing follows it there)."""
+    with pytest.raises(SystemExit) as e:
+        flags.parse(["--no-such-flag"])
+    usage, error = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and usage.endswith("(every flag: --help)"), usage
+    assert "unrecognized arguments: --no-such-flag" in error
+
+
 def test_every_flag_is_in_one_group_and_help_shows_the_groups():
     groups = cli.field_groups(flags.Args)
     assert set(groups) == {f.name for f in dataclasses.fields(flags.Args)}
