@@ -105,6 +105,9 @@ def test_every_preset_runs_end_to_end(name, tmp_path):
     assert saved["preset"] == name and all(saved[k] == v for k, v in flags.PRESETS[name][1].items()
                                            if k not in ("steps", "prompts_per_step", "eval_every",
                                                         "mini_batches", "r2po_schedule"))
+    if name == "grpo":              # on-policy, one epoch: 0 by construction (the preset says so)
+        assert "loss is 0" in flags.PRESETS[name][0]
+        assert all(abs(r["loss/policy"]) < 1e-6 for r in rows), [r["loss/policy"] for r in rows]
     if name == "headroom-drift":
         assert rows[1]["replay/drift_candidates"] > 0 and "replay/headroom_mean" in rows[1]
         assert "replay/headroom_stored_mean" in rows[1]
