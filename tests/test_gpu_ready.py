@@ -330,18 +330,20 @@ def test_cpu_bf16_precision_runs_trainer_and_engine_under_autocast(tmp_path):
     """--precision bf16 on the CPU: the trainer's forward and TorchEngine's copy both under bf16
     autocast (fp32 weights), the run's line says so, and two steps train with the canary (engine
     against trainer, both bf16 but in other shapes: bf16 rounding, ~1e-2) under its limit and the
-    floor (what bf16 alone moves a log-prob) logged beside it."""
+    floor (what bf16 alone moves a log-prob) logged beside it. --allow-slow-bf16: on a CPU
+    without bf16 units (emulated) the run would be refused, not what this test is about."""
     args = flags.Args(precision="bf16", steps=2, eval_size=8, check_every=1,
-                      out_dir=str(tmp_path / "run"), prompts_per_step=8, replay="none")
+                      out_dir=str(tmp_path / "run"), prompts_per_step=8, replay="none",
+                      allow_slow_bf16=True)
     run = setup(args)
     assert run.precision == "autocast-bf16"
     assert "forward" in vars(run.model) and "forward" in vars(run.engine.model)
     assert setup(dataclasses.replace(args, precision="auto")).precision == "fp32"
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(io.StringIO()):
-        assert train.main(["--precision", "bf16", "--steps", "2", "--eval-size", "8",
-                           "--check-every", "1", "--prompts-per-step", "8", "--replay", "none",
-                           "--out-dir", str(tmp_path / "main")]) == 0
+        assert train.main(["--precision", "bf16", "--allow-slow-bf16", "--steps", "2",
+                           "--eval-size", "8", "--check-every", "1", "--prompts-per-step", "8",
+                           "--replay", "none", "--out-dir", str(tmp_path / "main")]) == 0
     assert "autocast-bf16" in out.getvalue()
     import json
     rows = [json.loads(line) for line in open(tmp_path / "main" / "metrics.jsonl")]
