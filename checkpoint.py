@@ -58,6 +58,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
+import cli
 from parallel import print0
 
 MARKER = "COMPLETE"
@@ -204,19 +205,51 @@ def save_files(state: dict, where: str) -> None:
 
 
 def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from a local Hugging Face directory. FileNotFoundError / ValueError, never
-    downloads."""
+    """(model, tokenizer) from a local Hugging Face directory, or from a Hub id (org/name) as
+    transformers fetches it (as TRL takes one): from huggingface_hub's cache when it holds it, else
+    downloaded where the Hub is reachable. FileNotFoundError (no such directory) / ValueError /
+    OSError in one line (cli.model_problem, cli.hub_unreachable)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory not found: {path}")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    problem = cli.model_problem(path)
+    if problem:
+        raise (ValueError if os.path.isdir(path) else FileNotFoundError)(problem)
+    hub = cli.is_hub_id(path)
+    local_only = not hub or hub_cached(path)
+    if not local_only:
+        require_hub(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=local_only,
+                                                     dtype=dtype)
+    except OSError as e:
+        if not hub:
+            raise
+        raise OSError(f"--model {path}: {str(e).strip().splitlines()[0]}") from None
     model = model.to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def hub_cached(model_id: str) -> bool:
+    """Whether huggingface_hub's cache holds Hub model `model_id` (its config.json): loaded from
+    there without a request."""
+    from huggingface_hub import try_to_load_from_cache
+    return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+
+
+def require_hub(model_id: str, timeout: float = 10.0) -> None:
+    """OSError, one line (cli.hub_unreachable), where the Hub does not answer one request to its
+    endpoint within `timeout` seconds (or HF_HUB_OFFLINE is set): said at once, not after the
+    downloader's minute of retries."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+    if constants.HF_HUB_OFFLINE:
+        raise OSError(cli.hub_unreachable(model_id))
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception:       # any way of not reaching it (DNS, refused, timeout, proxy): this line
+        raise OSError(cli.hub_unreachable(model_id)) from None
 
 
 def latest(root: str) -> str | None:

@@ -54,6 +54,61 @@ def shown_default(value):
     return value
 
 
+def shown_path(path: str) -> str:
+    """A path as an error line names it: relative to the directory the user ran in where that is
+    shorter (a checkout's absolute path makes a line of 160-230 characters), else as given."""
+    if not os.path.isabs(path):
+        return path
+    relative = os.path.relpath(path)
+    return relative if len(relative) < len(path) else path
+
+
+# an absolute path inside a line of text (not a URL's //host/..., not the middle of a relative path)
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])/[^\s'\",:;()\[\]]+")
+
+
+def relative_paths(line: str) -> str:
+    """`line` (an error) with each absolute path in it as shown_path names it: relative to where the
+    user ran, where that is shorter."""
+    return ABSOLUTE_PATH.sub(lambda m: shown_path(m.group(0)), line)
+
+
+# a model's weights, one of these in its directory (transformers' names, sharded or not)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")      # the Hugging Face Hub's org/name
+
+
+def is_hub_id(model: str) -> bool:
+    """Whether --model `model` names a model of the Hugging Face Hub (org/name, as
+    Qwen/Qwen2.5-0.5B-Instruct), not a local directory: nothing of that path exists here, its first
+    part included (assets/tiny-arith-typo is a local path mistyped)."""
+    first = model.split("/")[0]
+    return HUB_ID.fullmatch(model) is not None and not os.path.exists(first)
+
+
+def model_problem(model: str) -> str:
+    """What keeps --model `model` from loading, one line ("" when nothing does): train.py's and
+    eval.py's words for it. A Hub id passes here (checkpoint.load_model fetches it, or says why it
+    cannot); a local directory needs config.json and weights (WEIGHT_FILES)."""
+    shown = shown_path(model)
+    if is_hub_id(model):
+        return ""
+    if not os.path.isdir(model):
+        return f"--model {shown}: no such directory (nor a Hub id, org/name)"
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        return f"--model {shown}: no config.json in it: not a Hugging Face model directory"
+    if not any(os.path.isfile(os.path.join(model, f)) for f in WEIGHT_FILES):
+        return f"--model {shown}: no weights in it (model.safetensors or pytorch_model.bin)"
+    return ""
+
+
+def hub_unreachable(model_id: str) -> str:
+    """The line for a Hub id that cannot be fetched here (no network, or HF_HUB_OFFLINE): fetch it
+    where the Hub is reachable, then pass the directory."""
+    return f"--model {model_id}: offline; hf download ID --local-dir DIR, then --model DIR"
+
+
 def compose(name: str, owners: tuple, module: str, more_choices: dict | None = None) -> type:
     """One flat frozen dataclass `name` (defined in `module`) with the fields of every owner
     dataclass in `owners`, in order; `cls.owners` keeps them, for the help texts and groups. Two

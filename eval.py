@@ -170,7 +170,8 @@ class TrainFlags:
     """what eval/accuracy is on: auto = a built-in --train-data's own test split, or a file's
     held-out rows (a question is held out iff crc32(question) % 10 == 0, as in the built-in
     splits: about a tenth, not trained on; --dev-size's: == 1); or a benchmark name or a file,
-    evaluated whole (--train-data then trained on whole, less its dev rows under --dev-size)"""
+    evaluated whole (--train-data then trained on whole, less its dev rows under --dev-size); one
+    that shares a question with what --train-data trains on is refused"""
     eval_benchmarks: str = ""
     """comma-separated benchmarks (names from data.py or files) also evaluated at each eval:
     eval/<bench>/mean@<k>"""
@@ -255,9 +256,10 @@ def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float,
     builtin = train_data in data.BUILTIN_NAMES or eval_data is None
     if eval_size and eval_data not in ("auto", None):
         theirs = data.template_for(eval_data, template, tokenizer)
-        sets["accuracy"] = (data.load_benchmark(eval_data, data_dir, keys[0] or None,
-                                                keys[1] or None)[:eval_size], theirs, 1, 0.0,
-                            verify.grader(eval_data, theirs))
+        examples = data.load_benchmark(eval_data, data_dir, keys[0] or None,
+                                       keys[1] or None)[:eval_size]
+        check_held_out(examples, eval_data, train_data, data_dir, keys, dev_size)
+        sets["accuracy"] = (examples, theirs, 1, 0.0, verify.grader(eval_data, theirs))
     elif eval_size:
         examples = (data.builtin_test(train_data, eval_size) if builtin
                     else _own_rows(train_data, "test", eval_size, data_dir, keys))
@@ -273,6 +275,21 @@ def train_eval_sets(eval_size: int, benchmarks: str, k: int, temperature: float,
             bench_template, k, temperature,
             verify.grader(name, bench_template))
     return sets
+
+
+def check_held_out(examples: list, eval_data: str, train_data: str, data_dir: str,
+                   keys: tuple[str, str], dev_size: int = 0) -> None:
+    """eval/accuracy is on prompts never trained on: ValueError (one line) when a question of
+    --eval-data's `examples` is one --train-data trains on (training_examples; by its text, spaces
+    at either end aside), as when --eval-data names the training file itself."""
+    train = data.load_benchmark(data.train_split(train_data), data_dir, keys[0] or None,
+                                keys[1] or None)
+    trained = {ex.question.strip()
+               for ex in training_examples(train, train_data, eval_data, len(examples), dev_size)}
+    both = sum(ex.question.strip() in trained for ex in examples)
+    if both:
+        raise ValueError(f"--eval-data {cli.shown_path(eval_data)}: {both} of its {len(examples)} "
+                         f"questions are trained on (--train-data): use --eval-data auto")
 
 
 def eval_sets_about(sets: dict, train_data: str, eval_data: str | None = None) -> dict[str, str]:
@@ -318,7 +335,8 @@ def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_
 @dataclass
 class Args:
     model: str = "assets/tiny-arith"
-    """Hugging Face model directory; assets/tiny-arith is the built-in tiny model"""
+    """Hugging Face model directory (assets/tiny-arith is the built-in tiny model), or a Hub id
+    (org/name), fetched where the Hub is reachable, as train.py's --model"""
     benchmarks: str = data.BUILTIN
     """comma-separated benchmark names (builtin, gsm8k, math500, aime24, amc23, minerva,
     olympiadbench, ...) or .jsonl/.json/.parquet files"""
@@ -343,7 +361,8 @@ class Args:
     question_key: str = ""
     """question field of a generic data file (dotted for nested)"""
     answer_key: str = ""
-    """gold answer field of a generic data file (dotted for nested)"""
+    """gold answer field of a generic data file (dotted for nested); a list there is one answer of
+    several parts, all to be given, as train.py's --answer-key"""
     baseline: str = ""
     """summary.json of a baseline model's eval: adds AES per benchmark and for the macro row"""
     limit: int = 0
@@ -384,8 +403,9 @@ def load_inputs(args: Args):
         raise ValueError("--benchmarks is empty")
     baseline = load_baseline(args.baseline, benches) if args.baseline else None
     model_dir = _repo_relative(args.model)
-    if not os.path.isdir(model_dir):   # before importing torch: a typo answers at once
-        raise FileNotFoundError(f"model directory not found: {args.model}")
+    problem = cli.model_problem(model_dir)      # before importing torch: a typo answers at once
+    if problem:
+        raise ValueError(problem)
     from transformers.utils import logging as hf_logging
     from checkpoint import load_model
     hf_logging.disable_progress_bar()     # no bar for loading the weights, as in train.py's runs
@@ -466,6 +486,6 @@ if __name__ == "__main__":
     try:
         inputs = load_inputs(args)
     except (ValueError, OSError, ImportError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(cli.relative_paths(f"error: {e}"), file=sys.stderr)
         sys.exit(2)
     main(args, *inputs)

@@ -36,7 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the tiny model, not chosen on dev; the replay experiment's longer runs chose 1e-4.
 SPINE_PRESETS = {
     "grpo": ("original GRPO (DeepSeekMath, arXiv 2402.03300): no replay, symmetric clip 0.2, "
-             "per-sequence token mean; lr 1e-4",
+             "per-sequence token mean; lr 1e-4; its logged loss is 0 at every step by "
+             "construction (on-policy: ratio 1, each group's A sums to 0; the gradient is not 0)",
              dict(replay="none", ratio="token", agg="seq-mean-token-mean", eps_low=0.2,
                   eps_high=0.2, lr=1e-4)),
     "rollout-replay": ("rollout-level |A|-prioritized replay (arXiv 2606.04560): the defaults "
@@ -62,7 +63,9 @@ class RunFlags:
     preset: Literal["none", *PRESETS] = "none"
     """a paper's method (the list below; docs/methods.md has their flags); explicit flags win"""
     model: str = os.path.join(HERE, "assets", "tiny-arith")
-    """local Hugging Face model directory (the default is the built-in tiny model)"""
+    """local Hugging Face model directory (the default is the built-in tiny model), or a Hub id
+    (org/name), fetched as transformers does where the Hub is reachable (elsewhere: hf download ID
+    --local-dir DIR where it is, then --model DIR)"""
     train_data: str = "builtin"
     """prompt set: 'builtin' (synthetic arithmetic, 2-3 operands), builtin_steps (5-6 operands,
     worked step by step), builtin_mixed (2-6 operands), a benchmark name (gsm8k_train, ...) or a
@@ -72,7 +75,8 @@ class RunFlags:
     the first of question, problem, prompt)"""
     answer_key: str = ""
     """the gold answer field of such a file, dotted for nested ('' = the first of answer,
-    final_answer, ground_truth)"""
+    final_answer, ground_truth); a list there (["1", "2"]) is one answer of several parts, "1, 2":
+    a response must give them all (any order), not one of them"""
     prompt_template: Literal["auto", *data.TEMPLATES] = "auto"
     """plain | chat | builtin | instruct (data.apply_template); auto = for the built-in tasks
     instruct when the tokenizer has a chat template, else builtin; plain for any other set"""
@@ -128,8 +132,12 @@ class OptimFlags:
     torchrun), fp32 on the CPU; bf16 = bf16 autocast on the CPU too, for the trainer and
     TorchEngine alike (fp32 weights, gradients and AdamW; SmolLM2-135M's log-probs moved by
     ~0.05). On a CPU with AMX a SmolLM2 step took 0.83x fp32's time (update 0.76x, generation
-    1.09x); on one without bf16 units (avx512_bf16, amx_bf16) bf16 is emulated, several times
-    slower, and a run warns (docs/smollm2.md)"""
+    1.09x); on one without bf16 units (avx512_bf16, amx_bf16) bf16 is emulated: 2 SmolLM2 steps
+    took 368 s against fp32's 40 s (12-13x; the update 13-16x), so a run refuses it there unless
+    --allow-slow-bf16 (docs/smollm2.md)"""
+    allow_slow_bf16: bool = False
+    """run --precision bf16 on a CPU without bf16 units all the same (emulated: about 12x fp32's
+    step time), with a warning"""
     epochs: int = 1
     """passes over each step's batch"""
     mini_batches: int = 1
@@ -218,7 +226,7 @@ Args = cli.compose("Args", OWNERS, __name__, more_choices={
 
 
 # --help's first line: argparse's own would list all ~100 flags before the groups that explain them
-USAGE = "%(prog)s [--preset NAME] [--model DIR] [--FLAG VALUE ...]   (every flag: below)"
+USAGE = "%(prog)s [--preset NAME] [--model DIR] [--FLAG VALUE ...]   (every flag: --help)"
 
 
 def parse(argv=None, description: str = "") -> Args:
@@ -244,15 +252,14 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
 
 
 def bf16_cpu_warning(choice: str, device: str, cpuinfo: str | None = None) -> str | None:
-    """The warning for --precision `choice` on `device`: bf16 asked for on a CPU without bf16
-    units (cpu_has_bf16 False), where torch emulates bf16 autocast's matmuls (on an AVX2-only AMD
-    EPYC a SmolLM2 greedy batch took 4.6x fp32's time); None otherwise (fp32, a GPU, a CPU with
-    them, or one that cannot tell)."""
+    """Why --precision `choice` on `device` is slow: bf16 asked for on a CPU without bf16 units
+    (cpu_has_bf16 False), where torch emulates bf16 autocast's matmuls (2 SmolLM2 steps: 368 s
+    against fp32's 40 s, 12-13x; a greedy batch 4.6x); None otherwise (fp32, a GPU, a CPU with
+    them, or one that cannot tell). A run refuses it unless --allow-slow-bf16, then warns."""
     if choice != "bf16" or device.split(":")[0] != "cpu" or cpu_has_bf16(cpuinfo) is not False:
         return None
-    return (f"--precision bf16 on a CPU without bf16 units (none of {', '.join(BF16_CPU)} in "
-            "/proc/cpuinfo): torch emulates them, several times slower than fp32 here "
-            "(4.6x measured on an AVX2-only CPU); drop --precision bf16 for fp32")
+    return "--precision bf16: no bf16 units on this CPU, 12x slower than fp32"
+
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -262,7 +269,11 @@ def check_args(args, world: int = 1) -> None:
     """Reject bad input up front with one clear sentence (a ValueError that main prints). Every
     float flag must be finite; each owner's bounds (AT_LEAST_1, AT_LEAST_0) and rules come first,
     then the rules between owners. The bounds are what the code can run with, not a judgement of
-    taste."""
+    taste. First of all, a method file that the registry (methods.WINGS) does not name."""
+    stray = methods.unregistered()
+    if stray:
+        raise ValueError(f"methods/{stray[0]} is not a method yet: add \"{stray[0][:-3]}\" to "
+                         f"methods/__init__.py's WINGS")
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
         if isinstance(value, float) and not math.isfinite(value):
@@ -286,6 +297,7 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
              *([args.eval_data] if args.eval_data != "auto" else [])]
     files = [name for name in named if name not in data.BENCHMARK_NAMES]
     torch_needed = torch_engine_needed(args)
+    model_problem = cli.model_problem(args.model)         # a Hub id passes: fetched at load
     return [
         (args.prompts_per_step % world,
          f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world size "
@@ -302,7 +314,7 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
          f"--engine vllm: {torch_needed}; use --engine torch (or auto, which picks it)"),
         (args.tensorboard and importlib.util.find_spec("tensorboard") is None,
          "--tensorboard needs the tensorboard package: pip install -r requirements-bench.txt"),
-        (not os.path.isdir(args.model), f"--model: no such directory: {args.model}"),
+        (bool(model_problem), model_problem),
         (args.overwrite and args.resume,
          "--overwrite starts over, --resume continues: choose one"),
         (args.reward_fn and args.reward.startswith("partial"),

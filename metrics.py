@@ -264,9 +264,11 @@ def wrap(parts: list[str], sep: str = " | ", go_on: str = "") -> str:
 
 def log_line(row: dict, parts=()) -> str:
     """The step's line on stdout: "step N", then the fields of `parts` (`fields`), in order; past
-    WIDTH characters it goes on in a second line, under the first " | "."""
+    WIDTH characters it goes on in a second line, under the first " | ". "" where `parts` show
+    nothing (step 0 with no eval: --eval-size 0), which write_logs does not print."""
     head = f"step {row['step']:4d}"
-    return wrap([head, *fields(row, parts)], go_on=" " * len(head) + " | ")
+    shown = fields(row, parts)
+    return wrap([head, *shown], go_on=" " * len(head) + " | ") if shown else ""
 
 
 def status(text: str, rank: int = 0, stream=None) -> None:
@@ -312,7 +314,8 @@ def write_logs(files, row: dict, line: str, rollouts: list = (), tokenizer=None,
     if metrics_f is None:                              # not rank 0 (open_logs)
         return
     status("")                                         # the step's status line, cleared
-    print(line, flush=True)
+    if line:
+        print(line, flush=True)
     metrics_f.write(json.dumps(row) + "\n")
     metrics_f.flush()
     # the same numbers as metrics.jsonl, a curve per key

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+import cli
 import grpo
 
 
@@ -84,7 +85,9 @@ def record_error(message: str) -> None:
 def fail(message: str, code: int, *, every_rank: bool = False) -> int:
     """A run that ends on an error: `message` (one line) to stderr, on rank 0 only (the same on
     every rank) or with `every_rank` on this one (found by this rank alone), recorded for torchrun
-    (record_error, on every rank); returns the exit status `code`."""
+    (record_error, on every rank); returns the exit status `code`. Absolute paths in it are named
+    relative to where the user ran (cli.relative_paths)."""
+    message = cli.relative_paths(message)
     if every_rank:
         print(message, file=sys.stderr)
     else:

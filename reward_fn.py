@@ -170,8 +170,9 @@ if __name__ == "__main__":
     try:
         fn = load(sys.argv[1])
         kw = {"prompt": ""} if wants_prompt(fn) else {}
-        print(checked(call(fn, sys.argv[1], sys.argv[2], sys.argv[3], **kw), sys.argv[1],
-                      sys.argv[2]))
+        reward = checked(call(fn, sys.argv[1], sys.argv[2], sys.argv[3], **kw), sys.argv[1],
+                         sys.argv[2])
+        print(round(reward, 6))          # 0.82, not float arithmetic's 0.8200000000000001
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -59,9 +59,10 @@ def start(out_dir: str, resume: str, overwrite: bool) -> tuple[int, int, str] | 
     try:
         checkpoint.claim_out_dir(out_dir, resume=resume, overwrite=overwrite)
     except ValueError as e:
+        line = cli.relative_paths(f"error: {e}")
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
-        parallel.record_error(f"error: {e}")      # torchrun's summary shows the one line
+            print(line, file=sys.stderr)
+        parallel.record_error(line)               # torchrun's summary shows the one line
         return None
     try:
         return setup_distributed()
@@ -209,6 +210,11 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
     hf_logging.disable_progress_bar()        # no bars for loading and saving weights in a run's log
     changed = flags.changed(args)                  # as given, before anything is resolved
     flags.check_args(args, world)                  # a method's rules first: no engine started yet
+    slow = flags.bf16_cpu_warning(args.precision, device)
+    if slow and not args.allow_slow_bf16:
+        raise ValueError(f"{slow}: add --allow-slow-bf16")            # else fp32, the default
+    if slow:
+        parallel.print0(f"warning: {slow}")
     engine = vllm_engine.choose_engine(args.engine, cuda=torch.device(device).type == "cuda",
                                        needs_torch=flags.torch_engine_needed(args))
     if engine.warning:
@@ -219,8 +225,6 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
     run_flags, eval_flags = cli.part(args, flags.RunFlags), cli.part(args, eval_lib.TrainFlags)
     resume, model, tok, prompts = load_inputs(run_flags, eval_flags, world=world, device=device)
     forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
-    if (slow := flags.bf16_cpu_warning(args.precision, device)):
-        parallel.print0(f"warning: {slow}")
     value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
     args, sizes, need, warning = memory.resolve_sizes(
         args, model, prompts, world=world, device=device, value_bytes=value_bytes,

@@ -743,4 +743,4 @@ if __name__ == "__main__":
                            ("$[0, 1)$", "[0,1]"), ("I think it's (C).", "C"), ("$x > 5$", "5 < x"),
                            ("__import__('os').system('echo hi')", "0"), ("$9^{9^{9^{9}}}$", "1")]:
         print(f"{response!r:42} gold {gold!r:26} -> {grade(response, gold)}")
-    print("stats:", stats())
+    print("stats:", ", ".join(f"{key} {value}" for key, value in stats().items()))

@@ -154,13 +154,15 @@ def check(out: str, src, gguf_tok) -> None:
     with torch.no_grad():
         x = torch.tensor([ids])
         gap = (model(x).logits - src(x).logits).abs().max().item()
-    print(f"reloaded {out}: max |logit difference| vs the GGUF-loaded model {gap:.2e}")
+    print(f"reloaded {out}: |logit difference| vs the GGUF-loaded model at most {gap:.2e}")
     engine = TorchEngine(model, tok)
     prompts = [Prompt(i, chat_prompt_ids(tok, q)) for i, q in enumerate(CHECK_QUESTIONS)]
     greedy = Sampling(temperature=0, max_new_tokens=24)
     for q, r in zip(CHECK_QUESTIONS, engine.generate(prompts, 1, greedy)):
         end = "EOS" if not r.truncated else "length limit"
-        print(f"  {q!r} -> {r.text!r} ({len(r.completion_ids)} tokens, stopped at {end})")
+        # the question, then its answer (cut to fit a line) on the next
+        print(f"  {q!r} ({len(r.completion_ids)} tokens, stopped at {end}):\n"
+              f"    {r.text[:80]!r}{'...' if len(r.text) > 80 else ''}")
 
 
 def main(argv=None) -> None:
@@ -173,6 +175,9 @@ def main(argv=None) -> None:
                     help="write only --tokenizer-dir (no model is loaded)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = every core)")
     args = ap.parse_args(argv)
+    # transformers' GGUF reader draws its own tqdm bar (not hf_logging's, below): tqdm reads
+    # TQDM_DISABLE when it is first imported, which is after this line
+    os.environ.setdefault("TQDM_DISABLE", "1")
     if args.tokenizer_only and not args.tokenizer_dir:
         ap.error("--tokenizer-only needs a --tokenizer-dir")
     for path in (args.out, args.tokenizer_dir):
@@ -184,7 +189,9 @@ def main(argv=None) -> None:
     except MissingDependency as e:
         sys.exit(f"make_smollm2: {e}")
     import torch
+    from transformers.utils import logging as hf_logging
     from checkpoint import save_hf
+    hf_logging.disable_progress_bar()    # no bars for loading the weights, as train.py's runs
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     t0 = time.perf_counter()
     tok = load_gguf_tokenizer(gguf_path)
@@ -198,8 +205,8 @@ def main(argv=None) -> None:
     src, model = plain_llama(gguf_path)
     save_hf(model, tok, args.out)
     n_params = sum(p.numel() for p in model.parameters())       # tied: the embedding counts once
-    print(f"saved {args.out}: {n_params / 1e6:.1f}M parameters ({n_params:,}), fp32 dequantized "
-          f"from {GGUF_NAME}, in {time.perf_counter() - t0:.1f} s")
+    print(f"saved {args.out}: {n_params / 1e6:.1f}M parameters ({n_params:,}) in "
+          f"{time.perf_counter() - t0:.1f} s,\n  fp32, dequantized from {GGUF_NAME}")
     del model
     if args.tokenizer_dir:
         names = copy_tokenizer(args.out, args.tokenizer_dir)

@@ -261,7 +261,7 @@ def experiment_main(args, ours: list[str], extra: list[str]) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="train.py flags after -- go to every run")
     p.add_argument("--methods", default="grpo,naive-replay,rollout-replay",

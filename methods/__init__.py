@@ -32,13 +32,28 @@ load_state_dict(state) (the replay, a step wrapper) has that state saved in ever
 rank files and restored on resume (checkpoint.py).
 
 A wing imports the spine, never the reverse: the spine reaches a wing only through this registry
-and the slots. Removing a wing (deleting its file, or its line in WINGS) removes its flags and
-presets and leaves the rest working.
+and the slots. Adding a method is its file and its line in WINGS (docs/methods.md, "Add a
+method"); removing one is deleting both, which removes its flags and presets and leaves the rest
+working (a registered name whose file is gone is left out; a file not registered is an error).
 """
 import importlib
+import os
 from typing import Callable, NamedTuple
 
-WINGS = ("drgrpo", "gspo", "pnpo", "mu_grpo", "m2po", "dapo", "headroom_drift", "vigor", "r2po")
+# The registry: one line a method file (its module name), in the order --help, the presets, the
+# log line and the list slots take them. A file of this folder not named here is an error at start
+# (unregistered, checked by flags.check_args), not a method silently left out.
+WINGS = (
+    "drgrpo",
+    "gspo",
+    "pnpo",
+    "mu_grpo",
+    "m2po",
+    "dapo",
+    "headroom_drift",
+    "vigor",
+    "r2po",
+)
 SLOTS = ("allocate", "reward", "advantage", "loss", "replay", "step")
 LISTS = ("reward", "loss")                                  # every method that fills one adds
 SINGLE = ("allocate", "advantage", "replay", "step")        # one wing at most fills each
@@ -95,6 +110,14 @@ def loaded() -> list:
             if f"{__name__}.{name}" not in str(e):
                 raise
     return out
+
+
+def unregistered() -> list[str]:
+    """The files of this folder (methods/) that WINGS does not name: a method written but not
+    registered, which the registry would otherwise leave out without a word."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py")
+    return [f for f in files if f[:-3] not in WINGS]
 
 
 def owners() -> tuple:

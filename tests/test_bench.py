@@ -189,3 +189,9 @@ def test_a_setting_without_sweep_runs_says_so_and_draws_no_sweep(tmp_path):
         summary["sweep"]["grpo"] = {}
         assert plots(summary, tmp_path)
         assert (tmp_path / "accuracy.png").exists() and not (tmp_path / "sweep.png").exists()
+
+
+def test_compare_help_lines_are_at_most_100_characters():
+    p = subprocess.run([sys.executable, "bench/compare.py", "--help"], cwd=ROOT, text=True,
+                       capture_output=True, timeout=120, env=cpu_env(COLUMNS="100"))
+    assert p.returncode == 0 and max(map(len, p.stdout.splitlines())) <= 100, p.stdout

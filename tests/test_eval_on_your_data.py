@@ -56,10 +56,11 @@ def test_the_accuracy_of_a_file_run_is_on_its_held_out_rows_and_says_so(tmp_path
     assert ev.eval_sets_about(builtin, "builtin", "auto") == {
         "accuracy": "500 prompts of the built-in test split (builtin)",
         "dev_accuracy": "8 prompts of the built-in dev split (builtin)"}
-    other = write_file(tmp_path, examples[:5], "other.jsonl")
+    fresh = data.arithmetic_examples("dev", 5)                      # none of them in mine
+    other = write_file(tmp_path, fresh, "other.jsonl")
     sets = ev.train_eval_sets(500, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, mine,
                               eval_data=other)
-    assert sets["accuracy"][0] == examples[:5]
+    assert sets["accuracy"][0] == fresh
     assert ev.eval_sets_about(sets, mine, other) == {
         "accuracy": f"5 prompts of {other} (--eval-data)"}
     before = ev.train_eval_sets(500, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, mine)
@@ -122,3 +123,22 @@ def test_a_file_run_logs_its_accuracy_on_its_held_out_rows(tmp_path):
     about = f"40 held-out rows of {mine} (crc32(question) % 10 == 0, not trained on)"
     assert rc == 0 and rows[0]["eval_on"] == {"accuracy": about} and about in out.getvalue()
     assert "eval/accuracy" in rows[-1]
+
+
+def test_eval_data_that_trains_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """--eval-data naming the training file (or any set whose questions --train-data trains on)
+    would report accuracy on trained rows as held out: refused at start, one line, exit status 2,
+    naming the file relative to where the user ran and the count; a set of fresh questions runs."""
+    import train
+    examples = data.arithmetic_examples("train", 300) + data.arithmetic_examples("test", 40)
+    mine = write_file(tmp_path, examples)
+    overlap = write_file(tmp_path, examples[:3] + data.arithmetic_examples("dev", 2), "some.jsonl")
+    with pytest.raises(ValueError, match=r"some.jsonl: 3 of its 5 questions are trained on"):
+        ev.train_eval_sets(500, "", 1, 0.0, "auto", data.DEFAULT_DATA_DIR, mine,
+                           eval_data=overlap)
+    monkeypatch.chdir(tmp_path)                          # the user runs where the file is
+    rc = train.main(["--train-data", mine, "--eval-data", mine, "--steps", "1", "--threads", "1",
+                     "--out-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == ("error: --eval-data mine.jsonl: 340 of its 340 questions are "
+                               "trained on (--train-data): use --eval-data auto"), err

@@ -12,6 +12,7 @@ import os
 import pytest
 
 import cli
+import methods
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,8 +37,8 @@ FLOORS = [
     ("train",),
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
-WINGS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "methods"))
-               if f.endswith(".py") and f != "__init__.py")
+# the method files, as the registry names them (a file it does not name fails the test below)
+WINGS = [w for w in methods.WINGS if os.path.exists(os.path.join(ROOT, "methods", f"{w}.py"))]
 SPINE = ("train.py", "rollout.py", "grpo.py", "buffer.py")      # the algorithm's four files
 SPINE_LINES = 1900
 ALGORITHM = ("train.py", "run_setup.py", "grpo.py", "buffer.py", "rollout.py", "engine.py",
@@ -78,6 +79,10 @@ def project_imports(module: str) -> set[str]:
 def test_every_top_level_module_has_a_floor():
     modules = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")} | {"methods"}
     assert modules == set(FLOOR)
+
+
+def test_every_method_file_is_registered():
+    assert not methods.unregistered(), "method files methods.WINGS does not name"
 
 
 @pytest.mark.parametrize("module", sorted(set(FLOOR) - {"methods"}))
@@ -192,7 +197,6 @@ ORDINARY = {"adv", "allocation"}
 def wing_words() -> set[str]:
     """What names a method in code: its flags (--vigor-top, ...), its presets and the values it
     adds to a spine flag (gspo, headroom-drift, ...); ORDINARY words aside."""
-    import methods
     words = set()
     for wing in methods.loaded():
         owner = getattr(wing, "Flags", None)

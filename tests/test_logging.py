@@ -80,3 +80,19 @@ def test_a_long_steps_status_shows_on_a_terminal_only():
     assert tty.getvalue() == "\r\x1b[Kstep 3: updating on 96 rollouts" and pipe.getvalue() == ""
     metrics.status("", 0, tty)
     assert tty.getvalue().endswith("\r\x1b[K")
+
+
+def test_step_0_without_an_eval_prints_no_bare_step_line(tmp_path):
+    """--eval-size 0: step 0 has nothing to show (no eval), so no line (metrics.jsonl keeps its
+    row); the steps after it print theirs."""
+    import metrics
+    assert metrics.log_line({"step": 0}, ()) == ""
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        rc = train.main(["--steps", "1", "--eval-size", "0", "--prompts-per-step", "4",
+                         "--group-size", "2", "--max-new-tokens", "4", "--threads", "1",
+                         "--out-dir", str(tmp_path)])
+    steps = [line for line in out.getvalue().splitlines() if line.startswith("step")]
+    assert rc == 0 and len(steps) == 1 and steps[0].startswith("step    1 |"), steps
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [0, 1], rows

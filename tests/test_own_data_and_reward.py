@@ -308,3 +308,13 @@ def test_the_error_record_is_what_torchruns_summary_shows(tmp_path, monkeypatch)
     path.unlink()
     parallel.record_error("error: nothing to record")
     assert not path.exists()
+
+
+def test_reward_fn_py_prints_the_value_rounded():
+    """`python reward_fn.py FILE:NAME COMPLETION GOLD` prints 0.82, not 0.8200000000000001."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "reward_fn.py", f"{EXAMPLE}:right_and_brief",
+                        " 42 and more", "42"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout == "0.82\n", p.stdout + p.stderr

@@ -41,11 +41,15 @@ def test_preset_flags_are_overridden_by_explicit_flags():
 
 
 def test_presets_carry_their_experiments_lr_and_say_so():
-    """A preset's lr is its experiment's dev choice (flags.py's note above PRESETS); the one-line
-    description (--help, docs/methods.md) states it. drgrpo has no experiment: the default."""
+    """A preset sets only what it changes: one without an lr runs at the default (drgrpo has no
+    experiment). A preset's lr is its experiment's dev choice (flags.py's note above PRESETS), and
+    the one-line description (--help, docs/methods.md) states it; a preset named after an
+    experiment with results (bench/results/NAME) carries one."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    experiments = set(os.listdir(os.path.join(root, "bench", "results")))
     for name, (text, values) in flags.PRESETS.items():
-        if name == "drgrpo":
-            assert "lr" not in values
+        if "lr" not in values:
+            assert name not in experiments, name
             continue
         assert values["lr"] < flags.Args().lr, name          # 3e-4 collapses these methods
         assert f"lr {values['lr']:.0e}".replace("e-0", "e-") in text, name
@@ -101,6 +105,9 @@ def test_every_preset_runs_end_to_end(name, tmp_path):
     assert saved["preset"] == name and all(saved[k] == v for k, v in flags.PRESETS[name][1].items()
                                            if k not in ("steps", "prompts_per_step", "eval_every",
                                                         "mini_batches", "r2po_schedule"))
+    if name == "grpo":              # on-policy, one epoch: 0 by construction (the preset says so)
+        assert "loss is 0" in flags.PRESETS[name][0]
+        assert all(abs(r["loss/policy"]) < 1e-6 for r in rows), [r["loss/policy"] for r in rows]
     if name == "headroom-drift":
         assert rows[1]["replay/drift_candidates"] > 0 and "replay/headroom_mean" in rows[1]
         assert "replay/headroom_stored_mean" in rows[1]

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import cli
 import flags
+import methods
 import train
 from conftest import cpu_env
 
@@ -149,6 +150,26 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     assert len(lines) == 1, err.getvalue()
 
 
+@pytest.mark.usefixtures("cpu_only")
+def test_an_error_names_paths_relative_to_where_the_user_ran(tmp_path, monkeypatch):
+    """A path the user gave absolute (or the checkout's own) is named relative to the directory
+    they ran in, where that is shorter: the line stays readable (a checkout's absolute paths made
+    lines of 160-230 characters); a URL is left alone."""
+    deep = tmp_path / ("a-folder-with-a-long-name-" * 4) / "inside"
+    deep.mkdir(parents=True)
+    (deep / "bad.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{not json\n')
+    monkeypatch.chdir(deep)
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        rc = train.main(["--steps", "1", "--train-data", str(deep / "bad.jsonl"),
+                         "--out-dir", str(tmp_path / "run")])
+    assert rc == 2 and err.getvalue().startswith("error: bad.jsonl:2: "), err.getvalue()
+    assert len(err.getvalue().strip()) <= 100
+    url = "see https://huggingface.co/docs/x and /proc/cpuinfo"
+    assert cli.relative_paths(url) == url.replace("/proc/cpuinfo", cli.shown_path("/proc/cpuinfo"))
+    assert cli.relative_paths(f"x {deep}/y.py:3: z") == "x y.py:3: z"
+
+
 def test_unreadable_data_file(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1", "answer": "2"}\n{not json\n')
@@ -196,12 +217,25 @@ def test_help_shows_the_first_group_in_its_first_screen():
 
 # ---- the flags, grouped by owner; a method's own flags carry its prefix --------------------------
 
-# each owner's groups (flags.OWNERS), in their order
-GROUPS = ("run", "optimisation", "reward", "objective", "replay", "Dr. GRPO", "PNPO", "mu-GRPO",
-          "M2PO", "DAPO", "Headroom-Drift", "VIGOR", "R²PO", "engine", "eval and logs")
+# each owner's groups (flags.OWNERS), in their order: the spine's, each method file's (in the
+# registry's order, methods.WINGS), then the engine's and the eval's
+METHOD_GROUPS = tuple(dict.fromkeys(g for owner in methods.owners()
+                                    for g in cli.field_groups(owner).values()))
+GROUPS = ("run", "optimisation", "reward", "objective", "replay", *METHOD_GROUPS, "engine",
+          "eval and logs")
 # a method's flags: the prefix of their names, their group, the first word of their help
 METHODS = {"vigor_": ("VIGOR", "VIGOR:"), "r2po_": ("R²PO", "R²PO:"),
            "hd_": ("Headroom-Drift", "Headroom-Drift:")}
+
+
+def test_the_usage_line_points_to_help(capsys):
+    """A bad flag prints argparse's usage line and its error: the usage line names --help for
+    every flag (nothing follows it there)."""
+    with pytest.raises(SystemExit) as e:
+        flags.parse(["--no-such-flag"])
+    usage, error = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and usage.endswith("(every flag: --help)"), usage
+    assert "unrecognized arguments: --no-such-flag" in error
 
 
 def test_every_flag_is_in_one_group_and_help_shows_the_groups():
@@ -235,6 +269,5 @@ def test_a_methods_own_flags_carry_its_prefix():
     old = {"n_init", "n_step", "rollout_budget", "rollout_head", "rollout_head_rank", "headroom",
            "replay_groups", "drift_candidates", "drift_max"}
     assert not old & set(groups)                                  # the names before the prefixes
-    import methods
     for owner in methods.owners():
         assert len({groups[f.name] for f in dataclasses.fields(owner)}) == 1, owner

@@ -292,3 +292,4 @@ def test_module_runs_as_a_script():
     out = subprocess.run([sys.executable, "verify.py"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert "'-164'" in out and "-> True" in out and "-> False" in out and "stats:" in out
+    assert max(map(len, out.splitlines())) <= 100
