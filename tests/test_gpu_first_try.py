@@ -14,7 +14,7 @@ import flags
 import memory
 import run_setup
 import vllm_engine
-from rollout import TorchEngine
+from engine import TorchEngine
 from tiny import setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -627,3 +627,34 @@ def test_gspos_and_pnpos_ratio_is_a_loss_hook_so_the_rule_sees_it():
     for preset, has_ratio in (("gspo", True), ("pnpo", True), ("grpo", False)):
         run = setup(flags.parse(["--preset", preset, "--steps", "1"]))
         assert (run.hooks.ratio is not None) is has_ratio
+
+
+GSPO_BF16 = ["--preset", "gspo", "--precision", "bf16", "--allow-slow-bf16", "--steps", "1",
+             "--prompts-per-step", "8", "--group-size", "4", "--eval-size", "8", "--threads", "1"]
+
+
+def test_gspo_under_bf16_clips_nothing_at_its_first_update(tmp_path):
+    """`--preset gspo --precision bf16` on the CPU (the trainer and TorchEngine's copy both under
+    bf16 autocast, which round a KV-cache decode and a full forward differently): pi_old is the
+    trainer's own forward in the update's micro-batches, so the first update's ratio is exactly 1
+    and GSPO's 3e-4 clip fires on no token (19% before the rule followed the precision)."""
+    from tiny import run_main
+    rc, _, updates = run_main(GSPO_BF16, tmp_path / "run")
+    first = updates[0]
+    assert rc == 0 and first["loss/clip_frac"] <= 0.02
+    assert first["ratio/min"] == first["ratio/max"] == 1.0
+
+
+def test_a_methods_ratio_with_replay_under_bf16_is_refused_or_runs_decoupled(tmp_path, capsys):
+    """GSPO's ratio with replay where pi_old is recomputed would hide the replayed rollouts' age
+    from the ratio: refused in one line, or with --tis-cap the decoupled form runs, its weight
+    logged (loss/tis_weight)."""
+    import train
+    rc = train.main([*GSPO_BF16, "--replay", "prioritized", "--out-dir", str(tmp_path / "a")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["error: a method's ratio with replay at autocast-bf16 needs "
+                               "--tis-cap C (or --replay none, or fp32)"]
+    from tiny import run_main
+    rc, rows, _ = run_main([*GSPO_BF16, "--replay", "prioritized", "--tis-cap", "2",
+                            "--steps", "2"], tmp_path / "b")
+    assert rc == 0 and all(0 < r["loss/tis_weight"] <= 2 for r in rows)
