@@ -226,61 +226,89 @@ def check_canary(diff: float, limit: float, step: int) -> None:
 CANARY_ROLLOUTS = 16      # the generated rollouts the canary scores: the first of the step's
 
 
-def canary(model, generated: list[Rollout], temperature: float, pad_id: int,
-           precision: str) -> dict:
+def canary(model, generated: list[Rollout], temperature: float, pad_id: int, precision: str, *,
+           max_tokens: int = 0, world: int = 1) -> dict:
     """{rollout/logprob_diff: the canary on the first CANARY_ROLLOUTS of the step's rollouts, and
-    under bf16 autocast rollout/logprob_floor: what precision alone moves (logprob_floor)}; then
-    the no-grad forward's gathered parameters resharded. The loop runs it while the engine
-    sleeps, so its forward does not meet vLLM's memory."""
+    under bf16 autocast rollout/logprob_floor: what precision alone moves (logprob_floor)}, each in
+    forward passes of at most `max_tokens` padded positions (the update's micro-batch budget: the
+    canary's peak is then one micro-batch's), in lockstep over `world` ranks; then the no-grad
+    forward's gathered parameters resharded. The loop runs it while the engine sleeps, so its
+    forward does not meet vLLM's memory."""
     rollouts = generated[:CANARY_ROLLOUTS]
-    out = {"rollout/logprob_diff": logprob_diff(model, rollouts, temperature, pad_id)}
+    at = dict(max_tokens=max_tokens, world=world)
+    out = {"rollout/logprob_diff": logprob_diff(model, rollouts, temperature, pad_id, **at)}
     if precision == "autocast-bf16":
-        out["rollout/logprob_floor"] = logprob_floor(model, rollouts, temperature, pad_id)
+        out["rollout/logprob_floor"] = logprob_floor(model, rollouts, temperature, pad_id, **at)
     parallel.reshard(model)
     return out
 
 
-def _collated(model, rollouts: list[Rollout], pad_id: int) -> dict:
+def _passes(model, rollouts: list[Rollout], pad_id: int, max_tokens: int) -> list[dict]:
+    """`rollouts` collated in consecutive chunks of at most max_tokens padded positions (rows x
+    longest; 0: one chunk), each on the model's device."""
     device = next(model.parameters()).device
-    return {k: v.to(device) for k, v in collate(rollouts, pad_id).items()}
+    chunks: list[list[Rollout]] = []
+    for r in rollouts:
+        rows = chunks[-1] + [r] if chunks else [r]
+        longest = max(len(x.prompt_ids) + len(x.completion_ids) for x in rows)
+        if not chunks or (max_tokens and len(rows) * longest > max_tokens):
+            chunks.append([r])
+        else:
+            chunks[-1].append(r)
+    return [{k: v.to(device) for k, v in collate(c, pad_id).items()} for c in chunks]
 
 
-def _token_gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
-    return ((a - b).abs() * mask).sum().item() / max(mask.sum().item(), 1.0)
+def _mean_gap(gaps: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """The mean over every chunk's valid tokens of |a - b|, from each chunk's (sum, count)."""
+    total = sum(g.item() for g, _ in gaps)
+    return total / max(sum(n.item() for _, n in gaps), 1.0)
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return ((a - b).abs() * mask).sum(), mask.sum()
 
 
 @torch.no_grad()
-def logprob_diff(model, rollouts: list[Rollout], temperature: float, pad_id: int) -> float:
+def logprob_diff(model, rollouts: list[Rollout], temperature: float, pad_id: int, *,
+                 max_tokens: int = 0, world: int = 1) -> float:
     """The canary: mean over completion tokens of |engine log-prob - trainer log-prob|, the
-    trainer's from one forward of `model` through the trainer's own path (collate,
-    grpo.token_logprobs). An engine that samples from stale or wrongly loaded weights shows here at
-    once (fp32, same weights: about 1e-6; bf16 engine: about 1e-2). Under FSDP every rank must call
-    it (the forward is a collective). 0.0 for no tokens."""
+    trainer's from `model`'s forward through the trainer's own path (collate,
+    grpo.token_logprobs), in passes of at most max_tokens positions (_passes). An engine that
+    samples from stale or wrongly loaded weights shows here at once (fp32, same weights: about
+    1e-6; bf16 engine: about 1e-2). Under FSDP every rank calls it (its passes run in lockstep).
+    0.0 for no tokens."""
     if not rollouts:
         return 0.0
-    b = _collated(model, rollouts, pad_id)
-    logp = forward_logprobs(model, b, temperature or 1.0)[1]                  # greedy: log softmax
-    return _token_gap(logp, b["behaviour_logprobs"], b["completion_mask"])
+    gaps = []
+    for b in parallel.forward_passes(_passes(model, rollouts, pad_id, max_tokens), model, pad_id,
+                                     world):
+        logp = forward_logprobs(model, b, temperature or 1.0)[1]              # greedy: log softmax
+        gaps.append(_gap(logp, b["behaviour_logprobs"], b["completion_mask"]))
+    return _mean_gap(gaps)
 
 
 @torch.no_grad()
-def logprob_floor(model, rollouts: list[Rollout], temperature: float, pad_id: int) -> float:
+def logprob_floor(model, rollouts: list[Rollout], temperature: float, pad_id: int, *,
+                  max_tokens: int = 0, world: int = 1) -> float:
     """The canary's floor: mean over completion tokens of |bf16 log-prob - fp32 log-prob| of the
     trainer's own forward, what precision alone moves a log-prob (a bf16 engine's logprob_diff
-    cannot go below it). A model wrapped by run_setup.autocast_bf16 runs its class's fp32
-    forward."""
+    cannot go below it), in passes as logprob_diff's. A model wrapped by run_setup.autocast_bf16
+    runs its class's fp32 forward."""
     if not rollouts:
         return 0.0
-    b = _collated(model, rollouts, pad_id)
     wrapper = model.__dict__.pop("forward", None)                 # autocast_bf16's, if any
-    try:
-        fp32 = forward_logprobs(model, b, temperature or 1.0)[1]
-        with torch.autocast(b["input_ids"].device.type, dtype=torch.bfloat16):
-            bf16 = forward_logprobs(model, b, temperature or 1.0)[1]
+    passes = _passes(model, rollouts, pad_id, max_tokens)
+    device = passes[0]["input_ids"].device.type
+    try:                                    # a sweep each: every rank's passes pair up
+        fp32 = [forward_logprobs(model, b, temperature or 1.0)[1]
+                for b in parallel.forward_passes(passes, model, pad_id, world)]
+        with torch.autocast(device, dtype=torch.bfloat16):
+            bf16 = [forward_logprobs(model, b, temperature or 1.0)[1]
+                    for b in parallel.forward_passes(passes, model, pad_id, world)]
     finally:
         if wrapper is not None:
             model.forward = wrapper
-    return _token_gap(bf16, fp32, b["completion_mask"])
+    return _mean_gap([_gap(h, f, b["completion_mask"]) for h, f, b in zip(bf16, fp32, passes)])
 
 
 if __name__ == "__main__":

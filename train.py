@@ -145,7 +145,8 @@ def canary(run: Run, generated: list, step: int) -> Metrics:
     m = Metrics()
     if run.settings.engine.check_every and step % run.settings.engine.check_every == 0:
         found = engine_lib.canary(run.model, generated, run.settings.run.temperature,
-                                  run.tok.pad_token_id, run.precision)
+                                  run.tok.pad_token_id, run.precision,
+                                  max_tokens=run.batching.tokens, world=run.world)
         for key, value in found.items():
             m.mean(key, value, 1)
     return m

@@ -224,3 +224,25 @@ def test_the_module_demos_print_no_bar_and_fit_100_characters():
                            text=True, timeout=120)
         assert p.returncode == 0 and "Loading" not in p.stderr and "it/s" not in p.stderr, demo
         assert max(map(len, p.stdout.splitlines())) <= 100, demo
+
+
+def test_the_canary_in_passes_of_the_token_budget_reads_as_in_one():
+    """engine.logprob_diff and logprob_floor in forward passes of at most max_tokens positions
+    (the update's micro-batch budget: the canary's peak is one micro-batch's) give the one-pass
+    value: exactly where one pass holds them all, to float rounding in several."""
+    import engine
+    from make_tiny_model import make_model, make_tokenizer
+    tok = make_tokenizer()
+    model = make_model(len(tok), seed=0).eval()
+    rs = [Rollout(k, tok.encode(f"{k}*{7 * k}="), tok.encode("12345"[:n]), [-0.5 - 0.1 * k] * n)
+          for k, n in enumerate((5, 1, 4, 2, 3))]
+    longest = max(len(r.prompt_ids) + len(r.completion_ids) for r in rs)
+    assert len(engine._passes(model, rs, tok.pad_token_id, 2 * longest)) >= 3
+    for f in (engine.logprob_diff, engine.logprob_floor):
+        whole = f(model, rs, 1.0, tok.pad_token_id)
+        assert f(model, rs, 1.0, tok.pad_token_id, max_tokens=10_000) == whole
+        several = f(model, rs, 1.0, tok.pad_token_id, max_tokens=2 * longest)
+        if f is engine.logprob_diff:        # fp32 over other batch shapes: float rounding alone
+            assert several == pytest.approx(whole, rel=1e-5)
+        else:                               # bf16 rounds by the batch's shape: only its scale
+            assert 0 < several < 10 * whole
