@@ -272,8 +272,8 @@ def lockstep_logprobs(model, rollouts: list, size: int, temperature: float, pad_
     buckets = length_buckets(rollouts, size, max_tokens)
     # to the end: the padding passes too
     for j, mb in enumerate(parallel.forward_passes(mbs, model, pad_id, world)):
-        logp = forward_logprobs(model, mb, temperature)[1]                       # [b, T]
+        rows = forward_logprobs(model, mb, temperature)[1].tolist()     # [b, T]: one host copy
         s = first_predicting([rollouts[i] for i in buckets[j]])
         for b, i in enumerate(buckets[j]):
-            out[i] = logp[b, completion_slice(rollouts[i], s)].tolist()
+            out[i] = rows[b][completion_slice(rollouts[i], s)]
     return out
