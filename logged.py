@@ -90,13 +90,15 @@ def record(r: Rollout, meta: dict) -> dict:
 
 
 def rollout_of(row: dict) -> Rollout:
-    """The Rollout of a checked row (`check`); its advantage is set at load (`advantages`)."""
+    """The Rollout of a checked row (`problem`); its advantage as written, until a loading run
+    sets it from the row's own group (`advantages`)."""
     return Rollout(prompt_id=row["prompt_id"], prompt_ids=list(row["prompt_ids"]),
                    completion_ids=list(row["completion_ids"]), logprobs=list(row["logprobs"]),
                    text=row.get("text") or "", answer=str(row.get("answer") or ""),
                    correct=float(row.get("correct") or 0.0),
                    formatted=bool(row.get("formatted", False)),
-                   reward=float(row.get("reward") or 0.0), version=row.get("version", 0),
+                   reward=float(row.get("reward") or 0.0),
+                   advantage=float(row.get("advantage") or 0.0), version=row.get("version", 0),
                    truncated=bool(row.get("truncated", False)))
 
 
