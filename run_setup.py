@@ -312,7 +312,6 @@ def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len
             "max_new_tokens": s.run.max_new_tokens, "model": s.run.model,
             "tokenizer": logged.fingerprint(tok)})
     try:
-        run.logged = logged_pool(run, parts[logged.Flags], steps)
         fill_slots(run, parts, steps)
     except ValueError:
         engine.close()                   # vLLM has started: its teardown before the error line
@@ -321,13 +320,14 @@ def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len
 
 
 def fill_slots(run: Run, parts: dict, steps: methods.Steps) -> None:
-    """The slots the method files fill (methods.build), the loss slot's hooks and the state the
-    checkpoints keep; ValueError for a combination that cannot run as asked (a method's own ratio
-    with replay where pi_old is recomputed, without the decoupled correction; a checkpoint that
-    lacks an object's state)."""
+    """The slots the method files fill (methods.build), the loss slot's hooks, the logged rollouts'
+    pool (`logged_pool`) and the state the checkpoints keep; ValueError for a combination that
+    cannot run as asked (a method's own ratio with replay where pi_old is recomputed, without the
+    decoupled correction; a checkpoint that lacks an object's state)."""
     run.slots = methods.build(parts, run, steps)
     run.replay = run.slots.get("replay", run.replay)
     run.hooks = methods.loss_hooks(run.slots["loss"])
+    run.logged = logged_pool(run, parts[logged.Flags], steps)    # scored as the slots score
     objects = {**run.slots, "replay": run.replay, "logged": run.logged}
     run.state = {name: obj for name, obj in objects.items() if hasattr(obj, "state_dict")}
     if (run.hooks.ratio is not None and run.replay is not None
