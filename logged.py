@@ -230,8 +230,9 @@ class LoggedPool:
         self.rollouts, self.k, self.max_uses = rollouts, k, uses
         self.max_gap, self.prioritized, self.logprobs = max_gap, prioritized, logprobs
         self.uses = np.zeros(len(rollouts), dtype=np.int64)     # [N] times used
-        self.alive = np.ones(len(rollouts), dtype=bool)         # [N] still in the pool
         self.abs_adv = np.array([abs(r.advantage) for r in rollouts], dtype=np.float64)   # [N]
+        # [N] still in the pool: a prioritized draw never draws A = 0, so those are never in it
+        self.alive = self.abs_adv > 0 if prioritized else np.ones(len(rollouts), dtype=bool)
         self.seed = seed
         self._rng = np.random.default_rng(seed)
         self._last = {}
@@ -239,7 +240,7 @@ class LoggedPool:
     def sample(self, step: int, n_fresh: int) -> list:
         """This step's logged rows for a batch of `n_fresh` others: k drawn, their gap measured,
         those within the bound used once (and gone after --logged-uses uses)."""
-        cand = np.flatnonzero(self.alive & (self.abs_adv > 0 if self.prioritized else True))
+        cand = np.flatnonzero(self.alive)                        # [M] the rows in the pool
         k = min(self.k, len(cand))
         p = self.abs_adv[cand] / self.abs_adv[cand].sum() if self.prioritized and k else None
         drawn = self._rng.choice(cand, size=k, replace=False, p=p) if k else cand[:0]    # [k]

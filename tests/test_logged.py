@@ -106,11 +106,12 @@ def test_offline_on_an_earlier_runs_rollouts_learns(tmp_path):
     proc = run_train(["--steps", "20", "--prompts-per-step", "32", "--save-rollouts", *common], a)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_train(["--steps", "20", "--prompts-per-step", "0", "--rollouts-from",
-                      str(a / "rollouts.jsonl"), "--logged-per-step", "256",
+                      str(a / "rollouts.jsonl"), "--logged-per-step", "256", "--logged-uses", "2",
                       "--logged-max-gap", "0", *common], b)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_jsonl(b / "metrics.jsonl")
-    assert rows[-1]["logged/share"] == 1.0 and "reward/mean" not in rows[-1]   # nothing generated
+    assert all(r["logged/share"] == 1.0 and r["logged/count"] == 256 for r in rows[1:])
+    assert not [k for k in rows[-1] if k.startswith("reward/")]               # nothing generated
     before, after = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]
     assert after > before + 0.05, (before, after)
 
