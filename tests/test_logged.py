@@ -94,8 +94,9 @@ def test_a_second_run_trains_on_them_beside_fresh_ones(saved, tmp_path):
     rows = read_jsonl(tmp_path / "b" / "metrics.jsonl")[1:]
     assert all(0 < r["logged/count"] <= 16 for r in rows)
     assert all(0 < r["logged/share"] < 1 for r in rows)
-    assert rows[-1]["logged/pool"] == 96 - sum(r["logged/count"] + r["logged/dropped"]
-                                               for r in rows)
+    nonzero = sum(r["advantage"] != 0 for r in read_jsonl(saved / "rollouts.jsonl"))
+    assert rows[-1]["logged/pool"] == nonzero - sum(r["logged/count"] + r["logged/dropped"]
+                                                    for r in rows)
 
 
 def test_offline_on_an_earlier_runs_rollouts_learns(tmp_path):
@@ -130,17 +131,19 @@ def test_split_keeps_whole_groups_without_loss_or_duplication():
 
 
 def test_two_ranks_train_on_a_file(saved, tmp_path):
-    """torchrun, 2 ranks (gloo): offline on the saved file; every rank's share drawn."""
+    """torchrun, 2 ranks (gloo): offline on the saved file, each rank drawing 8 rows a step of
+    its 12 groups."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(ROOT, "train.py"), "--out-dir", str(tmp_path / "d"), "--steps", "2",
            "--prompts-per-step", "0", "--rollouts-from", str(saved / "rollouts.jsonl"),
-           "--logged-per-step", "16", "--group-size", "4", "--eval-size", "16", "--threads", "1"]
+           "--logged-per-step", "16", "--logged-max-gap", "0", "--logged-draw", "uniform",
+           "--group-size", "4", "--eval-size", "16", "--threads", "1"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=cpu_env(OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-5000:]
     rows = read_jsonl(tmp_path / "d" / "metrics.jsonl")[1:]
     assert [r["logged/count"] for r in rows] == [16, 16]             # 8 a rank, summed
-    assert rows[-1]["logged/pool"] == 96 - 32
+    assert rows[-1]["logged/pool"] == 96 - 32          # the ranks' pools (48 rows each), summed
 
 
 def test_resume_cuts_the_file_to_the_checkpoint(tmp_path):
