@@ -293,12 +293,6 @@ class LoggedPool:
         self._rng.bit_generator.state = sd["rng"]
 
 
-def report(pool, metrics) -> None:
-    """The pool's numbers (LoggedPool.report); nothing without one (no new keys)."""
-    if pool is not None:
-        pool.report(metrics)
-
-
 # the pool's field of the log line (metrics.fields): rows used / in the pool, their mean gap
 LOG = ("logged {logged/count:3d}/{logged/pool:<5d} gap {logged/gap:.3f}",)
 

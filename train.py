@@ -297,7 +297,8 @@ def log_step(run: Run, logs, out: StepOut, *, step: int, verified: dict) -> dict
     step's reduced metrics."""
     s, m = run.settings, out.metrics
     buffer.report(run.replay, m)                       # the buffer's state after this step
-    logged.report(run.logged, m)                       # --rollouts-from: the pool's
+    if run.logged is not None:                         # --rollouts-from: the pool's numbers
+        run.logged.report(m)
     for key, count in verify.stats().items():         # errors would zero rewards: count them
         m.total(f"verify/{key}", count - verified[key])
     row, *per_update_rows = metrics_lib.reduce_all([m, *out.updates], run.world)
