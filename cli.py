@@ -171,7 +171,7 @@ def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHe
         if isinstance(f.default, bool):
             kw["action"] = argparse.BooleanOptionalAction
         elif isinstance(f.default, tuple):         # a list of strings: --flag A [B ...]
-            kw.update(nargs="+", type=str)
+            kw.update(nargs="+", type=str, metavar="VALUE")
         else:
             kw["type"] = type(f.default)
         sections[title].add_argument("--" + f.name.replace("_", "-"), **kw)

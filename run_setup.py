@@ -346,7 +346,7 @@ def logged_pool(run: Run, f: logged.Flags, steps: methods.Steps) -> logged.Logge
     row refuses the run, whatever the good files hold), each rollout's advantage from its own
     group (the file's rewards, or this run's grader and reward: steps.grade and steps.score), the
     load canary on LOAD_CANARY rows of each file (engine.logprob_diff, refused beyond
-    --max-logprob-diff), then this rank's share of the groups in a pool (logged.LoggedPool); None
+    --max-logprob-diff; a resumed run, whose weights have moved, was checked at its start), then this rank's share of the groups in a pool (logged.LoggedPool); None
     without the flag."""
     if not f.rollouts_from:
         return None
@@ -372,7 +372,7 @@ def logged_pool(run: Run, f: logged.Flags, steps: methods.Steps) -> logged.Logge
             f"advantages from {source}",
             f"logprob_diff {diff:.3g} on {len(sample)} rows of version {sample[0].version}"],
             go_on="  "))
-        if diff > limit:
+        if diff > limit and not run.resume:        # resumed: the weights have moved since
             raise ValueError(f"{file.name}: logprob_diff {diff:.3g} > --max-logprob-diff "
                              f"{limit:g}: this model does not give the logged log-probs (another "
                              "model or weights; raise --max-logprob-diff to train on them anyway)")

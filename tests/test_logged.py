@@ -160,6 +160,24 @@ def test_resume_cuts_the_file_to_the_checkpoint(tmp_path):
     assert versions == [0] * 32 + [1] * 32 + [2] * 32
 
 
+def test_a_resumed_offline_run_draws_as_the_uninterrupted_one(saved, tmp_path):
+    """The pool's uses, members and draw come back from the checkpoint: steps 3 and 4 of a run
+    resumed at step 2 are those of the run never stopped (the load canary, against weights that
+    have moved since, is not asked again)."""
+    args = ["--rollouts-from", str(saved / "rollouts.jsonl"), "--prompts-per-step", "0",
+            "--logged-per-step", "16", "--logged-draw", "uniform", "--group-size", "4",
+            "--eval-size", "16", "--eval-every", "0", "--threads", "1", "--save-every", "1",
+            "--lr", "1e-3"]
+    assert run_train([*args, "--steps", "4"], tmp_path / "whole").returncode == 0
+    assert run_train([*args, "--steps", "2"], tmp_path / "cut").returncode == 0
+    proc = run_train([*args, "--steps", "4", "--resume", "auto"], tmp_path / "cut")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = ("logged/count", "logged/pool", "logged/gap", "loss/policy")
+    whole, cut = read_jsonl(tmp_path / "whole" / "metrics.jsonl"), read_jsonl(
+        tmp_path / "cut" / "metrics.jsonl")
+    assert [[r[k] for k in keys] for r in whole[3:]] == [[r[k] for k in keys] for r in cut[3:]]
+
+
 # ---- bad input: one line, exit status 2, the file and the row named ------------------------------
 
 def good_rows(tok, n_groups=2, size=2):
