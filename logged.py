@@ -5,6 +5,7 @@ buffer (`LoggedPool`), and this run's fresh rollouts saved in the same form (`Sa
     python train.py --steps 3 --save-rollouts --out-dir runs/a        # runs/a/rollouts.jsonl
     python train.py --rollouts-from runs/a/rollouts.jsonl --steps 3 --out-dir runs/b   # mixed
     python train.py --rollouts-from runs/a/rollouts.jsonl --prompts-per-step 0 --out-dir runs/c
+    python logged.py runs/a/rollouts.jsonl [MODEL_DIR]    # a file checked, what it holds
 
 The record: one JSON object a row (JSONL; Parquet with pyarrow), `"format": "grpo-rollout/1"`, the
 token ids of prompt and completion, the behaviour log-prob of each completion token, the reward
@@ -328,3 +329,23 @@ class Saver:
                 kept = [line for line in f if line.strip() and json.loads(line)["version"] < step]
         with open(self.path, "w") as f:
             f.writelines(kept)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from transformers import AutoTokenizer
+    if len(sys.argv) < 2:
+        sys.exit("usage: python logged.py ROLLOUTS.jsonl [MODEL_DIR]   # checked, summarised")
+    model = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "assets", "tiny-arith")
+    tok = AutoTokenizer.from_pretrained(model)
+    first = data.read_records(Path(sys.argv[1]))[:1]
+    temperature = first[0][1].get("temperature") if first else 1.0
+    try:
+        f = read(sys.argv[1], vocab=len(tok), tokenizer=fingerprint(tok), temperature=temperature)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    versions = sorted({r.version for r in f.rollouts})
+    print(f"{f.name}: {len(f.rollouts)} rows in {len(groups(f))} groups, versions "
+          f"{versions[0]}..{versions[-1]}, rewards {'in the file' if f.rewarded else 'absent'}")
