@@ -346,8 +346,8 @@ def logged_pool(run: Run, f: logged.Flags, steps: methods.Steps) -> logged.Logge
     row refuses the run, whatever the good files hold), each rollout's advantage from its own
     group (the file's rewards, or this run's grader and reward: steps.grade and steps.score), the
     load canary on LOAD_CANARY rows of each file (engine.logprob_diff, refused beyond
-    --max-logprob-diff; a resumed run, whose weights have moved, was checked at its start), then this rank's share of the groups in a pool (logged.LoggedPool); None
-    without the flag."""
+    --max-logprob-diff; a resumed run, whose weights have moved, was checked at its start),
+    then this rank's share of the groups in a pool (logged.LoggedPool); None without the flag."""
     if not f.rollouts_from:
         return None
     r, b = run.settings.run, run.batching
