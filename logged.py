@@ -156,7 +156,7 @@ class File:
 def read(path: str, *, vocab: int, tokenizer: str, temperature: float) -> File:
     """The checked rollouts of one file; ValueError naming the file and row at the first bad one."""
     name = os.path.relpath(path)
-    rows = data.read_records(Path(path))
+    rows = data.read_records(Path(name))           # its errors name the file (and line) so
     if not rows:
         raise ValueError(f"{name}: no rows (an empty file)")
     rollouts, numbers = [], []
