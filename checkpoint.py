@@ -297,7 +297,7 @@ def check_state(path: str, names) -> None:
 
 # flags a resumed run may change without changing what its steps compute
 FREE_ON_RESUME = ("resume", "overwrite", "out_dir", "steps", "save_every", "eval_every",
-                  "log_samples", "threads")
+                  "log_samples", "threads", "save_rollouts")
 
 
 # ---- the out dir: one run's, never silently another's --------------------------------------------
@@ -361,6 +361,7 @@ def changed_args(path: str, now: dict, free=FREE_ON_RESUME) -> list[str]:
     in `free` may change on resume without changing what the steps compute)."""
     with open(os.path.join(path, "args.json")) as f:
         saved = json.load(f)
+    now = json.loads(json.dumps(now))              # as args.json has them: a tuple is a list
     return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in now.items()
             if k not in free and saved.get(k) != v]
 

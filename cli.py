@@ -225,6 +225,8 @@ def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHe
             kw["help"] += f"; one of {', '.join(map(str, kw['choices']))}"
         if isinstance(f.default, bool):
             kw["action"] = argparse.BooleanOptionalAction
+        elif isinstance(f.default, tuple):         # a list of strings: --flag A [B ...]
+            kw.update(nargs="+", type=str, metavar="VALUE")
         else:
             kw["type"] = type(f.default)
         sections[title].add_argument("--" + f.name.replace("_", "-"), **kw)
@@ -243,4 +245,5 @@ def parse(cls, argv=None, description: str = "", formatter=argparse.RawDescripti
     if presets and ns.preset in presets:
         ap.set_defaults(**presets[ns.preset][1])
         ns = ap.parse_args(argv)
-    return cls(**vars(ns))
+    # a list's values as a tuple, the type of its default (the frozen flags stay hashable)
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in vars(ns).items()})

@@ -22,6 +22,7 @@ import cli
 import data
 import eval
 import grpo
+import logged
 import methods
 import metrics
 import vllm_engine
@@ -87,7 +88,7 @@ class RunFlags:
     steps: int = 100
     """loop steps (generate -> update cycles)"""
     prompts_per_step: int = 64
-    """distinct prompts generated per step"""
+    """distinct prompts generated per step (0: none, the run trains on --rollouts-from alone)"""
     group_size: int = 8
     """completions per prompt (the GRPO group); at least 2"""
     max_new_tokens: int = 8
@@ -107,8 +108,8 @@ class RunFlags:
     threads: int = 0
     """torch CPU threads (0 = torch's default)"""
 
-    AT_LEAST_1 = ("steps", "prompts_per_step", "max_new_tokens")
-    AT_LEAST_0 = ("save_every", "threads", "seed")
+    AT_LEAST_1 = ("steps", "max_new_tokens")
+    AT_LEAST_0 = ("save_every", "threads", "seed", "prompts_per_step")
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,8 @@ class LossFlags:
 # Every flag of train.py, one flat frozen dataclass (the command line, the presets, args.json),
 # composed from its owners in this order; --help shows each owner's groups. A method file adds its
 # flags (methods.owners) and values to --ratio and --replay (methods.choices).
-OWNERS = (RunFlags, OptimFlags, RewardFlags, LossFlags, buffer.Flags, *methods.owners(),
+OWNERS = (RunFlags, OptimFlags, RewardFlags, LossFlags, buffer.Flags, logged.Flags,
+          *methods.owners(),
           vllm_engine.Flags, eval.TrainFlags, metrics.LogFlags)
 Args = cli.compose("Args", OWNERS, __name__, more_choices={
     "ratio": methods.choices("ratio"), "replay": methods.choices("replay")})
@@ -302,6 +304,11 @@ def _rules(args, world: int) -> list[tuple[bool, str]]:
         (args.prompts_per_step % world,
          f"--prompts-per-step ({args.prompts_per_step}) must be divisible by the world size "
          f"({world}): every rank generates whole groups for an equal share"),
+        (args.prompts_per_step == 0 and not args.rollouts_from,
+         "--prompts-per-step 0 generates nothing: train on logged rollouts, --rollouts-from FILE"),
+        (args.logged_per_step % world,
+         f"--logged-per-step ({args.logged_per_step}) must be divisible by the world size "
+         f"({world}): every rank draws an equal share"),
         (args.group_size < 2,
          f"--group-size must be >= 2 (a GRPO group needs a baseline), got {args.group_size}"),
         (args.seed >= 2 ** 31,

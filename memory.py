@@ -386,7 +386,7 @@ def check_sizes(args, model, prompts: list, sizes: Sizes) -> None:
     be merged), the test and dev splits must hold --eval-size and --dev-size prompts, and the
     longest prompt plus --max-new-tokens must fit the model's positions. (Memory: fits_machine.)"""
     world, fresh = sizes.world, sizes.prompts * sizes.group_size
-    if args.mini_batches > fresh:
+    if fresh and args.mini_batches > fresh:         # offline (0 fresh): the logged rows alone
         raise ValueError(f"--mini-batches ({args.mini_batches}) exceeds the {fresh} fresh "
                          f"rollouts per rank and step: some optimizer steps would have no rollout")
     if sizes.prompts > len(prompts) // world:

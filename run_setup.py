@@ -29,8 +29,10 @@ import buffer
 import checkpoint
 import cli
 import data
+import engine as engine_lib
 import eval as eval_lib  # the module eval.py, not the builtin
 import flags
+import logged
 import memory
 import methods
 import metrics as metrics_lib
@@ -163,6 +165,8 @@ class Run:
     slots: dict = field(default_factory=dict)   # what the method files fill (methods.build)
     hooks: methods.LossHooks = methods.NO_LOSS_HOOKS   # the loss slot's methods
     state: dict = field(default_factory=dict)   # {name: object with state}: checkpoints keep it
+    logged: object | None = None          # --rollouts-from: logged.LoggedPool, else None
+    saver: object | None = None           # --save-rollouts: logged.Saver, else None
 
 
 def load_inputs(run: flags.RunFlags, evals: eval_lib.TrainFlags, *, world: int, device: str):
@@ -306,6 +310,11 @@ def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len
               precision=forward, tok=tok, per_rank=sizes.prompts, completions=sizes.completions,
               micro_batch=(s.optim.micro_batch_size, sizes.micro_batch_tokens), batching=batching,
               own_reward=own_reward, rank=rank, world=world, device=device, **given)
+    if parts[logged.Flags].save_rollouts:
+        run.saver = logged.Saver(logged.save_path(s.run.out_dir, rank, world), {
+            "temperature": s.run.temperature, "top_p": s.run.top_p,
+            "max_new_tokens": s.run.max_new_tokens, "model": s.run.model,
+            "tokenizer": logged.fingerprint(tok)})
     try:
         fill_slots(run, parts, steps)
     except ValueError:
@@ -315,15 +324,16 @@ def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len
 
 
 def fill_slots(run: Run, parts: dict, steps: methods.Steps) -> None:
-    """The slots the method files fill (methods.build), the loss slot's hooks and the state the
-    checkpoints keep; ValueError for a combination that cannot run as asked (a method's own ratio
-    with replay where pi_old is recomputed, without the decoupled correction; a checkpoint that
-    lacks an object's state)."""
+    """The slots the method files fill (methods.build), the loss slot's hooks, the logged rollouts'
+    pool (`logged_pool`) and the state the checkpoints keep; ValueError for a combination that
+    cannot run as asked (a method's own ratio with replay where pi_old is recomputed, without the
+    decoupled correction; a checkpoint that lacks an object's state)."""
     run.slots = methods.build(parts, run, steps)
     run.replay = run.slots.get("replay", run.replay)
     run.hooks = methods.loss_hooks(run.slots["loss"])
-    run.state = {name: obj for name, obj in {**run.slots, "replay": run.replay}.items()
-                 if hasattr(obj, "state_dict")}
+    run.logged = logged_pool(run, parts[logged.Flags], steps)    # scored as the slots score
+    objects = {**run.slots, "replay": run.replay, "logged": run.logged}
+    run.state = {name: obj for name, obj in objects.items() if hasattr(obj, "state_dict")}
     if (run.hooks.ratio is not None and run.replay is not None
             and not run.settings.loss.tis_cap and not run.engine.serves_as_old(run.precision)):
         # pi_old would be the trainer's own forward, which hides the replayed rollouts' age from
@@ -333,3 +343,52 @@ def fill_slots(run: Run, parts: dict, steps: methods.Steps) -> None:
                          "(or --replay none, or fp32)")
     if run.resume:
         checkpoint.check_state(run.resume, run.state)
+
+
+def logged_pool(run: Run, f: logged.Flags, steps: methods.Steps) -> logged.LoggedPool | None:
+    """--rollouts-from: every file read and checked before the first step (logged.read: one bad
+    row refuses the run, whatever the good files hold), each rollout's advantage from its own
+    group (the file's rewards, or this run's grader and reward: steps.grade and steps.score), the
+    load canary on LOAD_CANARY rows of each file (engine.logprob_diff, refused beyond
+    --max-logprob-diff; a resumed run, whose weights have moved, was checked at its start),
+    then this rank's share of the groups in a pool (logged.LoggedPool); None without the flag."""
+    if not f.rollouts_from:
+        return None
+    r, b = run.settings.run, run.batching
+    check = dict(vocab=len(run.tok), tokenizer=logged.fingerprint(run.tok),
+                 temperature=r.temperature)
+    files = [logged.read(path, **check) for path in f.rollouts_from]
+
+    def score(rows: list) -> None:                # the run's verifier and reward, as a step's
+        steps.grade(run, rows)
+        steps.score(run, rows)
+
+    for file in files:
+        logged.advantages(file, score)
+    limit = run.settings.engine.max_logprob_diff
+    for file in files:
+        sample = logged.canary_rows(file, r.seed)
+        diff = engine_lib.logprob_diff(run.model, sample, r.temperature, run.tok.pad_token_id)
+        parallel.reshard(run.model)
+        source = "the file's rewards" if file.rewarded else "this run's verifier and reward"
+        parallel.print0(metrics_lib.wrap([
+            f"logged: {file.name}: {len(file.rollouts)} rows in {len(logged.groups(file))} groups",
+            f"advantages from {source}",
+            f"logprob_diff {diff:.3g} on {len(sample)} rows of version {sample[0].version}"],
+            go_on="  "))
+        if diff > limit and not run.resume:        # resumed: the weights have moved since
+            raise ValueError(f"{file.name}: logprob_diff {diff:.3g} > --max-logprob-diff "
+                             f"{limit:g}: this model does not give the logged log-probs (another "
+                             "model or weights; raise --max-logprob-diff to train on them anyway)")
+    mine = logged.split([x for file in files for x in file.rollouts], run.rank, run.world)
+
+    def logprobs(rows: list) -> list:              # the gap's forward, every rank in step
+        return rollout.lockstep_logprobs(run.model, rows, b.rows, r.temperature, b.pad_id,
+                                         b.world, b.tokens)
+
+    parallel.print0(f"logged: {f.logged_per_step} rows a step ({f.logged_draw}), each used at "
+                    f"most {f.logged_uses}x, gap bound {f.logged_max_gap:g} (0 = none)")
+    return logged.LoggedPool(mine, k=f.logged_per_step // run.world, uses=f.logged_uses,
+                             max_gap=f.logged_max_gap,
+                             prioritized=f.logged_draw == "prioritized",
+                             seed=replay_seed(r.seed, run.rank) + 1, logprobs=logprobs)

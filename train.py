@@ -11,20 +11,18 @@ engine, optimizer and replay buffer made, the method files' slots filled). Each 
              behaviour log-probs (engine.py's engine or vllm_engine.py's);
 2. score     each graded (verify.py), its reward shaped, its advantage from its own group
              (grpo.py), set once;
-3. sample    replayed rollouts of earlier steps (buffer.py: replay_ratio x fresh, P ∝ |A|^alpha
-             among those no older than tau_max steps); every fresh rollout stays in the batch;
+3. sample    replayed rollouts of earlier steps (buffer.py: replay_ratio x fresh, P ∝ |A|^alpha,
+             age <= tau_max) and logged ones (logged.py); every fresh rollout stays in the batch;
 4. store     this step's rollouts, version = step (after sampling: never replayed in their step);
 5. update    the engine asleep: epochs x mini_batches optimizer steps over fresh + replayed
              (rollout.optimizer_steps: micro-batched, the normaliser fixed first), each micro-batch
              loss the clipped surrogate of `micro_batch_loss`;
 6. sync      the engine gets the new weights (and wakes);
-then eval every `eval_every` steps, the log line and metrics.jsonl, a checkpoint every
-`save_every`. Each step function returns its numbers (metrics.Metrics); the loop merges them
-once a step and reduces them over ranks once. A replayed rollout's ratio is against the policy
-that generated it, up to tau_max steps old: what makes replay off-policy and what the clip
-guards. Under torchrun each rank takes every world-th prompt and keeps its own buffer; the
-normaliser is summed over ranks and each loss multiplied by the world size, so a step equals the
-1-rank step over the same global batch.
+then eval every `eval_every` steps, the log line and metrics.jsonl, a checkpoint every `save_every`;
+the step functions' numbers (metrics.Metrics) are reduced over ranks once a step. A replayed
+rollout's ratio is against the policy that generated it (what the clip guards). Under torchrun each
+rank takes every world-th prompt and keeps its own buffer; the normaliser is summed over ranks and
+each loss multiplied by the world size: a step equals the 1-rank step over the same global batch.
 """
 import os
 import sys
@@ -39,6 +37,7 @@ import engine as engine_lib
 import eval as eval_lib  # the module eval.py, not the builtin
 import flags
 import grpo
+import logged
 import methods
 import metrics as metrics_lib
 import parallel
@@ -58,6 +57,8 @@ def generate_and_score(run: Run, pos: int, step: int) -> tuple[list, list, int, 
     (mine[pos:], wrapping around), graded and scored, or the allocate slot's. Returns (fresh,
     every generated rollout, new pos, their numbers and the seconds)."""
     t0 = time.perf_counter()
+    if run.per_rank == 0:                          # --prompts-per-step 0: logged rollouts alone
+        return [], [], pos, Metrics()
     if "allocate" in run.slots:
         fresh, generated, pos, m = run.slots["allocate"].allocate(run.prompts, run.mine, pos,
                                                                   step=step)
@@ -167,10 +168,10 @@ def micro_batch_loss(run: Run, mb: dict, normaliser: float) -> tuple[torch.Tenso
     f, hooks, temperature = run.settings.loss, run.hooks, run.settings.run.temperature
     logits, logp = rollout.forward_logprobs(run.model, mb, temperature)  # [b, T, V], [b, T]
     mask, old, adv = mb["completion_mask"], mb["old_logprobs"], mb["advantages"]
-    loss_mask, eps, logged = mask, (f.eps_low, f.eps_high), {}
+    loss_mask, eps, extra = mask, (f.eps_low, f.eps_high), {}
     for restrict in hooks.restrict:
         loss_mask, eps, means = restrict(logp, mb, loss_mask, eps)
-        logged.update(means)
+        extra.update(means)
     log_w = (hooks.ratio or grpo.token_log_ratio)(logp, old, mask)                   # [b, T]
     w_tis = grpo.tis_weight(old, mb["behaviour_logprobs"], f.tis_cap) if f.tis_cap else None
     loss, m = grpo.policy_loss(log_w, adv, loss_mask, eps_low=eps[0], eps_high=eps[1],
@@ -179,18 +180,18 @@ def micro_batch_loss(run: Run, mb: dict, normaliser: float) -> tuple[torch.Tenso
     n = m.pop("loss/tokens")                       # a tensor: read at the step's end (Metrics)
     with torch.no_grad():
         entropy = grpo.masked_mean(grpo.entropy_from_logits(logits, temperature), mask)
-        logged = {"entropy": entropy, **logged}
+        extra = {"entropy": entropy, **extra}
         for diagnostics in hooks.diagnostics:
-            logged.update(diagnostics(logp, mb, log_w, eps))
+            extra.update(diagnostics(logp, mb, log_w, eps))
         if w_tis is not None:
-            logged["loss/tis_weight"] = grpo.masked_mean(w_tis, mask)
+            extra["loss/tis_weight"] = grpo.masked_mean(w_tis, mask)
     if f.kl_coef > 0:                              # the reference's log-probs: once a step (update)
         kl = grpo.kl_penalty(logp, mb["ref_logprobs"], f.kl_estimator)                  # [b, T]
         loss = loss + f.kl_coef * grpo.aggregate(kl, loss_mask, f.agg, normaliser)
-        logged["kl"] = grpo.masked_mean(kl.detach(), mask)
+        extra["kl"] = grpo.masked_mean(kl.detach(), mask)
     numbers = Metrics()
     numbers.token_means(m, n, grpo.COMBINE)        # policy_loss's means: over the loss tokens
-    numbers.token_means(logged, mask.sum())        # the rest: over every completion token
+    numbers.token_means(extra, mask.sum())         # the rest: over every completion token
     numbers.total("loss/tokens", n)
     return loss, numbers
 
@@ -268,12 +269,16 @@ def train_step(run: Run, pos: int, *, step: int, guard: parallel.StepGuard) -> S
     """One pass of the loop, 1. to 6. of the module docstring."""
     metrics_lib.status(f"step {step + 1}: generating and scoring", run.rank)  # a terminal only
     fresh, generated, pos, m = generate_and_score(run, pos, step)                # 1. and 2.
+    if run.saver is not None:                      # --save-rollouts: this step's fresh rollouts
+        run.saver.write(fresh, step)
     if run.own_reward is not None:     # a --reward-fn that raised on a rank: every rank stops
         parallel.stop_together(run.own_reward.error, run.world)
     t1 = time.perf_counter()
     run.engine.sleep(push_follows=True)            # vLLM frees its memory until load_weights
     replay = run.replay
     replayed = replay.sample(step, len(fresh)) if replay is not None else []      # 3. sample
+    if run.logged is not None:                     # --rollouts-from: their own pool's draw
+        replayed = replayed + run.logged.sample(step, len(fresh) + len(replayed))
     if replay is not None:                                                         # 4. store
         keeps = run.hooks.keeps                    # a method's: which fresh rollouts are stored
         replay.add([r for r in fresh if all(k(r) for k in keeps)] if keeps else fresh, step)
@@ -293,6 +298,8 @@ def log_step(run: Run, logs, out: StepOut, *, step: int, verified: dict) -> dict
     step's reduced metrics."""
     s, m = run.settings, out.metrics
     buffer.report(run.replay, m)                       # the buffer's state after this step
+    if run.logged is not None:                         # --rollouts-from: the pool's numbers
+        run.logged.report(m)
     for key, count in verify.stats().items():         # errors would zero rewards: count them
         m.total(f"verify/{key}", count - verified[key])
     row, *per_update_rows = metrics_lib.reduce_all([m, *out.updates], run.world)
@@ -306,8 +313,8 @@ def log_step(run: Run, logs, out: StepOut, *, step: int, verified: dict) -> dict
 
 # the step's log line: each component's fields, in this order (metrics.fields)
 LOSS_LOG = ("loss {loss/policy:+.4f}", "clip {loss/clip_frac:.3f}")    # absent without an update
-LOG_LINE = (*metrics_lib.LOG, *LOSS_LOG, *buffer.LOG, *methods.log_fields(), "{time/step:.2f}s",
-            eval_lib.log_fields, verify.log_fields)
+LOG_LINE = (*metrics_lib.LOG, *LOSS_LOG, *buffer.LOG, *logged.LOG, *methods.log_fields(),
+            "{time/step:.2f}s", eval_lib.log_fields, verify.log_fields)
 
 
 def train(run: Run) -> dict:

@@ -29,7 +29,7 @@ FLOORS = [
     ("metrics",),
     ("rollout",),
     ("engine",),
-    ("vllm_engine", "buffer", "eval"),
+    ("vllm_engine", "buffer", "eval", "logged"),
     ("methods",),
     ("flags",),
     ("memory",),
@@ -42,6 +42,7 @@ WINGS = [w for w in methods.WINGS if os.path.exists(os.path.join(ROOT, "methods"
 SPINE = ("train.py", "rollout.py", "grpo.py", "buffer.py")      # the algorithm's four files
 SPINE_LINES = 1900
 ALGORITHM = ("train.py", "run_setup.py", "grpo.py", "buffer.py", "rollout.py", "engine.py",
+             "logged.py",
              "metrics.py", "parallel.py", "flags.py", "memory.py", "cli.py", "reward_fn.py",
              *(f"methods/{w}.py" for w in WINGS), "methods/__init__.py")
 # Where train.py's flags may be taken whole: the door (run_setup.setup and start, train.main;
