@@ -136,14 +136,15 @@ def hf_generate(run, prompts: list, n: int) -> tuple[float, int]:
     return seconds, tokens
 
 
-def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=None, max_tokens=0):
+def consecutive_micro_batches(rollouts, size, pad_id, device, *, old_logprobs=None, max_tokens=0,
+                              ref_logprobs=None):
     """The layout before length bucketing: rollouts[i:i + size] in batch order, collated as
     rollout.micro_batches collates its buckets. Same number of micro-batches of the same sizes
     (max_tokens is ignored: this layout is the one before the token budget too)."""
-    old, starts = old_logprobs or None, range(0, len(rollouts), size)
+    old, ref, starts = old_logprobs or None, ref_logprobs or None, range(0, len(rollouts), size)
     return [{k: v.to(device)
-             for k, v in rollout.collate(rollouts[i:i + size], pad_id,
-                                         old and old[i:i + size]).items()}
+             for k, v in rollout.collate(rollouts[i:i + size], pad_id, old and old[i:i + size],
+                                         ref and ref[i:i + size]).items()}
             for i in starts]
 
 

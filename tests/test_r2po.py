@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 from contextlib import redirect_stderr, redirect_stdout
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -172,7 +173,7 @@ def test_vllm_engine_refuses_the_head_and_flags_say_so():
     # r2po.make refuses an engine without a logits head (vLLM's), at the door
     assert not hasattr(vllm_engine.VLLMEngine, "logits_head")
     with pytest.raises(ValueError, match="needs --engine torch"):
-        run_of(flags.parse(["--preset", "r2po"]), engine=object())
+        run_of(flags.parse(["--preset", "r2po"]), engine=SimpleNamespace(close=lambda: None))
     for bad in ("1", "1,0", "a,b", "-1,2"):
         with pytest.raises(ValueError, match="--r2po-schedule"):
             flags.check_args(flags.parse(["--preset", "r2po", f"--r2po-schedule={bad}"]))

@@ -213,13 +213,13 @@ def test_load_model_errors(tmp_path):
 
 
 def test_the_module_demos_print_no_bar_and_fit_100_characters():
-    """`python rollout.py` loads the tiny model without transformers' weight-loading bar, and
+    """`python engine.py` loads the tiny model without transformers' weight-loading bar, and
     `python buffer.py`'s lines (its stats wrapped) fit 100 characters."""
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for demo in ("rollout.py", "buffer.py"):
+    for demo in ("engine.py", "buffer.py"):
         p = subprocess.run([sys.executable, demo], cwd=root, env=env, capture_output=True,
                            text=True, timeout=120)
         assert p.returncode == 0 and "Loading" not in p.stderr and "it/s" not in p.stderr, demo

@@ -221,8 +221,8 @@ def test_help_shows_the_first_group_in_its_first_screen():
 # registry's order, methods.WINGS), then the engine's and the eval's
 METHOD_GROUPS = tuple(dict.fromkeys(g for owner in methods.owners()
                                     for g in cli.field_groups(owner).values()))
-GROUPS = ("run", "optimisation", "reward", "objective", "replay", *METHOD_GROUPS, "engine",
-          "eval and logs")
+GROUPS = ("run", "optimisation", "reward", "objective", "replay", "logged rollouts",
+          *METHOD_GROUPS, "engine", "eval and logs")
 # a method's flags: the prefix of their names, their group, the first word of their help
 METHODS = {"vigor_": ("VIGOR", "VIGOR:"), "r2po_": ("R²PO", "R²PO:"),
            "hd_": ("Headroom-Drift", "Headroom-Drift:")}
