@@ -1,12 +1,13 @@
 """A run's accuracy curve read as numbers: its final accuracy (the mean of its last two
 evaluations, or its accuracy at fractions of its x-range), its peak, its accuracy at any x
 (interpolated), the x at which it first reaches a target (censored at its budget), and the ratio
-of two arms' times as a bound. A curve is [(step, fresh, updates, wall, accuracy)] (protocol.load).
+of two arms' times as a bound. A curve is [(step, fresh, updates, wall, accuracy, tokens)]
+(runs.load; tokens: the completion tokens generated so far).
 """
 import statistics
 from typing import NamedTuple
 
-X_COL = {"fresh": 1, "updates": 2, "wall": 3}   # a curve point's column of each x
+X_COL = {"fresh": 1, "updates": 2, "wall": 3, "tokens": 5}   # a curve point's column of each x
 
 
 def final_accuracy(curve: list) -> float:
@@ -71,9 +72,12 @@ class ToTarget(NamedTuple):
     n: int
 
 
-def to_target(runs: list[dict], target: float, x: str) -> ToTarget:
-    """time_to_target of every run on x (fresh | updates | wall), averaged over the runs."""
-    times = [time_to_target(r["curve"], X_COL[x], target) for r in runs]
+def to_target(runs: list[dict], target: float | dict, x: str) -> ToTarget:
+    """time_to_target of every run on x (fresh | updates | wall | tokens), averaged over the runs;
+    target: one for every run, or {seed: target} (each run's own seed's)."""
+    times = [time_to_target(r["curve"], X_COL[x],
+                            target[r["seed"]] if isinstance(target, dict) else target)
+             for r in runs]
     return ToTarget(statistics.mean(t for t, _ in times), sum(ok for _, ok in times), len(times))
 
 
@@ -86,3 +90,17 @@ def ratio_bound(arm: ToTarget, base: ToTarget) -> tuple[float | None, str]:
     if (arm_cut and base_cut) or not base.mean:
         return None, "?"
     return arm.mean / base.mean, ">=" if arm_cut else "<=" if base_cut else "="
+
+
+def spend_to_baseline(runs: dict, baseline: str) -> dict:
+    """{arm: {"wall": ToTarget, "tokens": ToTarget}}: what each arm spent to reach the baseline's
+    final accuracy, seed by seed: a seed's target is its own baseline run's final accuracy
+    (final_accuracy), so every arm of that seed is measured on one prompt stream and, where a
+    setting keeps a seed's arms on one machine, one CPU kind. Wall: the run's seconds of training
+    steps (the sum of time/step; evaluations not counted); tokens: the completion tokens it
+    generated (the curve's last column). The baseline reaches its own target by construction (the
+    better of its last two evaluations is at least their mean), usually before its end."""
+    targets = {r["seed"]: final_accuracy(r["curve"]) for r in runs[baseline]}
+    return {arm: {x: to_target([r for r in rs if r["seed"] in targets], targets, x)
+                  for x in ("wall", "tokens")}
+            for arm, rs in runs.items() if any(r["seed"] in targets for r in rs)}

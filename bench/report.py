@@ -253,9 +253,40 @@ def arm_table(summary: dict, keys=ARM_KEYS) -> str:
 
 def look_tables(summary: dict) -> str:
     """What docs/smollm2.md shows of a group-sequential setting's reading (`python
-    bench/experiments.py --look DIR`): the claims at the look (look_rows) and the arms
-    (arm_table)."""
-    return look_rows(summary) + "\n" + arm_table(summary)
+    bench/experiments.py --look DIR`): the claims at the look (look_rows), the arms (arm_table)
+    and, where the setting reads it, what each arm spent to the baseline's final (spend_table)."""
+    return look_rows(summary) + "\n" + arm_table(summary) + spend_table(summary)
+
+
+def spend_table(analysis: dict) -> str:
+    """Setting.spend, descriptive and never a verdict: per arm, the mean over seeds of its wall
+    minutes and generated tokens until it first reaches its seed's baseline run's final accuracy
+    (curves.spend_to_baseline), ≥ where some seeds never get there (counted at their run's end),
+    with the seeds that reached it and the ratio to the baseline's mean (ratio_cell's bounds);
+    "" where the setting does not read it."""
+    spend = analysis.get("spend")
+    if not spend:
+        return ""
+    base = spend["baseline"]
+    out = ["", f"Spent to {base}'s final accuracy (descriptive, never a verdict): per seed, the "
+               f"target is that seed's {base} run's final test accuracy; each arm's training wall "
+               "time (the sum of time/step: evaluations not counted, on the seed's one machine, "
+               "and slowed by whatever else ran beside it) and the completion tokens it "
+               "generated (rollout/generated x response/len_mean, summed over steps) until its "
+               "curve first reaches it (interpolated between evaluations). A seed that never does "
+               "counts at its run's end: the mean is then a lower bound (≥).", "",
+           md_row(["arm", "seeds that reach it", "wall min to it", "ratio", "tokens to it",
+                   "ratio"]), "|---|---|---|---|---|---|"]
+
+    def cells(t: dict, scale: float, spec: str) -> list[str]:
+        ratio, bound = t["ratio"]
+        return [("≥ " if t["reached"] < t["n"] else "") + format(t["mean"] / scale, spec),
+                ratio_cell(None if ratio is None else {"ratio": ratio, "bound": bound})]
+    for arm, by_x in spend["arms"].items():
+        w, k = by_x["wall"], by_x["tokens"]
+        out.append(md_row([arm, f"{w['reached']}/{w['n']}", *cells(w, 60, ".1f"),
+                           *cells(k, 1, ",.0f")]))
+    return "\n".join(out) + "\n"
 
 
 def per_run_table(runs: dict, keys=RUN_KEYS) -> str:
@@ -468,7 +499,8 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
             + "\n".join(f"- {a.name}: `{' '.join(a.flags)}`" for a in s.arms) + "\n\n"
             + code_line(summary.get("codes")) + waiting_line(summary)
             + table(summary, analysis) + sequential_table(analysis) + gates_table(analysis)
-            + beside_lines(s, out, analysis) + per_run_table(summary["runs"])
+            + beside_lines(s, out, analysis) + spend_table(analysis)
+            + per_run_table(summary["runs"])
             + dev_lr_table(summary))
     sweep = "\nThe sweep:\n\n" + sweep_table(summary)
     (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n" + sweep)

@@ -154,15 +154,17 @@ def run_train(argv: list[str], run_dir: Path, *, threads: int, in_process: bool,
 
 def load(run_dir: Path, metric: str, keys: tuple[str, ...], final_at: tuple[float, ...] = (),
          x: str = "fresh") -> dict:
-    """A run's curve [(step, fresh, updates, wall, accuracy)] and its aggregates: the final
-    accuracy (run_final: the mean of the last two evaluations, or of the accuracy at `final_at`
-    fractions of its x-range), response length at the first and last step, time split, loop steps,
-    per key its mean, largest and smallest value over the steps and its last value, and the run's
-    own wall time and peak RSS (its done file; None where not recorded); code: the code_hash that
-    made it; cpu: the machine's kind (cpu.txt; None where not recorded)."""
+    """A run's curve [(step, fresh, updates, wall, accuracy, tokens)] (tokens: the completion
+    tokens generated so far, rollout/generated x response/len_mean summed over steps) and its
+    aggregates: the final accuracy (run_final: the mean of the last two evaluations, or of the
+    accuracy at `final_at` fractions of its x-range), response length at the first and last
+    step, time split, loop steps, per key its mean, largest and smallest value over the steps and
+    its last value, and the run's own wall time and peak RSS (its done file; None where not
+    recorded); code: the code_hash that made it; cpu: the machine's kind (cpu.txt; None where not
+    recorded)."""
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if line.strip()]
     fresh = updates = 0
-    wall = gen = upd = 0.0
+    wall = gen = upd = tokens = 0.0
     curve = []
     for r in rows:
         if r["step"] > 0:
@@ -171,8 +173,9 @@ def load(run_dir: Path, metric: str, keys: tuple[str, ...], final_at: tuple[floa
             wall += r.get("time/step", 0.0)
             gen += r.get("time/generate", 0.0)
             upd += r.get("time/update", 0.0)
+            tokens += r.get("rollout/generated", 0) * r.get("response/len_mean", 0.0)
         if metric in r:
-            curve.append((r["step"], fresh, updates, wall, r[metric]))
+            curve.append((r["step"], fresh, updates, wall, r[metric], tokens))
     steps = [r for r in rows if r["step"] > 0]
     means = {k: statistics.mean(r[k] for r in steps if k in r) if any(k in r for r in steps)
              else None for k in keys}

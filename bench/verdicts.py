@@ -7,8 +7,8 @@ every number of a setting's tables, JSON-ready. No running, no writing: pure fun
 import operator
 import statistics
 
-from curves import (X_COL, final_accuracy, peak_accuracy, ratio_bound, run_final, to_target,
-                    value_at)
+from curves import (X_COL, final_accuracy, peak_accuracy, ratio_bound, run_final,
+                    spend_to_baseline, to_target, value_at)
 from design import ACTED, Arm, Claim, Pooled, Setting
 import sequential
 from stats import Comparison, holm, mean_std, p_value, paired, welch
@@ -454,6 +454,11 @@ def analyse(summary: dict) -> dict:
     out = {"start": start, "target": target, "x": s.x, "x_range": x_range, "budgets": budgets,
            "arms": arms, "comparisons": comparisons, "baseline_gain": gain,
            "gate": {"setting": s.label, "gain": gain, "learned": learned(gain)}}
+    if s.spend:                  # descriptive: what each arm spent to the baseline's final
+        spend = spend_to_baseline(runs, s.baseline)
+        out["spend"] = {"baseline": s.baseline, "arms": {
+            arm: {x: {**t._asdict(), "ratio": ratio_bound(t, spend[s.baseline][x])}
+                  for x, t in by_x.items()} for arm, by_x in spend.items()}}
     n = min(len(rs) for rs in runs.values())
     if s.looks and n in s.looks:
         out["sequential"] = sequential_read(s, n, comparisons)

@@ -218,7 +218,8 @@ def _hand_made_runs(arms_finals, n):
         out[arm] = []
         for sd in range(n):
             acc = final(sd)
-            curve = [(0, 0, 0, 0.0, 0.08), (30, 1920, 30, 1.0, acc), (40, 2560, 40, 2.0, acc)]
+            curve = [(0, 0, 0, 0.0, 0.08, 0.0), (30, 1920, 30, 1.0, acc, 28_800.0),
+                     (40, 2560, 40, 2.0, acc, 38_400.0)]
             out[arm].append({"curve": curve, "final": acc, "start": 0.08, "seed": sd,
                              "stream": ["8", str(sd)], "means": dict(PRIORITIZED_RUN),
                              "maxima": {}, "minima": {}, "last": {}, "len_start": 15.0,
@@ -343,6 +344,12 @@ def test_the_compute_settings_gates_read_the_update_tokens():
     assert claims[("rollout-replay", GRPO_96)]["diagnostic"]["value"] == pytest.approx(1280 / 1320)
     assert claims[(GRPO_96, GRPO_64)]["diagnostic"]["acted"]
     assert [g["holds"] for g in a["arms"][GRPO_96]["gates"]] == [True, True]
+    # the descriptive spend to GRPO-64's final, seed by seed: every arm reaches it at step 30
+    # here (28,800 tokens, 1 s), as GRPO-64 does, except where its seed's final is below it
+    spend = a["spend"]["arms"]
+    assert a["spend"]["baseline"] == GRPO_64 and set(spend) == {a.name for a in s.arms}
+    assert spend[GRPO_64]["tokens"]["reached"] == 20
+    assert spend[GRPO_64]["tokens"]["mean"] == pytest.approx(28_800)
     claims, _ = read({**tokens, GRPO_96: 1500.0})                      # 1280 / 1500 = 0.85
     assert claims[("rollout-replay", GRPO_96)]["verdict"].startswith("not testable here")
     assert compute_gates("rollout-replay", [_run({**PRIORITIZED_RUN, "loss/tokens": 1.0})])[1][2]

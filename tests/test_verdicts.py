@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+import curves  # noqa: E402
 import headline  # noqa: E402
 import report  # noqa: E402  (where plots is called: patched there)
 import stats  # noqa: E402
@@ -140,6 +141,33 @@ def test_time_to_target_interpolates_and_censors():
     assert time_to_target(c, 1, 0.9) == (300, False)       # censored at the budget
     # a dip after the crossing does not matter: the first crossing counts
     assert time_to_target(curve([0.2, 0.6, 0.1]), 1, 0.4) == (pytest.approx(50), True)
+
+
+def test_spend_to_the_baseline_reads_each_seeds_own_target_in_wall_and_tokens():
+    def run(seed, accs, wall_per_step, tokens_per_step):
+        return {"seed": seed, "curve": [(i, 64 * i, i, wall_per_step * i, a, tokens_per_step * i)
+                                        for i, a in enumerate(accs)]}
+    # seed 1: the baseline's final is (0.4 + 0.6) / 2 = 0.5, reached at its step 2.5 (0.4 -> 0.6
+    # between steps 2 and 3); seed 2: (0.3 + 0.3) / 2 = 0.3, reached at step 2 exactly
+    runs = {"base": [run(1, [0.1, 0.2, 0.4, 0.6], 10.0, 100.0),
+                     run(2, [0.1, 0.2, 0.3, 0.3], 10.0, 100.0)],
+            # seed 1: 0.5 at step 1.5 (0.3 -> 0.7); seed 2: target 0.3 never reached (censored at
+            # step 3)
+            "arm": [run(1, [0.1, 0.3, 0.7, 0.7], 20.0, 150.0),
+                    run(2, [0.1, 0.2, 0.2, 0.25], 20.0, 150.0)]}
+    spend = curves.spend_to_baseline(runs, "base")
+    assert spend["base"]["wall"] == (pytest.approx((25 + 20) / 2), 2, 2)
+    assert spend["base"]["tokens"] == (pytest.approx((250 + 200) / 2), 2, 2)
+    assert spend["arm"]["wall"] == (pytest.approx((30 + 60) / 2), 1, 2)     # ≥: one censored
+    assert spend["arm"]["tokens"] == (pytest.approx((225 + 450) / 2), 1, 2)
+    assert ratio_bound(spend["arm"]["tokens"], spend["base"]["tokens"]) == (
+        pytest.approx(337.5 / 225), ">=")
+    table = report.spend_table({"spend": {"baseline": "base", "arms": {
+        arm: {x: {**t._asdict(), "ratio": ratio_bound(t, spend["base"][x])}
+              for x, t in by_x.items()} for arm, by_x in spend.items()}}})
+    assert "| arm | 1/2 | ≥ 0.8 | ≥ 2.00 | ≥ 338 | ≥ 1.50 |" in table
+    assert "| base | 2/2 | 0.4 | 1.00 | 225 | 1.00 |" in table
+    assert report.spend_table({}) == ""
 
 
 def test_value_at_interpolates_and_stops_at_the_run_end():
