@@ -23,6 +23,7 @@ tests/test_layout.py searches for names).
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import os
 import re
@@ -160,6 +161,7 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
+@functools.cache           # a class's source is parsed once a process (each parse reads its file)
 def _own_docs(cls) -> dict[str, str]:
     body = ast.parse(inspect.getsource(cls)).body[0].body
     docs = {}
@@ -179,6 +181,7 @@ def field_groups(cls) -> dict[str, str]:
     return groups
 
 
+@functools.cache
 def _own_groups(cls) -> dict[str, str]:
     names = {f.name for f in dataclasses.fields(cls)}
     groups, title = {}, ""
@@ -192,9 +195,10 @@ def _own_groups(cls) -> dict[str, str]:
     return groups
 
 
-def choices(cls, name: str) -> tuple | None:
-    """The allowed values of a `Literal[...]` field (and its `more_choices`), else None."""
-    hint = typing.get_type_hints(cls)[name]
+def choices(cls, name: str, hints: dict | None = None) -> tuple | None:
+    """The allowed values of a `Literal[...]` field (and its `more_choices`), else None; hints:
+    typing.get_type_hints(cls), where the caller has them."""
+    hint = (hints or typing.get_type_hints(cls))[name]
     if typing.get_origin(hint) is not typing.Literal:
         return None
     return typing.get_args(hint) + tuple(getattr(cls, "more_choices", {}).get(name, ()))
@@ -213,13 +217,14 @@ def build_parser(cls, description: str = "", formatter=argparse.RawDescriptionHe
     ap = argparse.ArgumentParser(description=description, formatter_class=capped(formatter),
                                  epilog=epilog, usage=usage)
     docs, groups, sections = field_docs(cls), field_groups(cls), {}
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         title = groups.get(f.name, "")
         if title not in sections:
             sections[title] = ap.add_argument_group(title) if title else ap
         # argparse %-formats help strings: a literal % must be doubled
         help_text = f"{docs[f.name]} (default: {shown_default(f.default)!r})".replace("%", "%%")
-        kw = dict(default=f.default, help=help_text, choices=choices(cls, f.name))
+        kw = dict(default=f.default, help=help_text, choices=choices(cls, f.name, hints))
         if kw["choices"] and len(",".join(map(str, kw["choices"]))) > LONG_CHOICES:
             kw["metavar"] = "NAME"                  # the list goes into the help, wrapped
             kw["help"] += f"; one of {', '.join(map(str, kw['choices']))}"

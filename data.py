@@ -116,13 +116,20 @@ def _drawn(pool, split: str, n: int | None, seed: int, task: str) -> list[str]:
     (each task's own order), of which the first n are asked for (all if None): at least n must
     exist."""
     _check_split(split)
-    exprs = [e for e in pool if _split(e) == split]
+    exprs = list(_in_split(tuple(pool), split))
     random.Random(f"{task}-{split}-{seed}" if task else f"{split}-{seed}").shuffle(exprs)
     if n is not None and n > len(exprs):
         name = f"{task} {split}" if task else split
         raise ValueError(f"the built-in {name} split has {len(exprs)} examples, "
                          f"{n} were asked for")
     return exprs
+
+
+@functools.lru_cache(maxsize=16)
+def _in_split(pool: tuple[str, ...], split: str) -> tuple[str, ...]:
+    """The expressions of pool in split, in pool's order (each task's pool: _split is a crc32 of
+    each expression, computed once a process, not once a run)."""
+    return tuple(e for e in pool if _split(e) == split)
 
 
 def arithmetic_examples(split: str, n: int | None = None, seed: int = 0) -> list[Example]:
@@ -376,7 +383,12 @@ def make_prompts(examples: list[Example], template: str, tokenizer) -> list[Prom
     so none are added to it."""
     texts = [apply_template(ex, template, tokenizer) for ex in examples]
     special = template not in ("chat", "instruct")
-    if callable(tokenizer) and texts:  # a Hugging Face tokenizer: one batched call, the same ids
+    fast = getattr(tokenizer, "backend_tokenizer", None)     # a Hugging Face fast tokenizer's
+    if fast is not None and fast.truncation is None and fast.padding is None and texts:
+        # its Rust tokenizer, batched: the ids tokenizer(texts) gives, without building a Python
+        # encoding object per text (half the time of a 20,000-prompt split)
+        ids = [e.ids for e in fast.encode_batch(texts, add_special_tokens=special)]
+    elif callable(tokenizer) and texts:  # another Hugging Face tokenizer: one batched call
         ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
     else:
         ids = [tokenizer.encode(t, add_special_tokens=special) for t in texts]

@@ -12,7 +12,12 @@ Also what lets the suite run on any machine (a copy of the repository alone, a G
   * the `cpu_only` fixture does the same in process for train.main / run_setup.setup.
 """
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -86,3 +91,94 @@ def cpu_only(monkeypatch):
     some (embedding backward's atomics) are not even deterministic run to run."""
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+# ---- slow work beside the suite ------------------------------------------------------------------
+
+class Beside:
+    """The suite's slowest work, subprocesses whose results tests read (a test module's `BESIDE`:
+    {fixture name: job(folder) -> value}, e.g. every experiment's quick protocol), started as soon
+    as the tests are collected and run one job after another on a thread beside the rest of the
+    suite, while the tests that read them run last: the two cores work together instead of one
+    after the other. A job runs its commands with `Beside.run` (subprocess.run's arguments), so
+    that a suite stopped early stops them too."""
+
+    running: dict = {}                      # {thread id: the Popens it runs now}
+
+    def __init__(self, jobs: dict, base: Path):
+        self.futures = {name: Future() for name in jobs}
+        self.stopped = False
+        self.thread = threading.Thread(target=self._every, args=(jobs, base), daemon=True)
+        self.thread.start()
+
+    def _every(self, jobs: dict, base: Path) -> None:
+        for name, job in jobs.items():
+            try:
+                if self.stopped:
+                    raise RuntimeError("the suite stopped before this job ran")
+                folder = base / name
+                folder.mkdir()
+                self.futures[name].set_result(job(folder))
+            except BaseException as e:               # the tests that read it fail with it
+                self.futures[name].set_exception(e)
+
+    @staticmethod
+    def run(cmd: list, timeout: float = 900, **kw) -> subprocess.CompletedProcess:
+        """subprocess.run(cmd, capture_output=True, text=True, ...), stopped with its jobs."""
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                **kw)
+        mine = Beside.running.setdefault(threading.get_ident(), [])
+        mine.append(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        finally:
+            mine.remove(proc)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    def running_now(self) -> list:
+        """The Popens this one's jobs run now."""
+        return list(Beside.running.get(self.thread.ident, []))
+
+    def stop(self) -> None:
+        self.stopped = True
+        for proc in self.running_now():
+            if proc.poll() is None:
+                proc.kill()
+
+
+BESIDE = pytest.StashKey()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Start the collected tests' `BESIDE` jobs (Beside) and run the tests that read them last.
+    This process then computes on one thread, as every subprocess of the suite does, so that the
+    two never contend for one core."""
+    jobs, late = {}, []
+    for item in items:
+        used = set(getattr(item.module, "BESIDE", {})) & set(getattr(item, "fixturenames", ()))
+        for name in sorted(used):
+            jobs.setdefault(name, item.module.BESIDE[name])
+        if used:
+            late.append(item)
+    if not jobs or config.option.collectonly:
+        return
+    items[:] = [item for item in items if item not in late] + late
+    import torch
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    base = Path(tempfile.mkdtemp(prefix="pytest-beside-"))
+    beside = config.stash[BESIDE] = Beside(jobs, base)
+    config.add_cleanup(lambda: (beside.stop(), shutil.rmtree(base, ignore_errors=True)))
+
+
+def beside(request, name: str, tmp_path_factory):
+    """The value of the calling module's BESIDE job `name`: the one started at collection, else
+    run now into a fresh folder (a test run without the collection hook's start)."""
+    started = request.config.stash.get(BESIDE, None)
+    if started is not None and name in started.futures:
+        return started.futures[name].result()
+    return request.module.BESIDE[name](tmp_path_factory.mktemp(name))

@@ -6,12 +6,11 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT as _ROOT, cpu_env
+from conftest import ROOT as _ROOT, Beside, beside, cpu_env
 
 ROOT = Path(_ROOT)
 
@@ -155,18 +154,27 @@ def test_the_new_readings_and_controls_are_there():
     assert flag(list(r2["steps"].flags), "--reward") == "partial+format"   # outcome classes
 
 
-@pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory):
-    """`compare.py --experiment NAME --quick` for every experiment, two at a time (one thread
-    each: the suite's time), each into its own folder: {name: (process, folder)}."""
-    def one(name):
-        out = tmp_path_factory.mktemp(f"quick-{name}")
+def every_quick_protocol(base: Path) -> dict:
+    """`compare.py --experiment NAME --quick` for every experiment, one after another (one
+    thread), each into base/quick-NAME: {name: (process, folder)}. The suite runs it beside its
+    other tests (conftest.Beside)."""
+    out = {}
+    for name in EXPERIMENTS:
+        folder = base / f"quick-{name}"
+        folder.mkdir()
         cmd = [sys.executable, "bench/compare.py", "--experiment", name, "--quick", "--out",
-               str(out)]
-        return name, (subprocess.run(cmd, cwd=ROOT, env=cpu_env(OMP_NUM_THREADS="1"),
-                                     capture_output=True, text=True, timeout=600), out)
-    with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(one, EXPERIMENTS))
+               str(folder)]
+        out[name] = (Beside.run(cmd, cwd=ROOT, env=cpu_env(OMP_NUM_THREADS="1")), folder)
+    return out
+
+
+BESIDE = {"quick_runs": every_quick_protocol}
+
+
+@pytest.fixture(scope="module")
+def quick_runs(request, tmp_path_factory):
+    """every_quick_protocol's {name: (process, folder)}, run beside the suite."""
+    return beside(request, "quick_runs", tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))

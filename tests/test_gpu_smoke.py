@@ -10,6 +10,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
+from conftest import Beside, beside
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "ops" / "gpu_smoke.sh"
 STEPS = ["env", "one_process", "torchrun_one_rank", "fsdp_variants", "model_05b", "suite_on_cuda"]
@@ -19,16 +23,29 @@ def smoke(out: Path, **env) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if k != "ONLY"}
     e.update(SMOKE_TOY="1", OUT=str(out), PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="",
              OMP_NUM_THREADS="1", SMOKE_BUDGET="900", **env)
-    return subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=e, capture_output=True, text=True,
-                          timeout=900)
+    return Beside.run(["bash", str(SCRIPT)], cwd=ROOT, env=e, timeout=900)
+
+
+def toy_rehearsal(out: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """Every step at toy sizes into out: (process, out). The suite runs it beside its other tests
+    (conftest.Beside)."""
+    return smoke(out), out
+
+
+BESIDE = {"toy_smoke": toy_rehearsal}
+
+
+@pytest.fixture(scope="module")
+def toy_smoke(request, tmp_path_factory):
+    return beside(request, "toy_smoke", tmp_path_factory)
 
 
 def summary(out: Path) -> dict:
     return {s["name"]: s for s in json.loads((out / "summary.json").read_text())["steps"]}
 
 
-def test_toy_rehearsal_passes_every_step(tmp_path):
-    proc = smoke(tmp_path)
+def test_toy_rehearsal_passes_every_step(toy_smoke):
+    proc, tmp_path = toy_smoke
     steps = summary(tmp_path)
     assert list(steps) == STEPS
     md = (tmp_path / "summary.md").read_text()

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 import logged
 import train
-from conftest import cpu_env
+from conftest import Beside, beside, cpu_env
 from rollout import Rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,9 +24,12 @@ SMALL = ["--prompts-per-step", "8", "--group-size", "4", "--eval-size", "16", "-
          "--threads", "1"]
 
 
-def run_train(args, out, timeout=300):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--out-dir", str(out),
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+def run_train(args, out, timeout=300, run=None):
+    """train.py in a subprocess (run: subprocess.run's stand-in, e.g. Beside.run)."""
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--out-dir", str(out), *args]
+    if run is not None:
+        return run(cmd, cwd=ROOT, timeout=timeout, env=cpu_env())
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=cpu_env())
 
 
@@ -99,16 +102,35 @@ def test_a_second_run_trains_on_them_beside_fresh_ones(saved, tmp_path):
                                                     for r in rows)
 
 
-def test_offline_on_an_earlier_runs_rollouts_learns(tmp_path):
-    """20 steps of one run's rollouts, then a run from the same step-0 weights that generates
-    nothing and trains on them alone: its held-out greedy accuracy rises."""
+def offline_runs(tmp_path) -> tuple:
+    """20 steps of one run saving its rollouts, then 20 steps from the same step-0 weights that
+    generate nothing and train on them alone: (first process, second process, second's folder).
+    The suite runs it beside its other tests (conftest.Beside)."""
     a, b = tmp_path / "a", tmp_path / "b"
     common = ["--group-size", "8", "--eval-size", "200", "--threads", "1", "--eval-every", "0"]
-    proc = run_train(["--steps", "20", "--prompts-per-step", "32", "--save-rollouts", *common], a)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_train(["--steps", "20", "--prompts-per-step", "0", "--rollouts-from",
-                      str(a / "rollouts.jsonl"), "--logged-per-step", "256", "--logged-uses", "2",
-                      "--logged-max-gap", "0", *common], b)
+    first = run_train(["--steps", "20", "--prompts-per-step", "32", "--save-rollouts", *common], a,
+                      run=Beside.run)
+    if first.returncode != 0:
+        return first, None, b
+    return first, run_train(["--steps", "20", "--prompts-per-step", "0", "--rollouts-from",
+                             str(a / "rollouts.jsonl"), "--logged-per-step", "256",
+                             "--logged-uses", "2", "--logged-max-gap", "0", *common], b,
+                            run=Beside.run), b
+
+
+BESIDE = {"offline": offline_runs}
+
+
+@pytest.fixture(scope="module")
+def offline(request, tmp_path_factory):
+    return beside(request, "offline", tmp_path_factory)
+
+
+def test_offline_on_an_earlier_runs_rollouts_learns(offline):
+    """20 steps of one run's rollouts, then a run from the same step-0 weights that generates
+    nothing and trains on them alone (offline_runs): its held-out greedy accuracy rises."""
+    first, proc, b = offline
+    assert first.returncode == 0, first.stderr[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_jsonl(b / "metrics.jsonl")
     assert all(r["logged/share"] == 1.0 and r["logged/count"] == 256 for r in rows[1:])

@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, cpu_env
+import pytest
+
+from conftest import ROOT, Beside, beside, cpu_env
 
 import methods
 
@@ -60,13 +62,27 @@ def test_a_method_file_not_registered_is_an_error_at_start(tmp_path, cpu_only, m
     assert f"methods/{WINGS[-1]}.py is not a method yet" in err and "__init__.py's WINGS" in err
 
 
-def test_each_method_file_removed_leaves_the_rest_working(tmp_path):
+def each_removed(tmp_path) -> subprocess.CompletedProcess:
+    """SCRIPT over every wing, its runs under tmp_path. The suite runs it beside its other tests
+    (conftest.Beside)."""
+    return Beside.run([sys.executable, "-c", SCRIPT, json.dumps(WINGS), json.dumps(TINY),
+                       str(tmp_path / "run-")], cwd=ROOT, env=cpu_env(OMP_NUM_THREADS="1"),
+                      timeout=900)
+
+
+BESIDE = {"removed": each_removed}
+
+
+@pytest.fixture(scope="module")
+def removed(request, tmp_path_factory):
+    return beside(request, "removed", tmp_path_factory)
+
+
+def test_each_method_file_removed_leaves_the_rest_working(removed):
     """Each wing in turn made unimportable (in one process, flags.py, run_setup.py and train.py
     imported anew each time): its preset, flags and choices are gone, and the default and another
     method's preset (the first left) each train a step (exit status 0)."""
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(WINGS), json.dumps(TINY),
-                           str(tmp_path / "run-")], cwd=ROOT, env=cpu_env(),
-                          capture_output=True, text=True, timeout=900)
+    proc = removed
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for mod in methods.loaded():
