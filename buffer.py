@@ -7,7 +7,7 @@ In the trainer, at each step (fresh = this step's scored rollouts, advantages se
     replay = make(flags, seed=0)                             # once; None for --replay none
     batch = fresh + replay.sample(step, len(fresh))          # fresh first, the replayed after
     replay.add(fresh, step)
-    report(replay, metrics)                                  # its numbers, each as it reduces
+    report(replay, metrics)                                  # its numbers, as COMBINE says
 
 Implements the replay buffer of "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"
 (Yoo et al., arXiv 2606.04560):
@@ -101,12 +101,17 @@ class RolloutReplay:
     """Rollout-level replay with age eviction (tau_max) and priority |A|^alpha; see the module
     docstring. `ratio`: replayed rollouts per fresh one (k = round(ratio * n_fresh) in `sample`).
     `nonzero`: draw only rollouts with A != 0 (with alpha = 0: uniform among them; alpha > 0 draws
-    only those anyway). MEAN_WEIGHTS and MAXIMA say how its stats reduce over ranks (`report`)."""
-    # a mean's weight is the count of what it averages; every other key is a total, but MAXIMA
-    MEAN_WEIGHTS = {"replay/age_mean": "replay/sampled", "replay/abs_adv_sampled": "replay/sampled",
-                    "replay/abs_adv_stored": "replay/size",
-                    "replay/abs_adv_stored_nonzero": "replay/stored_nonzero"}
-    MAXIMA = ("replay/age_max",)
+    only those anyway). COMBINE says how its stats combine over ranks (`report`)."""
+    # a mean over the count of what it averages (another key), the oldest age, every count a total
+    COMBINE = {"replay/age_mean": "mean replay/sampled",
+               "replay/abs_adv_sampled": "mean replay/sampled",
+               "replay/abs_adv_stored": "mean replay/size",
+               "replay/abs_adv_stored_nonzero": "mean replay/stored_nonzero",
+               "replay/age_max": "max",
+               **dict.fromkeys(("replay/size", "replay/evicted", "replay/capacity_dropped",
+                                "replay/sampled", "replay/sampled_nonzero",
+                                "replay/sampled_positive", "replay/ess", "replay/stored_nonzero"),
+                               "sum")}
 
     def __init__(self, tau_max: int, alpha: float = 1.0, capacity: int | None = None, seed: int = 0,
                  ratio: float = 1.0, nonzero: bool = False):
@@ -312,22 +317,16 @@ def check_same(sd: dict, buffer, names) -> None:
 # ---- metrics and set-up -------------------------------------------------------------------------
 
 NO_REPLAY = {"replay/size": 0, "replay/sampled": 0, "replay/age_mean": 0.0}
-MEAN_WEIGHTS = RolloutReplay.MEAN_WEIGHTS      # a replay of a method file extends these
-MAXIMA = RolloutReplay.MAXIMA
+COMBINE = RolloutReplay.COMBINE      # a replay of a method file extends it
 
 
 def report(replay, metrics) -> None:
-    """The buffer's stats() (NO_REPLAY without a buffer) into a metrics.Metrics, each key as it
-    reduces (the buffer's MEAN_WEIGHTS and MAXIMA)."""
-    stats = replay.stats() if replay is not None else NO_REPLAY
-    weights, maxima = getattr(replay, "MEAN_WEIGHTS", {}), getattr(replay, "MAXIMA", ())
-    for key, value in stats.items():
-        if key in weights:
-            metrics.mean(key, value, stats[weights[key]])
-        elif key in maxima:
-            metrics.max(key, value)
-        else:
-            metrics.total(key, value)
+    """The buffer's stats() (NO_REPLAY without a buffer) into a metrics.Metrics, each key as the
+    buffer's COMBINE says."""
+    if replay is None:
+        metrics.add(COMBINE, NO_REPLAY)
+    else:
+        metrics.add(replay.COMBINE, replay.stats())
 
 
 # the replay's field of the log line (metrics.fields): rollouts replayed / stored, their mean age

@@ -224,6 +224,8 @@ def check_canary(diff: float, limit: float, step: int) -> None:
 
 
 CANARY_ROLLOUTS = 16      # the generated rollouts the canary scores: the first of the step's
+# how the canary's numbers combine over ranks (metrics.Metrics.add): each rank's, equally weighted
+COMBINE = {"rollout/logprob_diff": "mean", "rollout/logprob_floor": "mean"}
 
 
 def canary(model, generated: list[Rollout], temperature: float, pad_id: int, precision: str, *,

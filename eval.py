@@ -314,12 +314,16 @@ def eval_sets_about(sets: dict, train_data: str, eval_data: str | None = None) -
     return about
 
 
+# how evaluate_shard's numbers combine over ranks (metrics.Metrics.add): each rank's share, summed
+COMBINE = {"eval/*": "sum"}
+
+
 def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_new_tokens: int,
                    seed: int, rank: int = 0, world: int = 1) -> None:
-    """metrics.total("eval/<key>", this rank's share of mean@k) for each of train_eval_sets: rank r
+    """eval/<key>, this rank's share of mean@k, into `metrics` for each of train_eval_sets: rank r
     grades every world-th problem (the same weights on every rank), so the shares summed over ranks
-    are each set's mean@k, and `python eval.py --model <checkpoint>` with the same settings
-    reproduces it."""
+    (COMBINE) are each set's mean@k, and `python eval.py --model <checkpoint>` with the same
+    settings reproduces it."""
     for key, (examples, template, k, temperature, grader) in sets.items():
         mine, correct = examples[rank::world], 0.0
         if mine:
@@ -327,7 +331,7 @@ def evaluate_shard(engine, tokenizer, sets: dict, metrics, *, top_p: float, max_
             summary, _ = evaluate(engine, tokenizer, mine, template=template, k=k, grader=grader,
                                   sampling=Sampling(temperature, top_p, max_new_tokens, seed=seed))
             correct = summary["mean@k"] * len(mine)
-        metrics.total(f"eval/{key}", correct / len(examples))
+        metrics.add(COMBINE, {f"eval/{key}": correct / len(examples)})
 
 
 # ---- the CLI -------------------------------------------------------------------------------------

@@ -38,13 +38,17 @@ from torch import Tensor
 
 # |log rho| cap before exp(), as verl: keeps exp() finite, not a trust region
 LOG_RATIO_CLAMP = 20.0
-# policy_loss metrics that are extremes, not means
-EXTREMES = {"ratio/min": "min", "ratio/max": "max"}
 # a completion's thirds by position (loss/clip_frac_first, ...), each a mean over its own tokens
 THIRDS = ("first", "middle", "last")
-# how callers combine policy_loss's metrics that are not means over 'loss/tokens'
-# (metrics.Metrics.token_means): an extreme, or a mean over the count of another key
-COMBINE = {**EXTREMES, **{f"loss/clip_frac_{p}": f"loss/tokens_{p}" for p in THIRDS}}
+# how callers combine policy_loss's metrics over micro-batches and ranks (metrics.Metrics.add): a
+# mean over the loss tokens (the count loss/tokens, which the caller hands in as tokens=), the
+# ratio's extremes over the parts with a token (a mean of none is NaN), each third's clip fraction
+# a mean over its own count
+COMBINE = {**dict.fromkeys(("loss/clip_frac", "loss/clip_frac_low", "loss/clip_frac_high",
+                            "loss/dual_clip_frac", "ratio/mean", "loss/ppo_kl"), "mean tokens"),
+           "ratio/min": "min tokens", "ratio/max": "max tokens", "loss/tokens": "sum",
+           **{f"loss/clip_frac_{p}": f"mean loss/tokens_{p}" for p in THIRDS},
+           **{f"loss/tokens_{p}": "weight" for p in THIRDS}}
 
 
 # ------------------------------------ the default path: advantages (one per rollout)

@@ -224,7 +224,13 @@ class LoggedPool:
     """Logged rollouts in a pool of their own, behind the replay interface (sample, add, stats,
     state_dict): see the module docstring. `logprobs(rows)` is the trainer's no-grad forward
     (rollout.lockstep_logprobs, every rank in step), handed in by the door."""
-    MEAN_WEIGHTS = {"logged/gap": "logged/drawn", "logged/uses": "logged/count"}
+    # how its numbers combine over ranks (`report`): logged/share a mean over the batch (the count
+    # "batch", not logged), logged/gap over the drawn rows, logged/uses over the used ones, the rest
+    # totals
+    COMBINE = {"logged/share": "mean batch", "batch": "weight", "logged/gap": "mean logged/drawn",
+               "logged/uses": "mean logged/count",
+               **dict.fromkeys(("logged/count", "logged/drawn", "logged/dropped", "logged/spent",
+                                "logged/pool"), "sum")}
 
     def __init__(self, rollouts: list, *, k: int, uses: int, max_gap: float, prioritized: bool,
                  seed: int, logprobs):
@@ -269,17 +275,8 @@ class LoggedPool:
         return {**self._last, "logged/pool": int(self.alive.sum())}
 
     def report(self, metrics) -> None:
-        """Its numbers into a metrics.Metrics: logged/share a mean over the batch, logged/gap
-        over the drawn rows, logged/uses over the used ones, the rest totals."""
-        stats = self.stats()
-        batch = stats.pop("batch", 0)
-        for key, value in stats.items():
-            if key == "logged/share":
-                metrics.mean(key, value, batch)
-            elif key in self.MEAN_WEIGHTS:
-                metrics.mean(key, value, stats[self.MEAN_WEIGHTS[key]])
-            else:
-                metrics.total(key, value)
+        """Its numbers into a metrics.Metrics, as COMBINE says."""
+        metrics.add(self.COMBINE, self.stats())
 
     def state_dict(self) -> dict:
         return {"uses": self.uses.tolist(), "alive": self.alive.tolist(), "seed": self.seed,

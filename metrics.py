@@ -2,16 +2,16 @@
 0's files.
 
     m = Metrics()
-    m.mean("reward/mean", 0.25, weight=512)  # a mean of 512 items; also m.total, m.max, m.min
-    row = m.reduce(world)                    # {key: weighted mean | sum | max | min} over all ranks
+    m.add(COMBINE, {"reward/mean": 0.25}, rollouts=512)  # COMBINE: {"reward/mean": "mean rollouts"}
+    row = m.reduce(world)                  # {key: weighted mean | sum | max | min} over all ranks
 
-Each component reports its own metrics, with the weight or kind that says how they combine, and
-its own fields of the step's log line (`LOG` format strings over its keys, or a function where the
-keys vary): the loss (train.py: grpo.policy_loss's token means), the replay buffer
-(buffer.py), the method files (methods/), the evaluation (eval.py), the
-verifier's error counts (verify.py), the rollouts of the step (`rollout_metrics` and `LOG`, here).
-Nothing here knows another module's key names: `log_line` fills in the fields it is handed.
-docs/metrics.md lists every key.
+Each component declares once how each of its keys combines, in a COMBINE table beside the code
+that makes them (`Metrics` lists the rules), adds its numbers with the counts they are weighted
+by, and has its own fields of the step's log line (`LOG` format strings over its keys, or a
+function where the keys vary): the loss (grpo.py, train.py), the replay buffer (buffer.py), the
+method files (methods/), the evaluation (eval.py), the verifier's error counts (verify.py), the
+engine's canary (engine.py), the rollouts of the step and the timings (`COMBINE` and `LOG`, here).
+Nothing here knows another module's key names. docs/metrics.md lists every key.
 
 Files (rank 0, under --out-dir): metrics.jsonl (one JSON object per step), samples.jsonl (a few
 decoded rollouts per step), updates.jsonl (one line per optimizer step), and with --tensorboard the
@@ -42,81 +42,63 @@ class LogFlags:
 
 
 class Metrics:
-    """One step's metrics in a form that combines exactly over micro-batches and ranks: a mean with
-    its weight (the number of items it averages: tokens, rollouts, prompts), a total, or an extreme.
-    `reduce(world)` gathers every rank's entries in one collective and returns {key: weighted mean |
-    sum | max | min}, keys in the order rank 0 added them. A weighted mean is sum_i w_i v_i / sum_i
-    w_i over the parts with w_i > 0 (0 when there are none; the value itself when there is one), so
-    a mean over micro-batches or ranks is the mean over all their items.
+    """One step's metrics in a form that combines exactly over micro-batches and ranks, each key as
+    its rule in the COMBINE table of the module that makes it says:
 
-    A value or weight may be a 0-dim tensor: it is kept as it is (detached) until `settle`, which
+        "mean W"      a mean weighted by the count W (one handed to `add`, or another key of its
+                      values): sum_i w_i v_i / sum_i w_i over the parts with w_i > 0 (0 for none,
+                      the value itself for one), so a mean of parts is the mean of all their items
+        "mean"        the same, each part weighing 1
+        "sum"         a total
+        "max", "min"  an extreme; "max W": over the parts whose count W > 0 (none: no key)
+        "weight"      a count other keys are weighted by, not logged itself
+    A rule may be declared for a prefix ("eval/*": every key under eval/); a key with no rule is an
+    error. `reduce(world)` gathers every rank's parts in one collective and returns {key: its
+    value}, keys in the order rank 0 added them.
+
+    A value or count may be a 0-dim tensor: it is kept as it is (detached) until `settle`, which
     reads every tensor of the step to the host in one copy a device. So the update never waits for
     the device between a forward and its backward to log a number (on CUDA, each float(tensor)
     would); `reduce` settles first. A tensor reads as float(tensor) would: its exact value."""
 
     def __init__(self):
-        # key -> (kind, [value, ...] or [(value, weight), ...])
-        self.stats = {}
-        # (key, kind, value, n): an extreme kept only where its count n > 0, known at settle
-        self.pending = []
+        self.stats = {}            # key -> (kind, [(value, count or None), ...])
 
-    def mean(self, key: str, value, weight) -> None:
-        """Add a mean `value` of `weight` items (numbers or 0-dim tensors)."""
-        self.stats.setdefault(key, ("mean", []))[1].append((_hold(value), _hold(weight)))
-
-    def total(self, key: str, value) -> None:
-        self.stats.setdefault(key, ("sum", []))[1].append(_hold(value))
-
-    def max(self, key: str, value) -> None:
-        self.stats.setdefault(key, ("max", []))[1].append(_hold(value))
-
-    def min(self, key: str, value) -> None:
-        self.stats.setdefault(key, ("min", []))[1].append(_hold(value))
-
-    def token_means(self, means: dict, n, extremes: dict | None = None) -> None:
-        """Add a dict of means over n tokens (0-dim tensors or numbers, n too); keys in `extremes`
-        ({key: "min" | "max" | another key}) are extremes instead, kept only where n > 0 (a mean
-        of no token is NaN), or means over the count that other key of `means` holds (which is
-        then only a weight, not added)."""
-        extremes = extremes or {}
-        weights = {kind for kind in extremes.values() if kind not in ("min", "max")}
-        for key, value in means.items():
-            kind = extremes.get(key)
-            if key in weights:
+    def add(self, rules: dict, values: dict, **counts) -> None:
+        """Add `values` ({key: number or 0-dim tensor}), each as its rule in `rules` (the COMBINE
+        table of the module that makes the key) says; `counts` are the weights the rules name."""
+        for key, value in values.items():
+            found = rules.get(key, rules.get(key.split("/", 1)[0] + "/*"))  # or its prefix's
+            if found is None:
+                raise KeyError(f"metrics: no combine rule for {key!r}: declare it in the COMBINE "
+                               "table of the module that makes it")
+            kind, _, name = found.partition(" ")         # "mean tokens": ("mean", "tokens")
+            if kind == "weight":
                 continue
-            if kind is None:
-                self.mean(key, value, n)
-            elif kind not in ("min", "max"):
-                self.mean(key, value, means[kind])
-            elif isinstance(n, torch.Tensor):     # n > 0 is known at settle
-                self.stats.setdefault(key, (kind, []))
-                self.pending.append((key, kind, _hold(value), _hold(n)))
-            elif n:
-                (self.min if kind == "min" else self.max)(key, value)
+            if name:
+                weight = counts[name] if name in counts else values[name]
+            else:
+                weight = 1 if kind == "mean" else None
+            self.stats.setdefault(key, (kind, []))[1].append((_hold(value), _hold(weight)))
 
     def merge(self, other: "Metrics") -> None:
         """Add every entry of `other` (e.g. one optimizer step's metrics into the loop step's)."""
-        for key, (kind, values) in other.stats.items():
-            self.stats.setdefault(key, (kind, []))[1].extend(values)
-        self.pending += other.pending
+        for key, (kind, parts) in other.stats.items():
+            self.stats.setdefault(key, (kind, []))[1].extend(parts)
 
     def settle(self) -> None:
-        """Every tensor entry to its float, one device-to-host copy a device; the pending extremes
-        added where their count is > 0, and a key left with no entry dropped."""
-        tensors = [t for _, values in self.stats.values() for v in values
-                   for t in (v if isinstance(v, tuple) else (v,)) if isinstance(t, torch.Tensor)]
-        tensors += [t for p in self.pending for t in p[2:] if isinstance(t, torch.Tensor)]
-        floats = _to_floats(tensors)
+        """Every tensor entry to its float, one device-to-host copy a device (a mean's parts all
+        to floats); an extreme's parts with a count of 0 dropped, and a key left with none too."""
+        floats = _to_floats([x for _, parts in self.stats.values() for part in parts
+                             for x in part if isinstance(x, torch.Tensor)])
 
         def read(x):
             return floats[id(x)] if isinstance(x, torch.Tensor) else x
-        for key, (kind, values) in self.stats.items():
-            values[:] = [(float(read(v[0])), float(read(v[1]))) if kind == "mean" else read(v)
-                         for v in values]
-        for key, kind, value, n in self.pending:
-            if read(n):
-                self.stats[key][1].append(read(value))
-        self.pending = []
+        for kind, parts in self.stats.values():
+            if kind == "mean":
+                parts[:] = [(float(read(v)), float(read(w))) for v, w in parts]
+            else:
+                parts[:] = [(read(v), read(w)) for v, w in parts if w is None or read(w)]
         self.stats = {k: entry for k, entry in self.stats.items() if entry[1]}
 
     def reduce(self, world: int) -> dict:
@@ -162,13 +144,13 @@ def _combine(parts: list[dict]) -> dict:
     out = {}
     for key in dict.fromkeys(k for p in parts for k in p):           # union, in first-seen order
         kind = next(p[key][0] for p in parts if key in p)
-        values = [v for p in parts if key in p for v in p[key][1]]
+        values = [part for p in parts if key in p for part in p[key][1]]
         if kind == "mean":
             out[key] = _weighted_mean(values)
         elif kind == "sum":
-            out[key] = sum(values)
+            out[key] = sum(v for v, _ in values)
         else:
-            out[key] = (max if kind == "max" else min)(values)
+            out[key] = (max if kind == "max" else min)(v for v, _ in values)
     return out
 
 
@@ -177,7 +159,6 @@ def _weighted_mean(parts: list[tuple[float, float]]) -> float:
     if len(parts) <= 1:
         return parts[0][0] if parts else 0.0
     return sum(v * w for v, w in parts) / sum(w for _, w in parts)
-
 
 
 # ---- the step's rollouts -------------------------------------------------------------------------
@@ -196,31 +177,44 @@ def diversity(rollouts: list) -> tuple[float, float]:
                  for by in (answers, chains))
 
 
+# how the step's rollout numbers and its timings combine (Metrics): means over the rollouts or the
+# groups generated, counts summed over ranks, a stage's seconds the slowest rank's
+COMBINE = {"reward/mean": "mean rollouts", "reward/zero_std_frac": "mean groups",
+           "rollout/prompts_with_signal": "sum", "rollout/zero_var_rollouts": "sum",
+           "batch/fresh": "sum", "rollout/generated": "sum",
+           "response/len_mean": "mean rollouts", "response/truncated_frac": "mean rollouts",
+           "rollout/format_error": "mean rollouts",
+           "rollout/distinct_answers": "mean groups", "rollout/distinct_chains": "mean groups",
+           "time/*": "max"}
+
+
 def rollout_metrics(fresh: list, generated: list) -> Metrics:
     """What was generated this step (every round: `generated`) and what of it went into the batch
     (`fresh`): the mean (shaped) reward, the share of zero-variance groups, lengths, truncation,
     the format-error rate, diversity."""
-    m = Metrics()
     rewards = torch.tensor([r.reward for r in generated])
     groups = grpo.group_ids(generated)
     n = len(generated)
     n_groups = len({r.prompt_id for r in generated})
     flat = grpo.flat_groups(rewards, groups)                         # every advantage exactly 0
     n_flat = len(set(groups[flat].tolist()))
-    m.mean("reward/mean", rewards.mean().item(), n)
-    # the share of groups, rounded to float32 as a mean of their flags
-    m.mean("reward/zero_std_frac", float(torch.tensor(n_flat / n_groups)), n_groups)
-    m.total("rollout/prompts_with_signal", n_groups - n_flat)
-    m.total("rollout/zero_var_rollouts", int(flat.sum()))
-    m.total("batch/fresh", len(fresh))
-    m.total("rollout/generated", n)
-    m.mean("response/len_mean", sum(len(r.completion_ids) for r in generated) / n, n)
-    m.mean("response/truncated_frac", sum(r.truncated for r in generated) / n, n)
-    # not in the task's answer form (verify.format_rule), whatever --reward pays for
-    m.mean("rollout/format_error", sum(not r.formatted for r in generated) / n, n)
     answers, chains = diversity(generated)             # within groups
-    m.mean("rollout/distinct_answers", answers, n_groups)
-    m.mean("rollout/distinct_chains", chains, n_groups)
+    m = Metrics()
+    m.add(COMBINE, {
+        "reward/mean": rewards.mean().item(),
+        # the share of groups, rounded to float32 as a mean of their flags
+        "reward/zero_std_frac": float(torch.tensor(n_flat / n_groups)),
+        "rollout/prompts_with_signal": n_groups - n_flat,
+        "rollout/zero_var_rollouts": int(flat.sum()),
+        "batch/fresh": len(fresh),
+        "rollout/generated": n,
+        "response/len_mean": sum(len(r.completion_ids) for r in generated) / n,
+        "response/truncated_frac": sum(r.truncated for r in generated) / n,
+        # not in the task's answer form (verify.format_rule), whatever --reward pays for
+        "rollout/format_error": sum(not r.formatted for r in generated) / n,
+        "rollout/distinct_answers": answers,
+        "rollout/distinct_chains": chains,
+    }, rollouts=n, groups=n_groups)
     return m
 
 

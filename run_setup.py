@@ -137,8 +137,9 @@ class Settings(NamedTuple):
 
 @dataclass
 class Run:
-    """Everything the loop runs on, made once here (`setup`): every step function of train.py
-    takes it, and the method files read it (methods/__init__.py)."""
+    """Everything the loop runs on, made once here (`build`, then `fill_slots` from the slots the
+    method files return): every step function of train.py takes it, and the method files' make()
+    reads it through a read-only view (methods.ReadOnly), so none changes it."""
     settings: Settings                    # each owner's flags: run, optim, reward, loss, ...
     engine: object                        # engine.TorchEngine or vllm_engine.VLLMEngine
     model: torch.nn.Module                # the policy, sharded under torchrun
@@ -324,15 +325,20 @@ def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len
 
 
 def fill_slots(run: Run, parts: dict, steps: methods.Steps) -> None:
-    """The slots the method files fill (methods.build), the loss slot's hooks, the logged rollouts'
-    pool (`logged_pool`) and the state the checkpoints keep; ValueError for a combination that
-    cannot run as asked (a method's own ratio with replay where pi_old is recomputed, without the
-    decoupled correction; a checkpoint that lacks an object's state)."""
+    """The slots the method files fill (methods.build), a method's head handed to the engine, the
+    loss slot's hooks, the logged rollouts' pool (`logged_pool`) and the state the checkpoints
+    keep; ValueError for a combination that cannot run as asked (a method's own ratio with replay
+    where pi_old is recomputed, without the decoupled correction; a checkpoint that lacks an
+    object's state)."""
     run.slots = methods.build(parts, run, steps)
     run.replay = run.slots.get("replay", run.replay)
+    if "head" in run.slots:             # a method's head (R²PO's): the engine samples through it
+        run.engine.logits_head = run.slots["head"]
     run.hooks = methods.loss_hooks(run.slots["loss"])
     run.logged = logged_pool(run, parts[logged.Flags], steps)    # scored as the slots score
+    # a head's weights are kept by its method's own state (R²PO's step slot), not a second time
     objects = {**run.slots, "replay": run.replay, "logged": run.logged}
+    objects.pop("head", None)
     run.state = {name: obj for name, obj in objects.items() if hasattr(obj, "state_dict")}
     if (run.hooks.ratio is not None and run.replay is not None
             and not run.settings.loss.tis_cap and not run.engine.serves_as_old(run.precision)):

@@ -68,7 +68,7 @@ def generate_and_score(run: Run, pos: int, step: int) -> tuple[list, list, int, 
         score(run, fresh)
         generated, pos, m = list(fresh), pos + run.per_rank, Metrics()
     m.merge(metrics_lib.rollout_metrics(fresh, generated))  # what was generated: its numbers
-    m.max("time/generate", time.perf_counter() - t0)
+    m.add(metrics_lib.COMBINE, {"time/generate": time.perf_counter() - t0})
     return fresh, generated, pos, m
 
 
@@ -148,12 +148,19 @@ def canary(run: Run, generated: list, step: int) -> Metrics:
         found = engine_lib.canary(run.model, generated, run.settings.run.temperature,
                                   run.tok.pad_token_id, run.precision,
                                   max_tokens=run.batching.tokens, world=run.world)
-        for key, value in found.items():
-            m.mean(key, value, 1)
+        m.add(engine_lib.COMBINE, found)
     return m
 
 
 # ---- 5. the update -------------------------------------------------------------------------------
+
+# how the update's numbers combine (metrics.Metrics.add; policy_loss's own: grpo.COMBINE): means
+# over the completion tokens (a method's loss keys too: its COMBINE); the step's loss and gradient
+# norm, each the same on every rank, as means over the optimizer steps; the updates, skipped steps
+COMBINE = {"entropy": "mean tokens", "loss/tis_weight": "mean tokens", "kl": "mean tokens",
+           "loss/policy": "mean", "loss/grad_norm": "mean", "stage/updates": "max",
+           "train/skipped_steps": "max", **methods.combine()}
+
 
 def micro_batch_loss(run: Run, mb: dict, normaliser: float) -> tuple[torch.Tensor, Metrics]:
     """The loss of one micro-batch (grpo.py has each function's equation), and its numbers:
@@ -190,9 +197,9 @@ def micro_batch_loss(run: Run, mb: dict, normaliser: float) -> tuple[torch.Tenso
         loss = loss + f.kl_coef * grpo.aggregate(kl, loss_mask, f.agg, normaliser)
         extra["kl"] = grpo.masked_mean(kl.detach(), mask)
     numbers = Metrics()
-    numbers.token_means(m, n, grpo.COMBINE)        # policy_loss's means: over the loss tokens
-    numbers.token_means(extra, mask.sum())         # the rest: over every completion token
-    numbers.total("loss/tokens", n)
+    numbers.add(grpo.COMBINE, m, tokens=n)         # policy_loss's means: over the loss tokens
+    numbers.add(COMBINE, extra, tokens=mask.sum())  # the rest: over every completion token
+    numbers.add(grpo.COMBINE, {"loss/tokens": n})
     return loss, numbers
 
 
@@ -211,8 +218,8 @@ def optimizer_step(run: Run, mbs, normaliser: float, *, guard: parallel.StepGuar
     if guard.allow(loss, grad_norm, run.world, step):
         run.opt.step()
     run.opt.zero_grad(set_to_none=True)
-    numbers.mean("loss/policy", loss * run.world, 1)       # the whole step's loss: every rank's
-    numbers.mean("loss/grad_norm", grad_norm, 1)           # the global norm: the same on every rank
+    numbers.add(COMBINE, {"loss/policy": loss * run.world,   # the whole step's loss: every rank's
+                          "loss/grad_norm": grad_norm})      # the global norm: the same on all
     return numbers
 
 
@@ -236,8 +243,8 @@ def update(run: Run, fresh: list, replayed: list, *, step: int,
     numbers = Metrics()
     for u in updates:
         numbers.merge(u)
-    numbers.max("stage/updates", len(updates))          # optimizer steps in this loop step
-    numbers.max("train/skipped_steps", guard.skipped)
+    numbers.add(COMBINE, {"stage/updates": len(updates),          # in this loop step
+                          "train/skipped_steps": guard.skipped})
     return numbers, updates
 
 
@@ -288,7 +295,7 @@ def train_step(run: Run, pos: int, *, step: int, guard: parallel.StepGuard) -> S
     numbers, updates = update(run, fresh, replayed, step=step, guard=guard)       # 5. update
     m.merge(numbers)
     run.engine.load_weights(parallel.full_parameters(run.model))                  # 6. sync
-    m.max("time/update", time.perf_counter() - t1)
+    m.add(metrics_lib.COMBINE, {"time/update": time.perf_counter() - t1})
     return StepOut(generated, pos, m, updates)
 
 
@@ -300,8 +307,8 @@ def log_step(run: Run, logs, out: StepOut, *, step: int, verified: dict) -> dict
     buffer.report(run.replay, m)                       # the buffer's state after this step
     if run.logged is not None:                         # --rollouts-from: the pool's numbers
         run.logged.report(m)
-    for key, count in verify.stats().items():         # errors would zero rewards: count them
-        m.total(f"verify/{key}", count - verified[key])
+    # errors would zero rewards: count them
+    m.add(verify.COMBINE, {f"verify/{key}": n - verified[key] for key, n in verify.stats().items()})
     row, *per_update_rows = metrics_lib.reduce_all([m, *out.updates], run.world)
     row = {"step": step + 1, **row}
     metrics_lib.write_logs(logs, row, metrics_lib.log_line(row, LOG_LINE),
@@ -345,7 +352,7 @@ def train(run: Run) -> dict:
         t0 = time.perf_counter()
         out = step_of_run(run, pos, step=step, guard=guard)
         pos = out.pos
-        out.metrics.max("time/step", time.perf_counter() - t0)
+        out.metrics.add(metrics_lib.COMBINE, {"time/step": time.perf_counter() - t0})
         if s.eval.due(step, s.run.steps):
             evaluate(out.metrics)
         row = log_step(run, logs, out, step=step, verified=verified)

@@ -84,6 +84,8 @@ MAX_ANSWER_CHARS = 10_000      # a longer extracted answer is rejected
 SYMBOLIC_TIMEOUT_S = 1.0       # wall time of one symbolic comparison in the worker
 
 STATS = {"graded": 0, "unparseable": 0, "timeout": 0, "symbolic": 0, "error": 0}
+# how a step's counts of them (verify/<key>) combine over ranks (metrics.Metrics.add)
+COMBINE = {"verify/*": "sum"}
 _STATS_LOCK = threading.Lock()
 
 

@@ -6,12 +6,16 @@ A wing is a module of this folder with some of:
     PRESETS                  {name: (description, {flag: value})}, its --preset entries
     CHOICES                  {spine flag: (values,)}: values it adds to a spine flag (--ratio, ...)
     LOG                      its fields of the step's log line (metrics.fields format strings)
+    COMBINE                  how each of its metrics keys combines over micro-batches and ranks
+                             (metrics.Metrics: "mean tokens", "sum", "max", ...)
     make(flags, run, steps)  the slots it fills for a run, {slot: object} ({} where its flags are
                              off), at the door (run_setup.build)
 
-`run` is the run (run_setup.Run; its fields are documented there), for a wing to read, never to
-change: `run.settings` holds each owner's flags (the spine's; a wing's own come as `flags`).
-`steps` is `Steps`, the spine's step functions a wing may call, each train.py's own.
+`run` is the run (run_setup.Run; its fields are documented there) behind a read-only view
+(`ReadOnly`): a wing reads it and never changes it, setting a field is an error; what a wing makes
+for the run it returns as slots, which the door puts in place. `run.settings` holds each owner's
+flags (the spine's; a wing's own come as `flags`). `steps` is `Steps`, the spine's step functions
+a wing may call, each train.py's own.
 
 The slots, the same for every method (the default step fills none):
 
@@ -22,14 +26,17 @@ The slots, the same for every method (the default step fills none):
     loss       an object with any of the six methods of `LossHooks` (every wing's adds)
     replay     the buffer, in place of buffer.make's: sample(step, n_fresh) -> replayed rollouts,
                add(rollouts, step), stats() -> {key: value}, state_dict(), load_state_dict(state),
-               and MEAN_WEIGHTS / MAXIMA, how stats() reduce (buffer.report)
+               and COMBINE, how stats() combine (buffer.report)
     step       wrap(train_step) -> a function of train_step's signature, run in its place: a
                wrapper around the loop step that owns its schedule, its report and its state
                (train_step(run, pos, *, step, guard) -> rollout.StepOut)
+    head       a module h -> residual logits that the torch engine samples the training rollouts
+               through (engine.TorchEngine.logits_head; the door hands it over: R²PO's head)
 
 One wing at most fills each slot but reward and loss. Any slot object with state_dict() and
-load_state_dict(state) (the replay, a step wrapper) has that state saved in every checkpoint's
-rank files and restored on resume (checkpoint.py).
+load_state_dict(state) (the replay, a step wrapper; not the head, whose weights its method's state
+keeps) has that state saved in every checkpoint's rank files and restored on resume
+(checkpoint.py).
 
 A wing imports the spine, never the reverse: the spine reaches a wing only through this registry
 and the slots. Adding a method is its file and its line in WINGS (docs/methods.md, "Add a
@@ -54,9 +61,9 @@ WINGS = (
     "vigor",
     "r2po",
 )
-SLOTS = ("allocate", "reward", "advantage", "loss", "replay", "step")
+SLOTS = ("allocate", "reward", "advantage", "loss", "replay", "step", "head")
 LISTS = ("reward", "loss")                                  # every method that fills one adds
-SINGLE = ("allocate", "advantage", "replay", "step")        # one wing at most fills each
+SINGLE = ("allocate", "advantage", "replay", "step", "head")  # one wing at most fills each
 
 
 class Steps(NamedTuple):
@@ -81,8 +88,10 @@ class LossHooks(NamedTuple):
                           # what a pass over them all found, before the first backward
     restrict: list        # restrict(logp, mb, loss_mask, eps) -> (loss_mask, eps, {key: 0-dim}):
                           # a narrower loss mask or clip range, and token means to log
+                          # (each declared in its COMBINE: "mean tokens")
     ratio: object | None  # log_ratio(logp, old, mask) -> log w, in place of the token ratio (one)
     diagnostics: list     # diagnostics(logp, mb, log_w, eps) -> {key: 0-dim}: token means, logged
+                          # (its COMBINE too)
 
 
 def loss_hooks(wings: list) -> LossHooks:
@@ -135,20 +144,41 @@ def log_fields() -> tuple:
     return tuple(f for w in loaded() for f in getattr(w, "LOG", ()))
 
 
+def combine() -> dict:
+    """Every loaded wing's COMBINE: how its metrics keys combine (the loss slot's token means)."""
+    return {key: rule for w in loaded() for key, rule in getattr(w, "COMBINE", {}).items()}
+
+
 def choices(flag: str) -> tuple:
     """The values the loaded wings add to a spine flag (CHOICES)."""
     return tuple(v for w in loaded() for v in getattr(w, "CHOICES", {}).get(flag, ()))
 
 
+class ReadOnly:
+    """The run as a wing's make() sees it: every field of the run to read, none to set."""
+    __slots__ = ("_run",)
+
+    def __init__(self, run):
+        object.__setattr__(self, "_run", run)
+
+    def __getattr__(self, name: str):
+        return getattr(self._run, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"run.{name}: a method's make() may read the run, not change it; "
+                             "return what it makes as a slot (methods/__init__.py)")
+
+
 def build(parts: dict, run, steps: Steps) -> dict:
-    """{slot: what fills it} for a run: every loaded wing's make(its flags, run, steps); "reward"
-    and "loss" are lists (in WINGS order), every other slot one object or absent. ValueError where
-    two wings fill one slot."""
+    """{slot: what fills it} for a run: every loaded wing's make(its flags, the run read-only,
+    steps); "reward" and "loss" are lists (in WINGS order), every other slot one object or absent.
+    ValueError where two wings fill one slot."""
     slots: dict = {name: [] for name in LISTS}
+    view = ReadOnly(run)
     for wing in loaded():
         if not hasattr(wing, "make"):
             continue
-        filled = wing.make(parts.get(getattr(wing, "Flags", None)), run, steps)
+        filled = wing.make(parts.get(getattr(wing, "Flags", None)), view, steps)
         for slot, obj in filled.items():
             if slot in LISTS:
                 slots[slot].append(obj)

@@ -100,13 +100,16 @@ class GroupReplay:
       frac x min(-log(1 - eps_low), log(1 + eps_high)), the nearer clip boundary in log space.
     """
 
-    MEAN_WEIGHTS = {**buffer.MEAN_WEIGHTS, "replay/headroom_mean": "replay/groups",
-                    "replay/headroom_stored_mean": "replay/groups",
-                    "replay/headroom_shift": "replay/groups",
-                    "replay/drift_mean": "replay/drift_candidates",
-                    "replay/drift_gated_frac": "replay/drift_candidates",
-                    "replay/hd_changed_frac": "replay/hd_reference"}
-    MAXIMA = buffer.MAXIMA
+    # how stats() combine over ranks (buffer.report): the buffer's keys as it says, the groups'
+    # means over the count of what they average, the counts totals
+    COMBINE = {**buffer.COMBINE, "replay/headroom_mean": "mean replay/groups",
+               "replay/headroom_stored_mean": "mean replay/groups",
+               "replay/headroom_shift": "mean replay/groups",
+               "replay/drift_mean": "mean replay/drift_candidates",
+               "replay/drift_gated_frac": "mean replay/drift_candidates",
+               "replay/hd_changed_frac": "mean replay/hd_reference",
+               **dict.fromkeys(("replay/stored_groups", "replay/unstored_groups", "replay/groups",
+                                "replay/drift_candidates", "replay/hd_reference"), "sum")}
 
     def __init__(self, tau_max: int, headroom: str = "variance", groups: int = 32,
                  candidates: int = 64, drift_max: float = 0.05, logprobs=None):

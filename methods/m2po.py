@@ -92,6 +92,10 @@ def m2po_keep(log_ratio: Tensor, mask: Tensor, tau: float,
     return mask.bool() & (log_ratio.detach().double().square() < threshold)
 
 
+# how its number combines (metrics.Metrics.add): a mean over the completion tokens
+COMBINE = {"loss/m2po_masked_frac": "mean tokens"}
+
+
 class M2PO:
     """The loss slot: the step's mask (prepare), then in each micro-batch the loss mask narrowed
     to the kept tokens and no eps-clip (restrict)."""

@@ -78,6 +78,10 @@ def veto_mask(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor,
     return torch.where(drop, torch.zeros_like(mask), mask)
 
 
+# how its number combines (metrics.Metrics.add): a mean over the completion tokens
+COMBINE = {"loss/veto_frac": "mean tokens"}
+
+
 class Veto:
     """The loss slot: the veto restricts the loss mask (against the behaviour policy, the one that
     generated the response, also under TIS), and logs the share of tokens it removed."""

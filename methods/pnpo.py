@@ -169,6 +169,8 @@ def _sequence_log_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor) -> Tensor
 RATIOS = {"pnpo": pnpo_log_ratio, "pnpo-geo": pnpo_geo_log_ratio,
           "cumulative": cumulative_log_ratio}
 CHOICES = {"ratio": tuple(RATIOS)}
+# how its diagnostics combine (metrics.Metrics.add): means over the completion tokens
+COMBINE = {"ratio/far_prefix_frac": "mean tokens", "ratio/gspo_differs_frac": "mean tokens"}
 
 
 class PrefixRatio:

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 import grpo
+import metrics as metrics_lib
 import parallel
 from data import Prompt
 from metrics import Metrics, diversity, host_sum
@@ -243,7 +244,7 @@ class R2PO:
         batch = [dataclasses.replace(r, advantage=A)
                  for r, A in zip(rollouts, adv) if r.prompt_id in live]
         n_groups = len({r.prompt_id for r in rollouts})
-        metrics.mean("r2po/head_groups_used", len(live) / max(n_groups, 1), 1)
+        metrics.add(COMBINE, {"r2po/head_groups_used": len(live) / max(n_groups, 1)})
         device = next(self.head.parameters()).device
         # the ratio's old log-probs: the head's, at generation
         mbs = micro_batches(batch, s.micro_batch_size, pad_id, device,
@@ -267,12 +268,12 @@ class R2PO:
                 kl = grpo.kl_penalty(logp, initial_logp, "k3")
             (loss + f.r2po_kl_coef * grpo.aggregate(kl, mask, s.agg, normaliser)).backward()
             head_losses.append(loss.detach())
-            metrics.token_means({"r2po/head_kl": grpo.masked_mean(kl.detach(), mask),
-                                 "r2po/head_kl_current": grpo.masked_mean(kl_current.detach(),
-                                                                          mask)},
-                                mask.sum())
+            metrics.add(COMBINE, {"r2po/head_kl": grpo.masked_mean(kl.detach(), mask),
+                                  "r2po/head_kl_current": grpo.masked_mean(kl_current.detach(),
+                                                                           mask)},
+                        tokens=mask.sum())
         head_loss = host_sum(head_losses)
-        metrics.total("r2po/head_loss", head_loss)  # the step's surrogate, summed over ranks
+        metrics.add(COMBINE, {"r2po/head_loss": head_loss})  # the step's surrogate, every rank's
         parallel.sum_gradients(self.head, world)
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), s.max_grad_norm or float("inf"))
         self.opt.step()
@@ -287,8 +288,8 @@ class R2PO:
         prompts = list(by_id.values())
         base = engine.generate(prompts, self.s.group_size, sampling)
         answers, chains = diversity(base)
-        metrics.mean("r2po/base_distinct_answers", answers, len(prompts))
-        metrics.mean("r2po/base_distinct_chains", chains, len(prompts))
+        metrics.add(COMBINE, {"r2po/base_distinct_answers": answers,
+                              "r2po/base_distinct_chains": chains}, prompts=len(prompts))
 
     # ---- checkpoints: the head and its optimizer, in each rank's file ----------------------------
 
@@ -310,6 +311,13 @@ class R2PO:
 # R²PO's fields of the log line (metrics.fields): the phase (0 = the head's, 1 = the policy's) and,
 # in the head phase, the head's loss
 LOG = ("r2po phase {r2po/phase:.0f}", "head loss {r2po/head_loss:+.4f}")
+# how its metrics combine over micro-batches and ranks (metrics.Metrics.add): the share of groups
+# used and the phase (the same on every rank), the head's KL over the completion tokens, its loss
+# every rank's, the base policy's diversity over the prompts probed
+COMBINE = {"r2po/head_groups_used": "mean", "r2po/head_kl": "mean tokens",
+           "r2po/head_kl_current": "mean tokens", "r2po/head_loss": "sum",
+           "r2po/base_distinct_answers": "mean prompts",
+           "r2po/base_distinct_chains": "mean prompts", "r2po/phase": "max"}
 BASE_SAMPLING_ROUND = 999          # the probe of the base policy at eval: its own sampling round
 HEAD_FILE = "r2po_head.safetensors"   # the head alone, in each checkpoint (R2PO.files)
 
@@ -341,7 +349,7 @@ class Phases(R2PO):
                 out = train_step(run, pos, step=step, guard=guard)
             else:
                 out = self.head_phase(run, pos, step=step)
-            out.metrics.max("r2po/phase", float(self.phase(step) == "policy"))
+            out.metrics.add(COMBINE, {"r2po/phase": float(self.phase(step) == "policy")})
             if run.settings.eval.due(step, run.settings.run.steps):
                 sampling = self.steps.sampling(run, step, BASE_SAMPLING_ROUND)
                 base = dataclasses.replace(sampling, use_head=False)
@@ -358,7 +366,7 @@ class Phases(R2PO):
         run.engine.sleep(push_follows=False)     # no push follows: it wakes with its weights
         m.merge(self.steps.canary(run, generated, step))
         m.merge(self.head_step(run.model, fresh, run.tok.pad_token_id, run.world))
-        m.max("time/update", time.perf_counter() - t1)
+        m.add(metrics_lib.COMBINE, {"time/update": time.perf_counter() - t1})
         return StepOut(generated, pos, m, [])
 
 
@@ -368,8 +376,8 @@ def make(flags: Flags, run, steps) -> dict:
     base, also when resuming from a checkpoint): a frozen copy, bf16 on CUDA and fp32 on the CPU,
     sharded as the policy under torchrun (run_setup.build loads it once, the KL reference of
     --kl-coef too); it is not saved in
-    checkpoints. The head is made from the torch seed (the same on every rank) and handed to the
-    engine, which samples the training rollouts through it."""
+    checkpoints. The head is made from the torch seed (the same on every rank); the door hands it
+    to the engine (the head slot), which samples the training rollouts through it."""
     if flags.r2po_head == "none":
         return {}
     if not hasattr(run.engine, "logits_head"):
@@ -385,5 +393,5 @@ def make(flags: Flags, run, steps) -> dict:
     shared = Shared(s.loss.eps_low, s.loss.eps_high, s.loss.agg, s.run.temperature,
                     s.run.max_new_tokens, rows, tokens, s.optim.max_grad_norm, s.run.group_size)
     phases = Phases(head, flags, shared, run.initial if flags.needs_initial else None, steps)
-    run.engine.logits_head = head            # the engine samples through the trainer's head
-    return {"step": phases}
+    # the head slot: the door hands the head to the engine, which samples through it
+    return {"step": phases, "head": head}

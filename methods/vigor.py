@@ -255,6 +255,13 @@ def allocator(rank: str, *, top: int, n_step: int, full: int, budget: int, n_pro
     return functools.partial(by_rank, top=top, n_step=n_step)
 
 
+# how vigor_generate's numbers combine over ranks (metrics.Metrics.add): the extremes of the group
+# sizes, the rest means over the prompts
+COMBINE = {"vigor/group_size_min": "min", "vigor/group_size_max": "max",
+           "vigor/rounds": "mean prompts", "vigor/group_size_mean": "mean prompts",
+           "vigor/zero_std_frac_before": "mean prompts"}
+
+
 def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, grade, *, credit,
                    n_init: int, n_step: int, top: int, budget: int, rank: str = "variance",
                    prior: float = 0.0, full: int = 0, metrics=None) -> tuple[list[Rollout], dict]:
@@ -281,7 +288,7 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
     variance is of those credits, and so is vigor/zero_std_frac_before (the share of prompts whose
     n_init credits are all equal). A prompt's completions keep its prompt_id: its variable-size
     group is one GRPO group. Returns (rollouts grouped by prompt in prompt order, stats), also
-    reported to `metrics` (a metrics.Metrics) if given, each with how it combines over ranks."""
+    reported to `metrics` (a metrics.Metrics) if given, each as COMBINE says."""
     allocate = allocator(rank, top=top, n_step=n_step, full=full, budget=budget,
                          n_prompts=len(prompts))
     if budget < n_init * len(prompts):
@@ -306,12 +313,9 @@ def vigor_generate(engine, prompts: list[Prompt], sampling_for, version: int, gr
     out.sort(key=lambda r: order[r.prompt_id])
     count = collections.Counter(r.prompt_id for r in out)
     sizes = [count[p.prompt_id] for p in prompts]
-    stats = {"vigor/rounds": rounds, "vigor/group_size_min": min(sizes),
-             "vigor/group_size_max": max(sizes), "vigor/group_size_mean": sum(sizes) / len(sizes),
+    stats = {"vigor/group_size_min": min(sizes), "vigor/group_size_max": max(sizes),
+             "vigor/rounds": rounds, "vigor/group_size_mean": sum(sizes) / len(sizes),
              "vigor/zero_std_frac_before": zero_before / len(prompts)}
     if metrics is not None:
-        metrics.min("vigor/group_size_min", stats["vigor/group_size_min"])
-        metrics.max("vigor/group_size_max", stats["vigor/group_size_max"])
-        for key in ("vigor/rounds", "vigor/group_size_mean", "vigor/zero_std_frac_before"):
-            metrics.mean(key, stats[key], len(prompts))
+        metrics.add(COMBINE, stats, prompts=len(prompts))
     return out, stats

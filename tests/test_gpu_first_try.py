@@ -546,20 +546,22 @@ def test_metrics_read_tensors_as_float_would_and_keep_extremes_where_their_count
     parts = [({"x": 0.1, "lo": 0.7, "hi": 1.3, "frac": 0.25, "count": 4}, 9),
              ({"x": 0.3, "lo": float("nan"), "hi": float("nan"), "frac": 0.0, "count": 0}, 0),
              ({"x": 1 / 3, "lo": 0.6, "hi": 1.2, "frac": 0.5, "count": 2}, 5)]
-    extremes = {"lo": "min", "hi": "max", "frac": "count"}
+    rules = {"x": "mean tokens", "lo": "min tokens", "hi": "max tokens", "frac": "mean count",
+             "count": "weight", "n": "sum"}
     as_tensors, as_floats = Metrics(), Metrics()
     for means, n in parts:
         held = {k: torch.tensor(v, dtype=torch.int64 if k == "count" else torch.float32)
                 for k, v in means.items()}
         held["x"] = held["x"].to(torch.bfloat16)
-        as_tensors.token_means(held, torch.tensor(n), extremes)
-        as_tensors.total("tokens", torch.tensor(n))
-        as_floats.token_means({k: float(v) for k, v in held.items()}, float(n), extremes)
-        as_floats.total("tokens", float(n))
+        as_tensors.add(rules, held, tokens=torch.tensor(n))
+        as_tensors.add(rules, {"n": torch.tensor(n)})
+        as_floats.add(rules, {k: float(v) for k, v in held.items()}, tokens=float(n))
+        as_floats.add(rules, {"n": float(n)})
     assert as_tensors.reduce(1) == as_floats.reduce(1)
+    assert set(as_floats.reduce(1)) == {"x", "lo", "hi", "frac", "n"}      # count: a weight alone
     nothing, none_f = Metrics(), Metrics()
-    nothing.token_means({"lo": torch.tensor(float("nan"))}, torch.tensor(0), {"lo": "min"})
-    none_f.token_means({"lo": float("nan")}, 0.0, {"lo": "min"})
+    nothing.add(rules, {"lo": torch.tensor(float("nan"))}, tokens=torch.tensor(0))
+    none_f.add(rules, {"lo": float("nan")}, tokens=0.0)
     assert nothing.reduce(1) == none_f.reduce(1) == {}
 
 

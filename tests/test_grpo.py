@@ -443,8 +443,8 @@ def test_gradient_invariant_to_micro_batching(agg):
                                                    lmask, agg, N)
                 loss.backward()
                 n = float(m.pop("loss/tokens"))
-                parts.token_means(m, n, grpo.COMBINE)
-                parts.total("loss/tokens", n)
+                parts.add(grpo.COMBINE, m, tokens=n)
+                parts.add(grpo.COMBINE, {"loss/tokens": n})
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
             metrics.append(parts.reduce(world=1))
         assert grads[0].abs().max() > 1e-4

@@ -243,7 +243,7 @@ def test_clip_fraction_by_third_by_hand():
         _, mm = grpo.policy_loss(clip[rows], adv[rows], mask[rows], eps_low=0.2, eps_high=0.28,
                                  normaliser=11.0)
         n = float(mm.pop("loss/tokens"))
-        parts.token_means(mm, n, grpo.COMBINE)
+        parts.add(grpo.COMBINE, mm, tokens=n)
     row = parts.reduce(1)
     assert [row[f"loss/clip_frac_{p}"] for p in grpo.THIRDS] == pytest.approx([0.5, 1.0, 1 / 3],
                                                                               rel=1e-15)

@@ -212,10 +212,13 @@ def test_head_inits_lora_starts_at_the_base_official_is_the_official_codes(tiny)
     base_logp, head_logp = r2po.head_forward(model, lora, batch, 1.0)
     assert torch.equal(head_logp, base_logp)
 
-    # the flag reaches the head through r2po.make (at the door); the default is lora
+    # the flag reaches the head through r2po.make (at the door); the default is lora; the door
+    # hands the head slot to the engine, and the checkpoints keep it once (the step slot's state)
     def made(**kw):
-        args = flags.Args(r2po_head="residual", r2po_kl_anchor="current", **kw)
-        return run_of(args).slots["step"].head
+        run = run_of(flags.Args(r2po_head="residual", r2po_kl_anchor="current", **kw))
+        assert run.engine.logits_head is run.slots["head"] is run.slots["step"].head
+        assert "head" not in run.state and "step" in run.state
+        return run.slots["head"]
     assert torch.equal(made().w2.weight, torch.zeros(V, 64))
     assert made(r2po_head_init="official").w2.weight.std().item() == pytest.approx(1e-6, rel=0.05)
     assert flags.parse(["--preset", "r2po"]).r2po_head_init == "lora"

@@ -1,11 +1,12 @@
 """The method files (methods/) plug into the spine's slots and can each be taken away: with one
 made unimportable, train.py's flags and presets lose that method's alone, and the default and
 another method's preset still train. Also the registry's rules: two methods may not fill one
-slot."""
+slot, and a method's make() reads the run, never changes it."""
 import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -122,3 +123,20 @@ def test_the_default_fills_no_slot(tmp_path, cpu_only):
     assert run.slots == {"reward": [], "loss": []}
     assert run.hooks == methods.LossHooks([], [], [], [], None, [])
     assert run.state == {"replay": run.replay}
+
+
+def test_a_method_reads_the_run_and_may_not_change_it(monkeypatch):
+    """make() gets the run read-only (methods.ReadOnly): every field reads as the run's, and
+    setting one is an error that says what to do instead; the run is left as it was."""
+    seen = {}
+
+    def make(flags, run, steps):
+        seen["per_rank"] = run.per_rank
+        run.per_rank = 0
+    meddler = types.SimpleNamespace(__name__="methods.meddler", make=make)
+    monkeypatch.setattr(methods, "loaded", lambda: [meddler])
+    run = types.SimpleNamespace(per_rank=4)
+    with pytest.raises(AttributeError, match=r"run\.per_rank: a method's make\(\) may read the "
+                                             r"run, not change it; return what it makes as a slot"):
+        methods.build({}, run, steps=None)
+    assert seen == {"per_rank": 4} and run.per_rank == 4

@@ -125,7 +125,7 @@ def update(model, initial, opt, fresh, replayed, args, *, step: int, pad_id: int
            world: int = 1, guard=None, per_update=None):
     """train.update of `model` with `opt` (and `initial`, the KL reference) under the flags of
     `args` (flags.Args), on a run the door builds (run_of) with an engine that never generates
-    (it takes a head: R²PO's make hands it one; its sleep does nothing); `guard` a fresh
+    (it takes a head: the door hands it R²PO's; its sleep does nothing); `guard` a fresh
     parallel.StepGuard by default."""
     import types
     import parallel
