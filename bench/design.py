@@ -96,6 +96,8 @@ class Setting:
     interim_primary_only: bool = False         # group-sequential: a look where the runs go on
                                                # reads the primary's two arms alone (the other
                                                # arms withheld until the look that decides them)
+    run_columns: tuple[tuple[str, str], ...] = ()   # (column, key): the per-run table's
+                                               # (report.per_run_table; default its RUN_KEYS)
     spend: bool = False                        # also what each arm spent (wall, tokens) to reach
                                                # the baseline's final accuracy, seed by seed
                                                # (curves.spend_to_baseline; descriptive)

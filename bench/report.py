@@ -291,8 +291,9 @@ def spend_table(analysis: dict) -> str:
 
 def per_run_table(runs: dict, keys=RUN_KEYS) -> str:
     """Per reported run: the means over its steps of `keys` (what the draw did: shares, the loss
-    normaliser N, |A| replayed and stored), its wall time, peak memory and CPU kind; "" where no
-    run logged the first key."""
+    normaliser N, |A| replayed and stored; a setting's own run_columns), its wall time, peak
+    memory and CPU kind; "" where no run logged the second key."""
+    keys = keys or RUN_KEYS
     if not any(r["means"].get(keys[1][1]) is not None for rs in runs.values() for r in rs):
         return ""
     cols = ["arm", "seed", *(c for c, _ in keys), "wall min", "peak GB", "cpu"]
@@ -500,7 +501,7 @@ def write_setting(summary: dict, out: Path, exp: Experiment | None = None) -> st
             + code_line(summary.get("codes")) + waiting_line(summary)
             + table(summary, analysis) + sequential_table(analysis) + gates_table(analysis)
             + beside_lines(s, out, analysis) + spend_table(analysis)
-            + per_run_table(summary["runs"])
+            + per_run_table(summary["runs"], s.run_columns)
             + dev_lr_table(summary))
     sweep = "\nThe sweep:\n\n" + sweep_table(summary)
     (out / "results.md").write_text(text + "\n" + VERDICT_RULE + "\n" + sweep)
@@ -541,7 +542,7 @@ def write_progress(progress: dict, out: Path, why: str) -> str:
             + code_line(progress.get("codes")) + waiting_line(progress)
             + f"In progress: {why}. The lrs: {lrs}. Seeds {s.seeds[0]}-{s.seeds[-1]}, looks at "
               f"{' and '.join(map(str, s.looks))} complete seeds.\n"
-            + per_run_table(progress["runs"]))
+            + per_run_table(progress["runs"], s.run_columns))
     sweep = "\nThe sweep:\n\n" + sweep_table(progress)
     (out / "results.md").write_text(text + sweep)
     (out / "sweep.md").write_text(sweep_table(progress))

@@ -332,4 +332,4 @@ def compute_setting(diag: tuple) -> Setting:
                    seed_curves=True, shared_lr=SMOLLM2_LR, lr_note=note,
                    own_lr=(GRPO_96,), looks=DRAWS_LOOKS, one_machine=True,
                    arm_gates=compute_gates, beside="smollm2", interim_primary_only=True,
-                   spend=True)
+                   spend=True, run_columns=diag)
