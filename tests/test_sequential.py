@@ -19,7 +19,7 @@ import sequential  # noqa: E402
 from design import Arm, Claim, Setting  # noqa: E402
 from papers.replay import draw_gates, replay  # noqa: E402
 from protocol import Plan, Stopped, run_dir, run_setting  # noqa: E402
-from report import look_tables, write_progress, write_setting  # noqa: E402
+from report import look_tables, per_run_table, write_progress, write_setting  # noqa: E402
 from verdicts import analyse  # noqa: E402
 
 
@@ -350,6 +350,11 @@ def test_the_compute_settings_gates_read_the_update_tokens():
     assert a["spend"]["baseline"] == GRPO_64 and set(spend) == {a.name for a in s.arms}
     assert spend[GRPO_64]["tokens"]["reached"] == 20
     assert spend[GRPO_64]["tokens"]["mean"] == pytest.approx(28_800)
+    # its per-run table in its own diagnostics' columns (Setting.run_columns)
+    runs = _hand_made_runs({GRPO_64: lambda sd: 0.13}, 1)
+    runs[GRPO_64][0]["means"]["batch/fresh"] = 64
+    per_run = per_run_table(runs, s.run_columns)
+    assert "| update tokens N | fresh |" in per_run and "draw ESS" in per_run
     claims, _ = read({**tokens, GRPO_96: 1500.0})                      # 1280 / 1500 = 0.85
     assert claims[("rollout-replay", GRPO_96)]["verdict"].startswith("not testable here")
     assert compute_gates("rollout-replay", [_run({**PRIORITIZED_RUN, "loss/tokens": 1.0})])[1][2]
