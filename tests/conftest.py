@@ -153,6 +153,7 @@ class Beside:
 BESIDE = pytest.StashKey()
 
 
+@pytest.hookimpl(trylast=True)      # after -m and -k have deselected: the tests that will run
 def pytest_collection_modifyitems(session, config, items):
     """Start the collected tests' `BESIDE` jobs (Beside) and run the tests that read them last.
     This process then computes on one thread, as every subprocess of the suite does, so that the
