@@ -55,12 +55,13 @@ def shown_default(value):
     return value
 
 
-def shown_path(path: str) -> str:
-    """A path as an error line names it: relative to the directory the user ran in where that is
-    shorter (a checkout's absolute path makes a line of 160-230 characters), else as given."""
+def shown_path(path: str, start: str | None = None) -> str:
+    """A path as an error line names it: relative to the directory the user ran in (start: that
+    directory, where it is not this process's) where that is shorter (a checkout's absolute path
+    makes a line of 160-230 characters), else as given."""
     if not os.path.isabs(path):
         return path
-    relative = os.path.relpath(path)
+    relative = os.path.relpath(path, start)
     return relative if len(relative) < len(path) else path
 
 

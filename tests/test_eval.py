@@ -296,7 +296,7 @@ def test_cli_bad_input_is_one_line(model_dir, tmp_path, flags, message):
         bad = tmp_path / "bad.jsonl"
         bad.write_text('{"question": "q", "answer": "1"}\n{"question": \n')
         flags = [str(bad) if f == "BAD" else f for f in flags]
-        message = message.replace("BAD", str(bad))
+        message = message.replace("BAD", cli.shown_path(str(bad), str(ROOT)))   # its cwd
     p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), *flags)
     assert p.returncode == 2                      # bad input: exit 2, as train.py's
     assert "Traceback" not in p.stderr
@@ -313,14 +313,14 @@ def test_cli_reads_values_not_objects_and_names_a_missing_benchmark_file(model_d
     p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), "--benchmarks",
                 str(nested), "--question-key", "item", "--answer-key", "item.a")
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-        f'error: {nested}:1: --question-key item names an object, not a value: '
-        '{"q": "8*7=", "a": "56"}; name a field inside it (item.q, item.a)']
+        f'error: {cli.shown_path(str(nested), str(ROOT))}:1: --question-key item names an '
+        'object, not a value: {"q": "8*7=", "a": "56"}; name a field inside it (item.q, item.a)']
     p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), "--benchmarks", "aime24",
                 "--data-dir", str(tmp_path / "nowhere"))
+    missing = cli.shown_path(str(tmp_path / "nowhere" / "aime24.jsonl"), str(ROOT))  # its cwd
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-        f"error: benchmark 'aime24': {tmp_path / 'nowhere' / 'aime24.jsonl'} not found: set "
-        "--data-dir to the folder that holds aime24.jsonl (data.py says where the benchmark "
-        "files come from)"]
+        f"error: benchmark 'aime24': {missing} not found: set --data-dir to the folder that "
+        "holds aime24.jsonl (data.py says where the benchmark files come from)"]
     p = run_cli("--model", str(model_dir), "--out", str(tmp_path / "o"), "--limit", "2")
     assert p.returncode == 0 and "Loading" not in p.stderr and "it/s" not in p.stderr, p.stderr
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import checkpoint
+import cli
 import train
 
 pytestmark = pytest.mark.usefixtures("cpu_only")
@@ -46,7 +47,8 @@ def test_a_second_run_is_refused_then_resumed_or_started_over(tmp_path):
     before = (out / "metrics.jsonl").read_bytes()
     rc, err = main(out)
     assert rc == 2 and "Traceback" not in err and len(err.splitlines()) == 1
-    assert err.startswith(f"error: {out} already holds a run (metrics.jsonl, checkpoints/, ...)")
+    assert err.startswith(f"error: {cli.shown_path(str(out))} already holds a run "
+                          "(metrics.jsonl, checkpoints/, ...)")
     assert "--resume auto" in err and "--overwrite" in err
     assert (out / "metrics.jsonl").read_bytes() == before   # untouched
     # --resume auto continues it
