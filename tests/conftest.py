@@ -10,6 +10,14 @@ Also what lets the suite run on any machine (a copy of the repository alone, a G
   * `cpu_env()` is the environment of every subprocess that runs train.py or torchrun: CUDA
     hidden, so 2 ranks are gloo on the CPU even on a one-GPU machine (not rank 1 on cuda:1).
   * the `cpu_only` fixture does the same in process for train.main / run_setup.setup.
+
+And what keeps the suite short on 2 cores: its slowest subprocess work (a module's `BESIDE`
+jobs) runs beside the other tests (`Beside`), and the tests that read it run last:
+
+    BESIDE = {"quick_runs": every_quick_protocol}     # job(folder) -> value, run via Beside.run
+    @pytest.fixture(scope="module")
+    def quick_runs(request, tmp_path_factory):
+        return beside(request, "quick_runs", tmp_path_factory)
 """
 import os
 import shutil
