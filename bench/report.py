@@ -79,8 +79,12 @@ def time_cell(t: dict | None, spec: str) -> str:
     """x to target: the mean (≥ where seeds are censored: a lower bound) and reached k/n."""
     if t is None:
         return "—"
-    bound = "≥ " if t["lower_bound"] else ""
-    return f"{bound}{format(t['mean'], spec)} ({t['reached']}/{t['n']})"
+    return f"{mean_cell(t, spec)} ({t['reached']}/{t['n']})"
+
+
+def mean_cell(t: dict, spec: str, scale: float = 1) -> str:
+    """A time to target's mean / scale, "≥ " before it where it is a lower bound."""
+    return ("≥ " if t["lower_bound"] else "") + format(t["mean"] / scale, spec)
 
 
 def ratio_cell(t: dict | None) -> str:
@@ -278,14 +282,10 @@ def spend_table(analysis: dict) -> str:
            md_row(["arm", "seeds that reach it", "wall min to it", "ratio", "tokens to it",
                    "ratio"]), "|---|---|---|---|---|---|"]
 
-    def cells(t: dict, scale: float, spec: str) -> list[str]:
-        ratio, bound = t["ratio"]
-        return [("≥ " if t["reached"] < t["n"] else "") + format(t["mean"] / scale, spec),
-                ratio_cell(None if ratio is None else {"ratio": ratio, "bound": bound})]
     for arm, by_x in spend["arms"].items():
         w, k = by_x["wall"], by_x["tokens"]
-        out.append(md_row([arm, f"{w['reached']}/{w['n']}", *cells(w, 60, ".1f"),
-                           *cells(k, 1, ",.0f")]))
+        out.append(md_row([arm, f"{w['reached']}/{w['n']}", mean_cell(w, ".1f", 60),
+                           ratio_cell(w), mean_cell(k, ",.0f"), ratio_cell(k)]))
     return "\n".join(out) + "\n"
 
 

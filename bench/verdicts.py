@@ -7,7 +7,7 @@ every number of a setting's tables, JSON-ready. No running, no writing: pure fun
 import operator
 import statistics
 
-from curves import (X_COL, final_accuracy, peak_accuracy, ratio_bound, run_final,
+from curves import (X_COL, ToTarget, final_accuracy, peak_accuracy, ratio_bound, run_final,
                     spend_to_baseline, to_target, value_at)
 from design import ACTED, Arm, Claim, Pooled, Setting
 import sequential
@@ -365,6 +365,14 @@ def arm_aes(rs: list[dict], base: list[dict], final=final_accuracy) -> float | N
                statistics.mean(lengths), base_acc, statistics.mean(base_lengths))
 
 
+def target_json(t: ToTarget, base: ToTarget) -> dict:
+    """A time to target as the tables show it: its mean, the seeds that reached it of n, whether
+    the mean is a lower bound (censored seeds), and its ratio bound to the baseline's."""
+    ratio, bound = ratio_bound(t, base)
+    return {"mean": t.mean, "reached": t.reached, "n": t.n, "lower_bound": t.reached < t.n,
+            "ratio": ratio, "bound": bound}
+
+
 def analyse(summary: dict) -> dict:
     """Every number of a setting's tables, from its reported runs: start (the mean step-0
     accuracy), target (start + TARGET_FRAC x the baseline's gain in final accuracy; None where it
@@ -401,10 +409,7 @@ def analyse(summary: dict) -> dict:
             if target is None:
                 entry[field_name] = None
                 continue
-            t = to_target(rs, target, x)
-            ratio, bound = ratio_bound(t, base_t[x])
-            entry[field_name] = {"mean": t.mean, "reached": t.reached, "n": t.n,
-                                 "lower_bound": t.reached < t.n, "ratio": ratio, "bound": bound}
+            entry[field_name] = target_json(to_target(rs, target, x), base_t[x])
         entry["at"] = {}
         for b in budgets:
             vals = [v for r in rs if (v := value_at(r["curve"], col, b["x"])) is not None]
@@ -457,8 +462,8 @@ def analyse(summary: dict) -> dict:
     if s.spend:                  # descriptive: what each arm spent to the baseline's final
         spend = spend_to_baseline(runs, s.baseline)
         out["spend"] = {"baseline": s.baseline, "arms": {
-            arm: {x: {**t._asdict(), "ratio": ratio_bound(t, spend[s.baseline][x])}
-                  for x, t in by_x.items()} for arm, by_x in spend.items()}}
+            arm: {x: target_json(t, spend[s.baseline][x]) for x, t in by_x.items()}
+            for arm, by_x in spend.items()}}
     n = min(len(rs) for rs in runs.values())
     if s.looks and n in s.looks:
         out["sequential"] = sequential_read(s, n, comparisons)

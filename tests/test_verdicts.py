@@ -163,8 +163,8 @@ def test_spend_to_the_baseline_reads_each_seeds_own_target_in_wall_and_tokens():
     assert ratio_bound(spend["arm"]["tokens"], spend["base"]["tokens"]) == (
         pytest.approx(337.5 / 225), ">=")
     table = report.spend_table({"spend": {"baseline": "base", "arms": {
-        arm: {x: {**t._asdict(), "ratio": ratio_bound(t, spend["base"][x])}
-              for x, t in by_x.items()} for arm, by_x in spend.items()}}})
+        arm: {x: verdicts.target_json(t, spend["base"][x]) for x, t in by_x.items()}
+        for arm, by_x in spend.items()}}})
     assert "| arm | 1/2 | ≥ 0.8 | ≥ 2.00 | ≥ 338 | ≥ 1.50 |" in table
     assert "| base | 2/2 | 0.4 | 1.00 | 225 | 1.00 |" in table
     assert report.spend_table({}) == ""
