@@ -3,10 +3,10 @@ micro-batch resolved from a memory budget), the bytes a token of a micro-batch k
 (token_bytes), how a GPU is divided between the trainer and vLLM (plan_memory, engine_share),
 the run's peak on one rank term by term (update_memory, `Memory`) and whether it fits the machine
 (fits_machine). run_setup.setup calls one function, after the flags are parsed and the model is
-loaded:
+loaded, with what the flags ask of the memory (`Asked`, bound there from the flags' owners):
 
-    args, sizes, need, warning = memory.resolve_sizes(args, model, prompts, world=world,
-                                                      device=device, value_bytes=2, frozen_bytes=2)
+    asked, sizes, need, warning = memory.resolve_sizes(asked, model, prompts, world=world,
+                                                       device=device, value_bytes=2, frozen_bytes=2)
 
 The numbers are estimates, each measured or counted where it is defined, and held at or above the
 measured peaks of the README's runs (tests/test_gpu_ready.py, tests/test_gpu_first_try.py).
@@ -16,7 +16,9 @@ import os
 from typing import NamedTuple
 
 import data
+import eval
 import flags
+import vllm_engine
 
 AUTO_LOGITS = 2 ** 28        # --micro-batch-tokens 0: logits per micro-batch (1 GiB in fp32)
 # on CUDA, where the budget is the GPU's free memory: 4 GiB of fp32 logits, half of int32's
@@ -24,6 +26,17 @@ AUTO_LOGITS = 2 ** 28        # --micro-batch-tokens 0: logits per micro-batch (1
 AUTO_LOGITS_CUDA = 2 ** 30
 AUTO_ACTIVATIONS = 2 ** 31   # --micro-batch-tokens 0: a micro-batch's activations and logits
 GiB = 2 ** 30
+
+
+class Asked(NamedTuple):
+    """What the flags ask of the memory, bound at the door (run_setup.memory_asked): the flags of
+    the owners these functions read, and two facts their methods decide."""
+    run: flags.RunFlags      # --prompts-per-step, --group-size, --max-new-tokens, --train-data
+    optim: flags.OptimFlags  # --micro-batch-tokens and -size, --grad-checkpointing, --mini-batches
+    engine: vllm_engine.Flags    # --engine, --gpu-memory-utilization
+    evals: eval.TrainFlags   # --eval-data, --eval-size, --dev-size
+    completions: int = 0     # a method's completions a step over all ranks (VIGOR's budget), or 0
+    frozen: bool = False     # a frozen copy of the model is kept (--kl-coef > 0, a method's anchor)
 
 
 class Sizes(NamedTuple):
@@ -44,15 +57,14 @@ class Sizes(NamedTuple):
                 f"micro-batches of at most {self.micro_batch_tokens} padded tokens"]
 
 
-def sizes(args, model, world: int, bytes_per_value: int = 4,
+def sizes(asked: Asked, model, world: int, bytes_per_value: int = 4,
           memory_budget: int = AUTO_ACTIVATIONS, logits: int = AUTO_LOGITS) -> Sizes:
-    """The per-rank sizes of `args` for `model` at `world` ranks (activations kept in
+    """The per-rank sizes `asked` for `model` at `world` ranks (activations kept in
     `bytes_per_value`: 4 in fp32, 2 in bf16; a micro-batch's `memory_budget`: activation_budget;
     at most `logits` logits a micro-batch: AUTO_LOGITS, AUTO_LOGITS_CUDA on CUDA)."""
-    budget = max((part.completions(args.prompts_per_step, args.group_size)
-                  for part in flags.method_parts(args) if hasattr(part, "completions")), default=0)
-    return Sizes(world, args.prompts_per_step // world, args.group_size, budget // world,
-                 micro_batch_tokens(args, model, bytes_per_value, memory_budget, logits))
+    run = asked.run
+    return Sizes(world, run.prompts_per_step // world, run.group_size, asked.completions // world,
+                 micro_batch_tokens(asked.optim, model, bytes_per_value, memory_budget, logits))
 
 
 def token_bytes(config, bytes_per_value: int = 4, checkpointing: bool = False) -> int:
@@ -114,16 +126,16 @@ def peak_token_bytes(config, bytes_per_value: int = 4, checkpointing: bool = Fal
             + int(ACTIVATION_SLACK * activation_bytes(config, bytes_per_value, checkpointing)))
 
 
-def micro_batch_tokens(args, model, bytes_per_value: int = 4,
+def micro_batch_tokens(optim: flags.OptimFlags, model, bytes_per_value: int = 4,
                        budget: int = AUTO_ACTIVATIONS, logits: int = AUTO_LOGITS) -> int:
     """--micro-batch-tokens, with 0 resolved to what fits `budget` bytes (token_bytes) and
     `logits` / the vocabulary size, whichever is fewer (SmolLM2-135M in fp32 on the CPU, 2 GiB:
     926 tokens; the built-in tiny model: 38,977, no bound in practice). The budget: AUTO_ACTIVATIONS
     on the CPU, what the GPU's memory leaves on CUDA (activation_budget)."""
-    if args.micro_batch_tokens:
-        return args.micro_batch_tokens
+    if optim.micro_batch_tokens:
+        return optim.micro_batch_tokens
     c = model.config
-    per_token = token_bytes(c, bytes_per_value, args.grad_checkpointing)
+    per_token = token_bytes(c, bytes_per_value, optim.grad_checkpointing)
     return max(min(logits // c.vocab_size, budget // per_token), 1)
 
 
@@ -192,7 +204,7 @@ class GpuPlan(NamedTuple):
     engine_asleep: int       # bytes vLLM keeps on the GPU while the trainer updates
 
 
-def plan_memory(args, model, prompts: list, *, world: int, device: str, value_bytes: int,
+def plan_memory(asked: Asked, model, prompts: list, *, world: int, device: str, value_bytes: int,
                 frozen_bytes: int) -> GpuPlan:
     """The micro-batch's budget and vLLM's share for this run on `device`. On the CPU nothing
     changes with the machine: AUTO_ACTIVATIONS, and the share vLLM's CPU build ignores (0.3 for
@@ -201,16 +213,17 @@ def plan_memory(args, model, prompts: list, *, world: int, device: str, value_by
     gpu_memory) and VLLM_ASLEEP_SHARE of the GPU stays the engine's while it sleeps; the budget is
     what is left (activation_budget)."""
     import torch
+    engine = asked.engine
     if torch.device(device).type != "cuda":
-        return GpuPlan(AUTO_ACTIVATIONS, args.gpu_memory_utilization or 0.3, 0)
+        return GpuPlan(AUTO_ACTIVATIONS, engine.gpu_memory_utilization or 0.3, 0)
     total, others = gpu_memory(device)
     longest = max(len(p.ids) for p in prompts)
-    resident = update_memory(args, model, longest, world, engine_copy=args.engine == "torch",
+    resident = update_memory(asked, model, longest, world, engine_copy=engine.engine == "torch",
                              bytes_per_value=value_bytes, budget=0, frozen_bytes=frozen_bytes)
-    share, asleep = args.gpu_memory_utilization or 0.3, 0
-    if args.engine == "vllm":
+    share, asleep = engine.gpu_memory_utilization or 0.3, 0
+    if engine.engine == "vllm":
         n_params = sum(p.numel() for p in model.parameters())
-        share = engine_share(args.gpu_memory_utilization, total=total,
+        share = engine_share(engine.gpu_memory_utilization, total=total,
                              trainer=resident.between_updates, engine_weights=2 * n_params,
                              others=others)
         asleep = int(VLLM_ASLEEP_SHARE * total)
@@ -258,15 +271,16 @@ class Memory(NamedTuple):
 RUNTIME_BYTES = 700 * 2 ** 20   # python, torch, transformers and a tokenizer, resident (measured)
 
 
-def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_copy: bool = True,
-                  bytes_per_value: int = 4, budget: int = AUTO_ACTIVATIONS, frozen_bytes: int = 4,
-                  engine_asleep: int = 0, foreach: bool = True) -> Memory:
+def update_memory(asked: Asked, model, longest_prompt: int, world: int = 1, *,
+                  engine_copy: bool = True, bytes_per_value: int = 4,
+                  budget: int = AUTO_ACTIVATIONS, frozen_bytes: int = 4, engine_asleep: int = 0,
+                  foreach: bool = True) -> Memory:
     """The run's peak memory on one rank, roughly (Memory), each term its own field:
     - training: 16 bytes a parameter, the weights, gradients and AdamW's two moments in fp32,
       sharded over `world` ranks by FSDP2;
     - copies: 4 for TorchEngine's whole copy (`engine_copy`), `frozen_bytes` for the frozen
-      reference of --kl-coef or a method's anchor (run_setup.frozen_dtype: 2 on CUDA, 4 on the
-      CPU), sharded as the policy;
+      reference of --kl-coef or a method's anchor (`asked.frozen`; run_setup.frozen_dtype: 2 on
+      CUDA, 4 on the CPU), sharded as the policy;
     - cast: in bf16 (`bytes_per_value` 2), the bf16 weights kept from the forward to the backward
       (bf16_weights: autocast's 2 a parameter in one process; under FSDP2 the root and two
       layers);
@@ -279,19 +293,19 @@ def update_memory(args, model, longest_prompt: int, world: int = 1, *, engine_co
     - engine: `engine_asleep`, what vLLM keeps while it sleeps (engine_asleep_bytes);
     - runtime. Held at or above the measured peaks of the README's runs
     (tests/test_gpu_ready.py)."""
-    c = model.config
+    c, optim, checkpointing = model.config, asked.optim, asked.optim.grad_checkpointing
     numels = [p.numel() for p in model.parameters()]
     n_params = sum(numels)
-    rows = args.micro_batch_size * (longest_prompt + args.max_new_tokens)
-    tokens = min(micro_batch_tokens(args, model, bytes_per_value, budget), rows)
-    frozen = args.kl_coef > 0 or flags.needs_initial(args)
-    copies = 4 * n_params * int(engine_copy) + frozen_bytes * n_params * int(frozen) // world
+    rows = optim.micro_batch_size * (longest_prompt + asked.run.max_new_tokens)
+    tokens = min(micro_batch_tokens(optim, model, bytes_per_value, budget), rows)
+    copies = (4 * n_params * int(engine_copy)
+              + frozen_bytes * n_params * int(asked.frozen) // world)
     cast = bf16_weights(c, n_params, world) if bytes_per_value == 2 else 0
     return Memory(16 * n_params // world, copies,
-                  tokens * token_bytes(c, bytes_per_value, args.grad_checkpointing),
+                  tokens * token_bytes(c, bytes_per_value, checkpointing),
                   RUNTIME_BYTES,
                   int(tokens * ACTIVATION_SLACK * activation_bytes(c, bytes_per_value,
-                                                                   args.grad_checkpointing)),
+                                                                   checkpointing)),
                   cast=cast, optimizer=(4 * n_params if foreach else 8 * max(numels)) // world,
                   engine=engine_asleep)
 
@@ -337,7 +351,7 @@ def check_memory(need: Memory, per_token: int, *, checkpointing: bool, total: in
                      f"machine's {total / GiB:.1f} GiB of {what}: {fix}")
 
 
-def fits_machine(args, model, prompts: list, *, world: int, device: str, value_bytes: int,
+def fits_machine(asked: Asked, model, prompts: list, *, world: int, device: str, value_bytes: int,
                  budget: int, frozen_bytes: int = 4,
                  engine_asleep: int = 0) -> tuple[Memory, str | None]:
     """The run's memory (update_memory) against the machine's (machine_memory: RAM on the CPU,
@@ -346,64 +360,67 @@ def fits_machine(args, model, prompts: list, *, world: int, device: str, value_b
     when it cannot fit (check_memory)."""
     import torch
     longest = max(len(p.ids) for p in prompts)
-    need = update_memory(args, model, longest, world, engine_copy=args.engine == "torch",
-                         bytes_per_value=value_bytes, budget=budget, frozen_bytes=frozen_bytes,
-                         engine_asleep=engine_asleep, foreach=torch.device(device).type == "cuda")
     cuda = torch.device(device).type == "cuda"
+    need = update_memory(asked, model, longest, world, engine_copy=asked.engine.engine == "torch",
+                         bytes_per_value=value_bytes, budget=budget, frozen_bytes=frozen_bytes,
+                         engine_asleep=engine_asleep, foreach=cuda)
     ranks_here = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", world))
     total, available, what = machine_memory(device)
-    per_token = peak_token_bytes(model.config, value_bytes, args.grad_checkpointing)
-    return need, check_memory(need, per_token, checkpointing=args.grad_checkpointing,
+    checkpointing = asked.optim.grad_checkpointing
+    per_token = peak_token_bytes(model.config, value_bytes, checkpointing)
+    return need, check_memory(need, per_token, checkpointing=checkpointing,
                               total=total, available=available, what=what,
                               ranks_here=ranks_here)
 
 
-def resolve_sizes(args, model, prompts: list, *, world: int, device: str, value_bytes: int,
-                  frozen_bytes: int):
-    """(args with --micro-batch-tokens 0 and --gpu-memory-utilization 0 resolved, the sizes, the
-    memory estimate, a warning or None): the device's memory divided (plan_memory: on CUDA the
+def resolve_sizes(asked: Asked, model, prompts: list, *, world: int, device: str,
+                  value_bytes: int, frozen_bytes: int):
+    """(`asked` with --micro-batch-tokens 0 and --gpu-memory-utilization 0 resolved, the sizes,
+    the memory estimate, a warning or None): the device's memory divided (plan_memory: on CUDA the
     micro-batch's budget is what the trainer's resident state and vLLM's leave), the sizes
     checked (check_sizes) and the run against the machine (fits_machine: a ValueError when it
     cannot fit, a warning when it may not fit what is free now). `value_bytes`: what the
     activations are kept in; `frozen_bytes`: a frozen copy's (run_setup.frozen_dtype)."""
     import torch
-    plan = plan_memory(args, model, prompts, world=world, device=device,
+    plan = plan_memory(asked, model, prompts, world=world, device=device,
                        value_bytes=value_bytes, frozen_bytes=frozen_bytes)
     logits = AUTO_LOGITS_CUDA if torch.device(device).type == "cuda" else AUTO_LOGITS
-    found = sizes(args, model, world, value_bytes, plan.budget, logits)
-    args = dataclasses.replace(args, micro_batch_tokens=found.micro_batch_tokens,   # 0 resolved
-                               gpu_memory_utilization=plan.engine_share)
-    check_sizes(args, model, prompts, found)
-    need, warning = fits_machine(args, model, prompts, world=world, device=device,
+    found = sizes(asked, model, world, value_bytes, plan.budget, logits)
+    asked = asked._replace(                                                      # 0 resolved
+        optim=dataclasses.replace(asked.optim, micro_batch_tokens=found.micro_batch_tokens),
+        engine=dataclasses.replace(asked.engine, gpu_memory_utilization=plan.engine_share))
+    check_sizes(asked, model, prompts, found)
+    need, warning = fits_machine(asked, model, prompts, world=world, device=device,
                                  value_bytes=value_bytes, budget=plan.budget,
                                  frozen_bytes=frozen_bytes, engine_asleep=plan.engine_asleep)
-    return args, found, need, warning
+    return asked, found, need, warning
 
 
-def check_sizes(args, model, prompts: list, sizes: Sizes) -> None:
+def check_sizes(asked: Asked, model, prompts: list, sizes: Sizes) -> None:
     """Bounds that need the sizes, the model and the data: every optimizer step must hold a fresh
     rollout, a prompt must not appear twice in one step (its two groups would share a prompt_id and
     be merged), the test and dev splits must hold --eval-size and --dev-size prompts, and the
     longest prompt plus --max-new-tokens must fit the model's positions. (Memory: fits_machine.)"""
+    run, evals = asked.run, asked.evals
     world, fresh = sizes.world, sizes.prompts * sizes.group_size
-    if fresh and args.mini_batches > fresh:         # offline (0 fresh): the logged rows alone
-        raise ValueError(f"--mini-batches ({args.mini_batches}) exceeds the {fresh} fresh "
+    if fresh and asked.optim.mini_batches > fresh:  # offline (0 fresh): the logged rows alone
+        raise ValueError(f"--mini-batches ({asked.optim.mini_batches}) exceeds the {fresh} fresh "
                          f"rollouts per rank and step: some optimizer steps would have no rollout")
     if sizes.prompts > len(prompts) // world:
-        raise ValueError(f"--prompts-per-step ({args.prompts_per_step}) exceeds the {len(prompts)} "
+        raise ValueError(f"--prompts-per-step ({run.prompts_per_step}) exceeds the {len(prompts)} "
                          f"training prompts (at most {len(prompts) // world * world} on {world} "
                          f"rank(s))")
     for name, split in (("eval_size", "test"), ("dev_size", "dev")):
-        if args.train_data not in data.BUILTIN_NAMES:
+        if run.train_data not in data.BUILTIN_NAMES:
             break                       # a file's held-out rows: as many as there are (eval.py)
-        if name == "eval_size" and args.eval_data != "auto":
+        if name == "eval_size" and evals.eval_data != "auto":
             continue                    # another set: its first --eval-size rows
-        n = len(data.builtin_split(args.train_data, split))
-        if getattr(args, name) > n:
-            raise ValueError(f"{flags.flag(name)} ({getattr(args, name)}) exceeds the {n} "
+        n = len(data.builtin_split(run.train_data, split))
+        if getattr(evals, name) > n:
+            raise ValueError(f"{flags.flag(name)} ({getattr(evals, name)}) exceeds the {n} "
                              f"prompts of the built-in {split} split")
     limit = getattr(model.config, "max_position_embeddings", None)
     longest = max(len(p.ids) for p in prompts)
-    if limit and longest + args.max_new_tokens > limit:
-        raise ValueError(f"--max-new-tokens ({args.max_new_tokens}) plus the longest prompt "
+    if limit and longest + run.max_new_tokens > limit:
+        raise ValueError(f"--max-new-tokens ({run.max_new_tokens}) plus the longest prompt "
                          f"({longest} tokens) exceeds the model's {limit} positions")

@@ -231,9 +231,8 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
     resume, model, tok, prompts = load_inputs(run_flags, eval_flags, world=world, device=device)
     forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
     value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
-    args, sizes, need, warning = memory.resolve_sizes(
-        args, model, prompts, world=world, device=device, value_bytes=value_bytes,
-        frozen_bytes=frozen_dtype(device).itemsize)
+    args, sizes, need, warning = resolve_memory(args, model, prompts, world=world,
+                                                device=device, value_bytes=value_bytes)
     if warning:
         parallel.print0(f"warning: {warning}")
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
@@ -264,6 +263,32 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
         where = os.path.join(args.out_dir, "checkpoints")
         parallel.print0(f"--resume auto: no complete checkpoint in {where}; starting at step 0")
     return run
+
+
+def memory_asked(args: Args) -> memory.Asked:
+    """What the flags ask of the memory (memory.Asked): the owners' flags memory.py reads, a
+    method's completions a step (VIGOR's budget: its `completions`), whether a frozen copy of the
+    model is kept (--kl-coef > 0, or a method's `needs_initial`)."""
+    completions = max((part.completions(args.prompts_per_step, args.group_size)
+                       for part in flags.method_parts(args) if hasattr(part, "completions")),
+                      default=0)
+    return memory.Asked(cli.part(args, flags.RunFlags), cli.part(args, flags.OptimFlags),
+                        cli.part(args, vllm_engine.Flags), cli.part(args, eval_lib.TrainFlags),
+                        completions=completions,
+                        frozen=args.kl_coef > 0 or flags.needs_initial(args))
+
+
+def resolve_memory(args: Args, model, prompts: list, *, world: int, device: str,
+                   value_bytes: int) -> tuple:
+    """(args with --micro-batch-tokens 0 and --gpu-memory-utilization 0 resolved, the sizes, the
+    memory estimate, a warning or None): memory.resolve_sizes on what the flags ask of it
+    (memory_asked), a frozen copy in frozen_dtype's bytes."""
+    asked, sizes, need, warning = memory.resolve_sizes(
+        memory_asked(args), model, prompts, world=world, device=device, value_bytes=value_bytes,
+        frozen_bytes=frozen_dtype(device).itemsize)
+    args = dataclasses.replace(args, micro_batch_tokens=asked.optim.micro_batch_tokens,
+                               gpu_memory_utilization=asked.engine.gpu_memory_utilization)
+    return args, sizes, need, warning
 
 
 def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len: int, rank: int,

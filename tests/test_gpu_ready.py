@@ -145,6 +145,11 @@ def shaped(config, numels: list[int]):
     return SimpleNamespace(config=config, parameters=lambda: params)
 
 
+def asked(**given) -> memory.Asked:
+    """What these flags ask of the memory, bound as the door binds them (run_setup.memory_asked)."""
+    return run_setup.memory_asked(flags.Args(**given))
+
+
 def test_auto_token_budget_from_activations_and_logits():
     """--micro-batch-tokens 0: the fewer of AUTO_LOGITS / V and AUTO_ACTIVATIONS / token_bytes.
     SmolLM2-135M's shape by hand: fp32 25 * 576 * 4 * 30 + 12 * 49,152 = 2,317,824 bytes a token,
@@ -154,22 +159,24 @@ def test_auto_token_budget_from_activations_and_logits():
     1,176 = 55,096 bytes, 38,977 tokens (its logits: 2.7M)."""
     tok = make_tokenizer()
     model = make_model(len(tok), seed=0)
-    args = flags.Args()
-    assert memory.micro_batch_tokens(args, model) == 38_977 < memory.AUTO_LOGITS // len(tok)
-    assert memory.micro_batch_tokens(dataclasses.replace(args, micro_batch_tokens=77), model) == 77
+    optim = flags.OptimFlags()
+    assert memory.micro_batch_tokens(optim, model) == 38_977 < memory.AUTO_LOGITS // len(tok)
+    assert memory.micro_batch_tokens(flags.OptimFlags(micro_batch_tokens=77), model) == 77
     smol = SimpleNamespace(config=SMOLLM2)
     assert memory.token_bytes(SMOLLM2) == 2_317_824
-    assert memory.micro_batch_tokens(args, smol) == 926
-    assert memory.micro_batch_tokens(args, smol, bytes_per_value=2) == 1477
-    ckpt = dataclasses.replace(args, grad_checkpointing=True)
+    assert memory.micro_batch_tokens(optim, smol) == 926
+    assert memory.micro_batch_tokens(optim, smol, bytes_per_value=2) == 1477
+    ckpt = flags.OptimFlags(grad_checkpointing=True)
     assert memory.token_bytes(SMOLLM2, checkpointing=True) == 716_544
     assert memory.micro_batch_tokens(ckpt, smol) == 2997
-    assert memory.sizes(args, smol, 1).micro_batch_tokens == 926               # what a run prints
-    assert memory.sizes(args, smol, 1, 2, 4 * memory.AUTO_ACTIVATIONS).micro_batch_tokens == 5_461
-    vigor = dataclasses.replace(args, allocation="vigor")
+    assert memory.sizes(asked(), smol, 1).micro_batch_tokens == 926            # what a run prints
+    assert memory.sizes(asked(), smol, 1, 2,
+                        4 * memory.AUTO_ACTIVATIONS).micro_batch_tokens == 5_461
+    vigor = asked(allocation="vigor", vigor_budget=40)
+    assert vigor.completions == 40 and memory.sizes(vigor, smol, 2).completions == 20
     assert memory.sizes(vigor, smol, 1).micro_batch_tokens == 926      # VIGOR's budget apart
     prompts = [SimpleNamespace(ids=[1, 2, 3])] * 64
-    memory.check_sizes(args, model, prompts, memory.sizes(args, model, 1))      # no error
+    memory.check_sizes(asked(), model, prompts, memory.sizes(asked(), model, 1))      # no error
 
 
 def test_memory_check_names_the_flag_that_fixes_it():
@@ -178,7 +185,7 @@ def test_memory_check_names_the_flag_that_fixes_it():
     an error that says --micro-batch-tokens N with N what fits 90% of it; with 1 GiB the weights
     alone do not fit; on a 24 GiB machine nothing, or a warning when little is free now."""
     model = shaped(SMOLLM2, [28_311_552] + [3_540_115] * 30 + [6])   # 134,515,008: the embedding
-    args = flags.Args(max_new_tokens=64, micro_batch_size=64)
+    args = asked(max_new_tokens=64, micro_batch_size=64)
     need = memory.update_memory(args, model, longest_prompt=44, foreach=False)   # the CPU
     assert need.training == 16 * 134_515_008 and need.copies == 4 * 134_515_008
     assert need.micro_batch == 926 * 2_317_824
@@ -196,8 +203,8 @@ def test_memory_check_names_the_flag_that_fixes_it():
     with pytest.raises(ValueError, match=r"--micro-batch-tokens (\d+)") as e:
         check(need, 4, 4)
     fits = int(re.search(r"--micro-batch-tokens (\d+)", str(e.value)).group(1))
-    small = memory.update_memory(dataclasses.replace(args, micro_batch_tokens=fits), model, 44,
-                                 foreach=False)
+    small = memory.update_memory(asked(max_new_tokens=64, micro_batch_size=64,
+                                       micro_batch_tokens=fits), model, 44, foreach=False)
     assert small.total <= 0.9 * 4 * gib < small.total + per_token
     assert "--grad-checkpointing" in str(e.value)
     with pytest.raises(ValueError, match="alone do not fit"):
@@ -230,7 +237,7 @@ def test_the_memory_estimate_is_at_or_above_the_measured_peaks(what, shape, para
             return params
 
     model = SimpleNamespace(config=shape, parameters=lambda: [Params()])
-    args = flags.Args(max_new_tokens=16 if "smollm2" in what else 8)
+    args = asked(max_new_tokens=16 if "smollm2" in what else 8)
     need = memory.update_memory(args, model, longest, bytes_per_value=value_bytes)
     assert peak_gib <= need.total / memory.GiB <= 1.15 * peak_gib, need.line()
 
@@ -246,8 +253,8 @@ def test_memory_estimate_of_a_05b_model_is_in_range():
     config = SimpleNamespace(vocab_size=151_936, hidden_size=896, num_hidden_layers=24,
                              intermediate_size=4_864)
     model = SimpleNamespace(config=config, parameters=lambda: [Params()])
-    args = flags.Args(max_new_tokens=512)
-    need = memory.update_memory(args, model, longest_prompt=150, bytes_per_value=2)
+    need = memory.update_memory(asked(max_new_tokens=512), model, longest_prompt=150,
+                                bytes_per_value=2)
     assert 8 * 2 ** 30 < need.total < 20 * 2 ** 30
 
 
