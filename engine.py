@@ -237,10 +237,10 @@ def canary(model, generated: list[Rollout], temperature: float, pad_id: int, pre
     forward's gathered parameters resharded. The loop runs it while the engine sleeps, so its
     forward does not meet vLLM's memory."""
     rollouts = generated[:CANARY_ROLLOUTS]
-    at = dict(max_tokens=max_tokens, world=world)
-    out = {"rollout/logprob_diff": logprob_diff(model, rollouts, temperature, pad_id, **at)}
+    passes = _passes(model, rollouts, pad_id, max_tokens)           # collated once, for both
+    out = {"rollout/logprob_diff": _diff(model, passes, temperature, pad_id, world)}
     if precision == "autocast-bf16":
-        out["rollout/logprob_floor"] = logprob_floor(model, rollouts, temperature, pad_id, **at)
+        out["rollout/logprob_floor"] = _floor(model, passes, temperature, pad_id, world)
     parallel.reshard(model)
     return out
 
@@ -279,11 +279,16 @@ def logprob_diff(model, rollouts: list[Rollout], temperature: float, pad_id: int
     samples from stale or wrongly loaded weights shows here at once (fp32, same weights: about
     1e-6; bf16 engine: about 1e-2). Under FSDP every rank calls it (its passes run in lockstep).
     0.0 for no tokens."""
-    if not rollouts:
+    return _diff(model, _passes(model, rollouts, pad_id, max_tokens), temperature, pad_id, world)
+
+
+@torch.no_grad()
+def _diff(model, passes: list[dict], temperature: float, pad_id: int, world: int) -> float:
+    """logprob_diff on collated passes (_passes); 0.0 for none."""
+    if not passes:
         return 0.0
     gaps = []
-    for b in parallel.forward_passes(_passes(model, rollouts, pad_id, max_tokens), model, pad_id,
-                                     world):
+    for b in parallel.forward_passes(passes, model, pad_id, world):
         logp = forward_logprobs(model, b, temperature or 1.0)[1]              # greedy: log softmax
         gaps.append(_gap(logp, b["behaviour_logprobs"], b["completion_mask"]))
     return _mean_gap(gaps)
@@ -296,10 +301,15 @@ def logprob_floor(model, rollouts: list[Rollout], temperature: float, pad_id: in
     trainer's own forward, what precision alone moves a log-prob (a bf16 engine's logprob_diff
     cannot go below it), in passes as logprob_diff's. A model wrapped by run_setup.autocast_bf16
     runs its class's fp32 forward."""
-    if not rollouts:
+    return _floor(model, _passes(model, rollouts, pad_id, max_tokens), temperature, pad_id, world)
+
+
+@torch.no_grad()
+def _floor(model, passes: list[dict], temperature: float, pad_id: int, world: int) -> float:
+    """logprob_floor on collated passes (_passes); 0.0 for none."""
+    if not passes:
         return 0.0
     wrapper = model.__dict__.pop("forward", None)                 # autocast_bf16's, if any
-    passes = _passes(model, rollouts, pad_id, max_tokens)
     device = passes[0]["input_ids"].device.type
     try:                                    # a sweep each: every rank's passes pair up
         fp32 = [forward_logprobs(model, b, temperature or 1.0)[1]

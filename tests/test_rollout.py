@@ -246,3 +246,24 @@ def test_the_canary_in_passes_of_the_token_budget_reads_as_in_one():
             assert several == pytest.approx(whole, rel=1e-5)
         else:                               # bf16 rounds by the batch's shape: only its scale
             assert 0 < several < 10 * whole
+
+
+def test_the_canary_collates_once_and_reads_as_its_two_functions(monkeypatch):
+    """engine.canary under bf16 autocast collates the step's first rollouts once for both of its
+    numbers (it collated them twice), each the value logprob_diff and logprob_floor give."""
+    import engine
+    from make_tiny_model import make_model, make_tokenizer
+    tok = make_tokenizer()
+    model = make_model(len(tok), seed=0).eval()
+    rs = [Rollout(k, tok.encode(f"{k}*{7 * k}="), tok.encode("12345"[:n]), [-0.5 - 0.1 * k] * n)
+          for k, n in enumerate((5, 1, 4, 2, 3))]
+    calls = []
+    collate = engine.collate
+    monkeypatch.setattr(engine, "collate", lambda *a: calls.append(1) or collate(*a))
+    out = engine.canary(model, rs, 1.0, tok.pad_token_id, "autocast-bf16")
+    assert len(calls) == 1
+    assert out == {"rollout/logprob_diff": engine.logprob_diff(model, rs, 1.0, tok.pad_token_id),
+                   "rollout/logprob_floor": engine.logprob_floor(model, rs, 1.0,
+                                                                 tok.pad_token_id)}
+    assert engine.canary(model, [], 1.0, tok.pad_token_id, "autocast-bf16") == {
+        "rollout/logprob_diff": 0.0, "rollout/logprob_floor": 0.0}
