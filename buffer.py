@@ -43,9 +43,10 @@ Implements the replay buffer of "Rollout-Level Advantage-Prioritized Experience 
 - **Fresh-anchored composition.** `sample(step, n_fresh)` returns only replayed rollouts, k =
   round(ratio * n_fresh) of them; the trainer's batch at `step` is every fresh rollout of `step`
   followed by these. Eligible rollouts have version < step: rollouts of the current step are
-  excluded, so the trainer may call `add(fresh, step)` before or after `sample(step, n)` and get the
-  same draw (calling `sample` first is the natural order, and with a capacity bound it keeps fresh
-  rollouts from pushing out replayable ones before they are drawn).
+  excluded, so without a capacity bound the trainer may call `add(fresh, step)` before or after
+  `sample(step, n)` and get the same draw (calling `sample` first is the natural order, and with
+  a capacity bound it keeps fresh rollouts from pushing out replayable ones before they are
+  drawn).
 
 Departures and definitional choices (the paper states only the proportionality above):
 - k > 1 draws are *successive* draws without replacement (no duplicates in one batch): the first
@@ -95,6 +96,12 @@ class Flags:
     """maximum rollouts stored, oldest out first (0 = unbounded)"""
 
     AT_LEAST_0 = ("tau_max", "replay_ratio", "priority_alpha", "replay_capacity")
+
+    def rules(self) -> list[tuple[bool, str]]:
+        """(is it broken, the sentence that says so) for each rule between these flags."""
+        return [(self.replay != "none" and self.replay_ratio > 0 and self.tau_max == 0,
+                 "--tau-max 0 keeps only the step's own rollouts, never replayed: set it >= 1 "
+                 "or --replay none")]
 
 
 class RolloutReplay:
@@ -208,7 +215,8 @@ class RolloutReplay:
         cand = np.flatnonzero(eligible)                 # [M] indices of candidates
         picked = cand[self._draw_without_replacement(self._abs_adv[cand], k)]  # [min(k, M)]
         self._record_sample(picked, step)
-        self._last["replay/ess"] = effective_size(self._abs_adv[cand], self.alpha)
+        self._last["replay/ess"] = (effective_size(self._abs_adv[cand], self.alpha)
+                                    if len(picked) else 0.0)            # 0: nothing drawn
         return self._records[picked].tolist()
 
     def _draw_without_replacement(self, abs_adv: np.ndarray, k: int) -> np.ndarray:
@@ -231,7 +239,7 @@ class RolloutReplay:
         return first[np.argsort(log_key[first], kind="stable")]
 
     def _record_sample(self, picked: np.ndarray, step: int) -> None:
-        self._last.update(empty_sample_stats(), **{"replay/sampled_positive": 0})
+        self._last.update({**empty_sample_stats(), "replay/sampled_positive": 0})
         if len(picked):
             age = step - self._version[picked]               # [K]
             self._last.update({"replay/sampled": int(len(picked)),

@@ -223,7 +223,7 @@ def check_canary(diff: float, limit: float, step: int) -> None:
                                   f"the trainer's weights (stale or wrongly loaded)")
 
 
-CANARY_ROLLOUTS = 16      # the generated rollouts the canary scores: the first of the step's
+CANARY_ROLLOUTS = 16      # the canary scores the first 16 of the step's generated rollouts
 # how the canary's numbers combine over ranks (metrics.Metrics.add): each rank's, equally weighted
 COMBINE = {"rollout/logprob_diff": "mean", "rollout/logprob_floor": "mean"}
 

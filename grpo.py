@@ -11,7 +11,8 @@ because every trainer has them. Checked against verl's core_algos.py (tests/test
 independent implementation's values, where the project's shared data holds them). Where we depart
 from it, the docstring says so:
   * zero-variance groups get advantage exactly 0 (verl relies on r - mean rounding to 0);
-  * seq-mean-token-sum-norm divides by G * L_max as Dr. GRPO writes it; verl divides by L_max only;
+  * seq-mean-token-sum-norm divides by (non-empty rows) * L_max as Dr. GRPO writes it (its G *
+    L_max, with the whole step's rows for its G); verl divides by L_max only;
   * means never add verl's 1e-8 to their denominators (an empty step gets N = 1, an exact zero
     loss).
 
@@ -304,8 +305,8 @@ def aggregate(loss_mat: Tensor, mask: Tensor, agg: str, normaliser: float) -> Te
         token-mean               L = (1/N) sum_i sum_t m_it l_it            (token-level)
         seq-mean-token-mean      L = (1/N) sum_i (1/|o_i|) sum_t m_it l_it  (GRPO, eq. 3)
         seq-mean-token-sum       L = (1/N) sum_i sum_t m_it l_it
-        seq-mean-token-sum-norm  L = (1/N) sum_i sum_t m_it l_it, N = G * L_max
-                                 (Dr. GRPO: (1/G) sum_i (1/L_max) sum_t)
+        seq-mean-token-sum-norm  L = (1/N) sum_i sum_t m_it l_it, N = #{non-empty rows} * L_max
+                                 (Dr. GRPO: (1/G) sum_i (1/L_max) sum_t, its G the rows)
     |o_i| = sum_t m_it; empty rows contribute 0. Three modes share the numerator and differ only
     in N.
     """

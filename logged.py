@@ -244,9 +244,10 @@ class LoggedPool:
         self._rng = np.random.default_rng(seed)
         self._last = {}
 
-    def sample(self, step: int, n_fresh: int) -> list:
-        """This step's logged rows for a batch of `n_fresh` others: k drawn, their gap measured,
-        those within the bound used once (and gone after --logged-uses uses)."""
+    def sample(self, step: int, n_others: int) -> list:
+        """This step's logged rows for a batch of `n_others` others (fresh and replayed): k drawn,
+        their gap measured, those within the bound used once (and gone after --logged-uses
+        uses)."""
         cand = np.flatnonzero(self.alive)                        # [M] the rows in the pool
         k = min(self.k, len(cand))
         p = self.abs_adv[cand] / self.abs_adv[cand].sum() if self.prioritized and k else None
@@ -262,7 +263,7 @@ class LoggedPool:
         self.alive[spent] = False
         used = int(kept.sum())
         self._last = {"logged/count": used, "logged/drawn": k,
-                      "logged/share": used / max(used + n_fresh, 1), "batch": used + n_fresh,
+                      "logged/share": used / max(used + n_others, 1), "batch": used + n_others,
                       "logged/gap": float(gap.mean()) if k else 0.0,
                       "logged/uses": float(self.uses[drawn[kept]].mean()) if used else 0.0,
                       "logged/dropped": int((~kept).sum()), "logged/spent": len(spent)}

@@ -2,8 +2,9 @@
 micro-batch resolved from a memory budget), the bytes a token of a micro-batch keeps
 (token_bytes), how a GPU is divided between the trainer and vLLM (plan_memory, engine_share),
 the run's peak on one rank term by term (update_memory, `Memory`) and whether it fits the machine
-(fits_machine). run_setup.setup calls one function, after the flags are parsed and the model is
-loaded, with what the flags ask of the memory (`Asked`, bound there from the flags' owners):
+(fits_machine). The door calls one function, after the flags are parsed and the model is
+loaded (run_setup.resolve_memory), with what the flags ask of the memory (`Asked`, bound there
+from the flags' owners by run_setup.memory_asked; no function here takes the flags whole):
 
     asked, sizes, need, warning = memory.resolve_sizes(asked, model, prompts, world=world,
                                                        device=device, value_bytes=2, frozen_bytes=2)
@@ -16,7 +17,7 @@ import os
 from typing import NamedTuple
 
 import data
-import eval
+import eval as eval_lib  # the module eval.py, not the builtin
 import flags
 import vllm_engine
 
@@ -34,9 +35,9 @@ class Asked(NamedTuple):
     run: flags.RunFlags      # --prompts-per-step, --group-size, --max-new-tokens, --train-data
     optim: flags.OptimFlags  # --micro-batch-tokens and -size, --grad-checkpointing, --mini-batches
     engine: vllm_engine.Flags    # --engine, --gpu-memory-utilization
-    evals: eval.TrainFlags   # --eval-data, --eval-size, --dev-size
-    completions: int = 0     # a method's completions a step over all ranks (VIGOR's budget), or 0
-    frozen: bool = False     # a frozen copy of the model is kept (--kl-coef > 0, a method's anchor)
+    evals: eval_lib.TrainFlags   # --eval-data, --eval-size, --dev-size
+    completions: int         # a method's completions a step over all ranks (VIGOR's budget), or 0
+    frozen: bool             # a frozen copy of the model is kept (--kl-coef > 0, a method's anchor)
 
 
 class Sizes(NamedTuple):
@@ -59,9 +60,10 @@ class Sizes(NamedTuple):
 
 def sizes(asked: Asked, model, world: int, bytes_per_value: int = 4,
           memory_budget: int = AUTO_ACTIVATIONS, logits: int = AUTO_LOGITS) -> Sizes:
-    """The per-rank sizes `asked` for `model` at `world` ranks (activations kept in
-    `bytes_per_value`: 4 in fp32, 2 in bf16; a micro-batch's `memory_budget`: activation_budget;
-    at most `logits` logits a micro-batch: AUTO_LOGITS, AUTO_LOGITS_CUDA on CUDA)."""
+    """The per-rank sizes of what the flags ask (`asked`) for `model` at `world` ranks
+    (activations kept in `bytes_per_value`: 4 in fp32, 2 in bf16; a micro-batch's
+    `memory_budget`: activation_budget; at most `logits` logits a micro-batch: AUTO_LOGITS,
+    AUTO_LOGITS_CUDA on CUDA)."""
     run = asked.run
     return Sizes(world, run.prompts_per_step // world, run.group_size, asked.completions // world,
                  micro_batch_tokens(asked.optim, model, bytes_per_value, memory_budget, logits))
@@ -172,6 +174,12 @@ def engine_share(asked: float, *, total: int, trainer: int, engine_weights: int,
     wake after an update would run out of memory), or holds no more than its own `engine_weights`
     and a fifth for the KV cache."""
     room = GPU_USABLE - (trainer + others) / total
+    if not asked and room <= 0:
+        held = f" and the {others / GiB:.1f} GiB other processes hold" if others else ""
+        raise ValueError(f"the {trainer / GiB:.1f} GiB the trainer keeps between updates{held} "
+                         f"exceed {GPU_USABLE:.0%} of this GPU's {total / GiB:.1f} GiB: no share "
+                         f"is left for vLLM (--gpu-memory-utilization 0): shard the trainer over "
+                         f"more GPUs (torchrun), or use --engine torch")
     share = asked or min(VLLM_SHARE_MAX, room)
     if share > room:
         held = f" and the {others / GiB:.1f} GiB other processes hold" if others else ""
@@ -290,7 +298,8 @@ def update_memory(asked: Asked, model, longest_prompt: int, world: int = 1, *,
     - optimizer: AdamW's temporaries at opt.step: with `foreach` (torch's choice on CUDA) 4 a
       parameter of the shard, the square root of the second moment of every parameter at once;
       without (on the CPU), two of the largest parameter's, one parameter at a time;
-    - engine: `engine_asleep`, what vLLM keeps while it sleeps (engine_asleep_bytes);
+    - engine: `engine_asleep`, what vLLM keeps while it sleeps (plan_memory: VLLM_ASLEEP_SHARE
+      of the GPU);
     - runtime. Held at or above the measured peaks of the README's runs
     (tests/test_gpu_ready.py)."""
     c, optim, checkpointing = model.config, asked.optim, asked.optim.grad_checkpointing

@@ -136,7 +136,7 @@ def shuffle_seed(seed: int, step: int, epoch: int) -> int:
 
 
 def mini_batches(n_fresh: int, n_replayed: int, parts: int,
-                 shuffle_seed: int | None = None) -> list[list[int]]:
+                 seed: int | None = None) -> list[list[int]]:
     """Fresh-anchored mini-batches: indices into fresh + replayed for `parts` optimizer steps. The
     fresh rollouts and the replayed ones are each cut into `parts` near-equal pieces and mini-batch
     j takes piece j of both, so every optimizer step holds its proportional share of each (none is
@@ -144,8 +144,8 @@ def mini_batches(n_fresh: int, n_replayed: int, parts: int,
     the batch order is kept."""
     fresh = list(range(n_fresh))
     replayed = list(range(n_fresh, n_fresh + n_replayed))
-    if shuffle_seed is not None:
-        rng = random.Random(shuffle_seed)
+    if seed is not None:
+        rng = random.Random(seed)
         rng.shuffle(fresh)
         rng.shuffle(replayed)
 
@@ -216,8 +216,8 @@ def optimizer_steps(b: Batching, fresh: list[Rollout], replayed: list[Rollout], 
     end, this rank makes the passes it lacks, so every rank joins FSDP's collectives alike."""
     batch = fresh + replayed
     for epoch in range(b.epochs):
-        order = shuffle_seed(b.seed, step, epoch) if epoch else None
-        for idx in mini_batches(len(fresh), len(replayed), b.mini_batches, order):
+        seed = shuffle_seed(b.seed, step, epoch) if epoch else None
+        for idx in mini_batches(len(fresh), len(replayed), b.mini_batches, seed):
             olds = None if old is None else [old[i] for i in idx]
             refs = None if ref is None else [ref[i] for i in idx]
             mbs = micro_batches([batch[i] for i in idx], b.rows, b.pad_id, b.device,

@@ -155,8 +155,9 @@ def canary(run: Run, generated: list, step: int) -> Metrics:
 # ---- 5. the update -------------------------------------------------------------------------------
 
 # how the update's numbers combine (metrics.Metrics.add; policy_loss's own: grpo.COMBINE): means
-# over the completion tokens (a method's loss keys too: its COMBINE); the step's loss and gradient
-# norm, each the same on every rank, as means over the optimizer steps; the updates, skipped steps
+# over the completion tokens (a method's loss keys too: its COMBINE); the loss (each rank's times
+# the world size: their mean over ranks is the step's, KL term included) and the gradient norm (the
+# same on every rank) as means over the optimizer steps; the updates; the steps skipped so far
 COMBINE = {"entropy": "mean tokens", "loss/tis_weight": "mean tokens", "kl": "mean tokens",
            "loss/policy": "mean", "loss/grad_norm": "mean", "stage/updates": "max",
            "train/skipped_steps": "max", **methods.combine()}
@@ -377,8 +378,9 @@ def shard_model(model, device: str):
     copy, and so AdamW, stays fp32. On CPU everything is fp32.
 
     Contract with the loss: FSDP *averages* gradients over ranks, while the objective sums over the
-    whole step's tokens divided by N = the global normaliser (all ranks); so update() all-reduces N
-    and multiplies each rank's loss by the world size. Without a process group (plain `python`) the
+    whole step's tokens divided by N = the global normaliser (all ranks); so N is summed over
+    ranks (rollout.optimizer_steps: parallel.global_normaliser) and optimizer_step multiplies each
+    rank's loss by the world size. Without a process group (plain `python`) the
     model is returned as it is."""
     if not dist.is_initialized():
         return model

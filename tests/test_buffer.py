@@ -498,4 +498,6 @@ def test_the_draw_logs_its_positives_and_its_effective_size():
         w = np.abs([r.advantage for r in rollouts if r.advantage != 0])
         want = ess if ess is not None else w.sum() ** 2 / (w ** 2).sum()
         assert stats["replay/ess"] == pytest.approx(want)
+        replay.sample(2, 0)                         # nothing drawn (k = 0): 0, not the pool's
+        assert replay.stats()["replay/ess"] == 0.0 and replay.stats()["replay/sampled"] == 0
     assert buffer.effective_size(np.array([]), 1.0) == 0.0

@@ -365,6 +365,9 @@ def test_the_share_and_the_budget_leave_what_other_processes_hold(monkeypatch):
     assert plan(args, small, world=8) == alone
     assert memory.engine_share(0, total=100, trainer=10, engine_weights=1, others=30) == \
         pytest.approx(0.5)
+    # a trainer past 90% of the GPU leaves auto no share: said so, not a negative share
+    with pytest.raises(ValueError, match=r"trainer keeps .* no share is left for vLLM"):
+        memory.engine_share(0, total=100, trainer=95, engine_weights=1)
 
 
 # ---- 6. every term of the memory estimate --------------------------------------------------------

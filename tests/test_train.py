@@ -129,6 +129,7 @@ def test_eval_benchmarks_are_logged(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--model", "/no/such/model"], "no such directory"),
     (["--tau-max", "-1"], "--tau-max"),
+    (["--tau-max", "0"], "--tau-max 0 keeps only the step's own rollouts"),
     (["--group-size", "1"], "--group-size"),
     (["--train-data", "/no/such/file.jsonl"], "file.jsonl"),
     (["--ratio", "bogus"], "invalid choice"),
