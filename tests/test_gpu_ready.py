@@ -150,6 +150,22 @@ def asked(**given) -> memory.Asked:
     return run_setup.memory_asked(flags.Args(**given))
 
 
+def test_what_the_flags_ask_of_the_memory_is_bound_at_the_door():
+    """run_setup.memory_asked binds the four owners' flags memory.py reads, a method's completions
+    a step (VIGOR's budget; 0 for fixed groups) and whether a frozen copy is kept (--kl-coef > 0,
+    or R²PO's head anchored at the model as loaded); the copy shows in the estimate's copies."""
+    plain = asked(max_new_tokens=64, micro_batch_size=7, engine="torch", eval_size=9)
+    assert (plain.run.max_new_tokens, plain.optim.micro_batch_size, plain.engine.engine,
+            plain.evals.eval_size) == (64, 7, "torch", 9)
+    assert plain.completions == 0 and not plain.frozen
+    assert asked(kl_coef=0.1).frozen and asked(r2po_head="residual").frozen
+    assert not asked(r2po_head="residual", r2po_kl_anchor="current").frozen
+    model = SimpleNamespace(config=SMOLLM2, parameters=lambda: [SimpleNamespace(numel=lambda: 10)])
+    copies = [memory.update_memory(a, model, 4, engine_copy=False).copies
+              for a in (plain, asked(kl_coef=0.1))]
+    assert copies == [0, 4 * 10]
+
+
 def test_auto_token_budget_from_activations_and_logits():
     """--micro-batch-tokens 0: the fewer of AUTO_LOGITS / V and AUTO_ACTIVATIONS / token_bytes.
     SmolLM2-135M's shape by hand: fp32 25 * 576 * 4 * 30 + 12 * 49,152 = 2,317,824 bytes a token,
