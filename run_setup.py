@@ -231,8 +231,11 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
     resume, model, tok, prompts = load_inputs(run_flags, eval_flags, world=world, device=device)
     forward = precision(device, dist.is_initialized(), args.precision)  # before vLLM's group
     value_bytes = 4 if forward == "fp32" else 2             # what the activations are kept in
-    args, sizes, need, warning = resolve_memory(args, model, prompts, world=world,
-                                                device=device, value_bytes=value_bytes)
+    initial = flags.needs_initial(args)            # a frozen copy of the model as loaded
+    resolved, sizes, need, warning = resolve_memory(
+        {owner: cli.part(args, owner) for owner in flags.OWNERS}, model, prompts, initial=initial,
+        world=world, device=device, value_bytes=value_bytes)
+    args = dataclasses.replace(args, **resolved)                     # 0 (auto) resolved
     if warning:
         parallel.print0(f"warning: {warning}")
     eval_sets, max_len = load_evals(run_flags, eval_flags, tok, prompts)
@@ -255,8 +258,7 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
                  form=verify.format_rule(run_flags.train_data, template),
                  flags=dataclasses.asdict(args))
     run = build(parts, model, tok, sizes, forward=forward, max_len=max_len, rank=rank,
-                world=world, device=device, initial=flags.needs_initial(args),
-                shard=shard, steps=steps, **given)
+                world=world, device=device, initial=initial, shard=shard, steps=steps, **given)
     if args.overwrite:                             # the inputs are good: only now delete
         checkpoint.start_over(args.out_dir, rank)
     if args.resume and not resume:
@@ -265,30 +267,30 @@ def setup(args: Args, *, rank: int, world: int, device: str, shard, steps: metho
     return run
 
 
-def memory_asked(args: Args) -> memory.Asked:
-    """What the flags ask of the memory (memory.Asked): the owners' flags memory.py reads, a
-    method's completions a step (VIGOR's budget: its `completions`), whether a frozen copy of the
-    model is kept (--kl-coef > 0, or a method's `needs_initial`)."""
-    completions = max((part.completions(args.prompts_per_step, args.group_size)
-                       for part in flags.method_parts(args) if hasattr(part, "completions")),
-                      default=0)
-    return memory.Asked(cli.part(args, flags.RunFlags), cli.part(args, flags.OptimFlags),
-                        cli.part(args, vllm_engine.Flags), cli.part(args, eval_lib.TrainFlags),
-                        completions=completions,
-                        frozen=args.kl_coef > 0 or flags.needs_initial(args))
+def memory_asked(parts: dict, initial: bool) -> memory.Asked:
+    """What the flags ask of the memory (memory.Asked), from the owners' flags (`parts`: {owner
+    class: its flags}): the four owners' memory.py reads, a method's completions a step (VIGOR's
+    budget: its `completions`), whether a frozen copy of the model is kept (--kl-coef > 0, or a
+    method's anchor: `initial`, flags.needs_initial)."""
+    run = parts[flags.RunFlags]
+    completions = max((parts[o].completions(run.prompts_per_step, run.group_size)
+                       for o in methods.owners() if hasattr(parts[o], "completions")), default=0)
+    return memory.Asked(run, parts[flags.OptimFlags], parts[vllm_engine.Flags],
+                        parts[eval_lib.TrainFlags], completions=completions,
+                        frozen=parts[flags.LossFlags].kl_coef > 0 or initial)
 
 
-def resolve_memory(args: Args, model, prompts: list, *, world: int, device: str,
-                   value_bytes: int) -> tuple:
-    """(args with --micro-batch-tokens 0 and --gpu-memory-utilization 0 resolved, the sizes, the
-    memory estimate, a warning or None): memory.resolve_sizes on what the flags ask of it
-    (memory_asked), a frozen copy in frozen_dtype's bytes."""
+def resolve_memory(parts: dict, model, prompts: list, *, initial: bool, world: int, device: str,
+                   value_bytes: int) -> tuple[dict, memory.Sizes, memory.Memory, str | None]:
+    """({flag: value}: --micro-batch-tokens and --gpu-memory-utilization, 0 (auto) resolved, the
+    sizes, the memory estimate, a warning or None): memory.resolve_sizes on what the flags ask of
+    it (memory_asked), a frozen copy in frozen_dtype's bytes."""
     asked, sizes, need, warning = memory.resolve_sizes(
-        memory_asked(args), model, prompts, world=world, device=device, value_bytes=value_bytes,
-        frozen_bytes=frozen_dtype(device).itemsize)
-    args = dataclasses.replace(args, micro_batch_tokens=asked.optim.micro_batch_tokens,
-                               gpu_memory_utilization=asked.engine.gpu_memory_utilization)
-    return args, sizes, need, warning
+        memory_asked(parts, initial), model, prompts, world=world, device=device,
+        value_bytes=value_bytes, frozen_bytes=frozen_dtype(device).itemsize)
+    resolved = {"micro_batch_tokens": asked.optim.micro_batch_tokens,
+                "gpu_memory_utilization": asked.engine.gpu_memory_utilization}
+    return resolved, sizes, need, warning
 
 
 def build(parts: dict, model, tok, sizes: memory.Sizes, *, forward: str, max_len: int, rank: int,

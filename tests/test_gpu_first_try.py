@@ -15,7 +15,7 @@ import memory
 import run_setup
 import vllm_engine
 from engine import TorchEngine
-from tiny import setup
+from tiny import memory_asked, setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = memory.GiB
@@ -286,7 +286,7 @@ def test_the_loop_sleeps_for_a_push_and_r2pos_head_phase_does_not():
 
 def plan(args, model, world: int = 1, frozen_bytes: int = 2):
     prompts = [SimpleNamespace(ids=list(range(150)))]
-    return memory.plan_memory(run_setup.memory_asked(args), model, prompts, world=world,
+    return memory.plan_memory(memory_asked(args), model, prompts, world=world,
                               device="cuda:0", value_bytes=2, frozen_bytes=frozen_bytes)
 
 
@@ -310,7 +310,7 @@ def test_engine_share_auto_fits_beside_the_trainer_and_a_bad_share_is_refused(mo
         plan(dataclasses.replace(args, gpu_memory_utilization=0.15), qwen_7b(), world=8)
     assert plan(dataclasses.replace(args, gpu_memory_utilization=0.5), qwen_7b(),
                 world=8).engine_share == 0.5
-    cpu = memory.plan_memory(run_setup.memory_asked(args), qwen_7b(), [], world=1, device="cpu",
+    cpu = memory.plan_memory(memory_asked(args), qwen_7b(), [], world=1, device="cpu",
                              value_bytes=4, frozen_bytes=4)
     assert cpu == (memory.AUTO_ACTIVATIONS, 0.3, 0)                 # the CPU: as it was
 
@@ -323,7 +323,7 @@ def test_the_micro_batch_budget_is_what_the_gpu_leaves(monkeypatch):
     then fits 90% of the GPU."""
     fake_gpu(monkeypatch, 80)
     args = flags.Args(engine="vllm", max_new_tokens=512)
-    asked, model = run_setup.memory_asked(args), qwen_7b()
+    asked, model = memory_asked(args), qwen_7b()
     p = plan(args, model, world=8)
     resident = memory.update_memory(asked, model, 150, 8, engine_copy=False, bytes_per_value=2,
                                     budget=0, frozen_bytes=2)
@@ -332,7 +332,7 @@ def test_the_micro_batch_budget_is_what_the_gpu_leaves(monkeypatch):
                            / 1.75)
     tokens = memory.sizes(asked, model, 8, 2, p.budget, memory.AUTO_LOGITS_CUDA).micro_batch_tokens
     assert 3_000 < tokens and memory.AUTO_LOGITS // QWEN_7B.vocab_size < 1_800
-    resolved = run_setup.memory_asked(dataclasses.replace(args, micro_batch_tokens=tokens))
+    resolved = memory_asked(dataclasses.replace(args, micro_batch_tokens=tokens))
     need = memory.update_memory(resolved, model, 150, 8, engine_copy=False, bytes_per_value=2,
                                 frozen_bytes=2, engine_asleep=p.engine_asleep)
     assert need.total <= 0.9 * 80 * GiB
@@ -354,7 +354,7 @@ def test_the_share_and_the_budget_leave_what_other_processes_hold(monkeypatch):
     assert alone.engine_share == memory.VLLM_SHARE_MAX
     fake_gpu(monkeypatch, 80, free_gib=55)
     shared = plan(args, small, world=8)
-    trainer = memory.update_memory(run_setup.memory_asked(args), small, 150, 8, engine_copy=False,
+    trainer = memory.update_memory(memory_asked(args), small, 150, 8, engine_copy=False,
                                    bytes_per_value=2, budget=0, frozen_bytes=2).between_updates
     assert shared.engine_share == pytest.approx(0.9 - (trainer + 25 * GiB) / (80 * GiB))
     assert shared.engine_share * 80 * GiB < 55 * GiB - trainer         # vLLM's start check passes
@@ -374,7 +374,7 @@ def test_the_share_and_the_budget_leave_what_other_processes_hold(monkeypatch):
 
 def terms(**kw) -> memory.Memory:
     args = flags.Args(max_new_tokens=64, **kw.pop("flags", {}))
-    return memory.update_memory(run_setup.memory_asked(args), shaped(QWEN_7B, [1000, 3000]), 44,
+    return memory.update_memory(memory_asked(args), shaped(QWEN_7B, [1000, 3000]), 44,
                                 **kw)
 
 
@@ -399,7 +399,7 @@ def test_memory_term_cast_under_fsdp2_is_the_root_and_two_layers():
     assert memory.bf16_weights(config, n, world=2) == 2 * (2_000 + 2 * 500)
     tied = SimpleNamespace(**{**vars(config), "tie_word_embeddings": True})
     assert memory.bf16_weights(tied, n - 1_000, world=8) == 2 * (1_000 + 2 * 500)
-    asked = run_setup.memory_asked(flags.Args(max_new_tokens=64))
+    asked = memory_asked(flags.Args(max_new_tokens=64))
     model = shaped(config, [1_000, 1_000] + [500] * 4)
     fsdp = memory.update_memory(asked, model, 44, 4, bytes_per_value=2)
     assert fsdp.cast == 2 * (2_000 + 2 * 500)
@@ -461,7 +461,7 @@ def test_a_7b_on_one_h200_is_refused_at_start_not_at_its_first_optimizer_step():
     """A 7B trained in one process on a 141 GB H200 with vLLM: weights, gradients and AdamW 113
     GiB, plus AdamW's foreach temporaries at the step (28 GiB): more than the GPU, said at start
     (it was admitted at 125 GiB, then ran out of memory at the first opt.step)."""
-    asked = run_setup.memory_asked(flags.Args(engine="vllm", max_new_tokens=512,
+    asked = memory_asked(flags.Args(engine="vllm", max_new_tokens=512,
                                               micro_batch_tokens=1024))
     need = memory.update_memory(asked, qwen_7b(), 150, engine_copy=False, bytes_per_value=2,
                                 frozen_bytes=2)

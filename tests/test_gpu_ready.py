@@ -27,7 +27,7 @@ import vllm_engine
 from conftest import cpu_env
 from make_tiny_model import make_model, make_tokenizer
 from rollout import Rollout
-from tiny import setup, update
+from tiny import memory_asked, setup, update
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -147,7 +147,7 @@ def shaped(config, numels: list[int]):
 
 def asked(**given) -> memory.Asked:
     """What these flags ask of the memory, bound as the door binds them (run_setup.memory_asked)."""
-    return run_setup.memory_asked(flags.Args(**given))
+    return memory_asked(flags.Args(**given))
 
 
 def test_what_the_flags_ask_of_the_memory_is_bound_at_the_door():

@@ -45,12 +45,10 @@ ALGORITHM = ("train.py", "run_setup.py", "grpo.py", "buffer.py", "rollout.py", "
              "logged.py",
              "metrics.py", "parallel.py", "flags.py", "memory.py", "cli.py", "reward_fn.py",
              *(f"methods/{w}.py" for w in WINGS), "methods/__init__.py")
-# Where train.py's flags may be taken whole: the door (run_setup.setup, train.main; run_setup's
-# memory_asked, which binds what memory.py reads, memory.Asked; flags.py's bounds; cli.part, which
-# cuts an owner's flags out of them) and the checkpoint's (de)serialiser, which writes them as
-# args.json (it takes them as a dict). eval.py's own CLI has its own Args.
-TAKE_ARGS = {("run_setup", "setup"), ("run_setup", "memory_asked"),
-             ("run_setup", "resolve_memory"), ("train", "main"), ("cli", "part"),
+# Where train.py's flags may be taken whole: the door (run_setup.setup, train.main; flags.py's
+# bounds; cli.part, which cuts an owner's flags out of them) and the checkpoint's (de)serialiser,
+# which writes them as args.json (it takes them as a dict). eval.py's own CLI has its own Args.
+TAKE_ARGS = {("run_setup", "setup"), ("train", "main"), ("cli", "part"),
              ("flags", "torch_engine_needed"), ("flags", "check_args"), ("flags", "method_parts"),
              ("flags", "needs_initial"), ("flags", "_rules"), ("flags", "changed"),
              ("eval", "load_inputs"), ("eval", "main")}

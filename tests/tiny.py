@@ -79,6 +79,15 @@ def decided_prefix(model, prompt_ids: list[int], completion_ids: list[int],
 
 # ---- the run from a flat Args, as the door builds it (for tests of one piece) --------------------
 
+def memory_asked(args):
+    """What `args` ask of the memory (memory.Asked), bound as run_setup.setup binds them."""
+    import cli
+    import flags
+    import run_setup
+    return run_setup.memory_asked({owner: cli.part(args, owner) for owner in flags.OWNERS},
+                                  flags.needs_initial(args))
+
+
 def setup(args, *, rank: int = 0, world: int = 1, device: str = "cpu", shard=None):
     """run_setup.setup(args) with what train.main hands it (train.shard_model or `shard`,
     train.STEPS): the run_setup.Run every step function takes."""
